@@ -1,0 +1,32 @@
+"""Errors that fairseq-stream reports to users as one line, not as a traceback."""
+
+import sys
+
+
+class FairseqStreamError(RuntimeError):
+    """A user-facing error: bad option, bad input or a refused checkpoint.
+
+    The command-line tools print these as ``fairseq-stream: error: <message>``
+    and exit with status 1 instead of showing a traceback from inside fairseq.
+    """
+
+
+class UnsafeCheckpointError(FairseqStreamError):
+    """A checkpoint holds a pickled global that fairseq checkpoints never need."""
+
+
+def install_excepthook():
+    """Print uncaught :class:`FairseqStreamError` as one line; leave others alone."""
+    previous = sys.excepthook
+    if getattr(previous, "_fairseq_stream", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        if issubclass(exc_type, FairseqStreamError):
+            sys.stderr.write("fairseq-stream: error: {}\n".format(exc))
+            sys.stderr.flush()
+            return
+        previous(exc_type, exc, tb)
+
+    hook._fairseq_stream = True
+    sys.excepthook = hook

@@ -1,0 +1,285 @@
+"""Everything that touches fairseq's globals lives here, installed once at plugin import.
+
+fairseq-fixed 0.12.3.1 with Hydra 1.3.2 needs these adjustments (see
+``shared/DESIGN.md`` for how each was found):
+
+* the ``--search`` / ``--generator`` registries are top-level config groups
+  that fairseq's ``FairseqConfig`` does not know, so Hydra refuses
+  ``search=NAME``; we store an extended primary schema and turn the group
+  selection into ``+search=NAME``;
+* ``task.build_generator`` is the one place fairseq-generate and
+  fairseq-interactive build a decoder: we route it to the chosen search;
+* ``data_utils.batch_by_size`` drops the last batch when its size is not a
+  multiple of ``--required-batch-size-multiple``: every index must come out;
+* ``checkpoint_utils.load_checkpoint_to_cpu`` calls ``torch.load`` with no
+  allow-list, which fails on torch >= 2.6: we load with exactly the globals
+  fairseq needs (``fairseq_stream.checkpoint``);
+* ``options.parse_args_and_arch`` gets the ``--trust-checkpoint`` flag and
+  checks that the chosen search and generator combine.
+"""
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_GROUPS = ("search", "generator")
+
+
+class Selection(NamedTuple):
+    """The user's ``--search`` / ``--generator`` choice and their option groups."""
+
+    search: Optional[str]
+    search_cfg: Any
+    generator: Optional[str]
+    generator_cfg: Any
+
+
+def install():
+    """Apply every adjustment once; safe to call again."""
+    if getattr(install, "done", False):
+        return
+    _extend_config_schema()
+    _patch_override_module_args()
+    _patch_parse_args_and_arch()
+    _patch_build_generator()
+    _patch_batch_by_size()
+    _patch_checkpoint_loading()
+    from fairseq_stream.errors import install_excepthook
+
+    install_excepthook()
+    install.done = True
+
+
+# --- Hydra config ---------------------------------------------------------
+
+
+def _extend_config_schema():
+    from fairseq.dataclass.configs import FairseqConfig
+    from hydra.core.config_store import ConfigStore
+
+    @dataclass
+    class FairseqStreamConfig(FairseqConfig):
+        search: Any = None
+        generator: Any = None
+
+    ConfigStore.instance().store(name="config", node=FairseqStreamConfig)
+
+
+def _patch_override_module_args():
+    from fairseq.dataclass import utils as dc_utils
+
+    original = dc_utils.override_module_args
+    if getattr(original, "_fairseq_stream", False):
+        return
+
+    @functools.wraps(original)
+    def override_module_args(args):
+        overrides, deletes = original(args)
+        # ``search=NAME`` selects a config group missing from the primary
+        # config's defaults list; Hydra only accepts that as an append.
+        prefixes = tuple(group + "=" for group in PLUGIN_GROUPS)
+        overrides = ["+" + o if o.startswith(prefixes) else o for o in overrides]
+        return overrides, deletes
+
+    override_module_args._fairseq_stream = True
+    dc_utils.override_module_args = override_module_args
+
+
+# --- command line -----------------------------------------------------------
+
+
+def _patch_parse_args_and_arch():
+    from fairseq import options
+
+    original = options.parse_args_and_arch
+    if getattr(original, "_fairseq_stream", False):
+        return
+
+    @functools.wraps(original)
+    def parse_args_and_arch(parser, input_args=None, parse_known=False, **kwargs):
+        from fairseq_stream.checkpoint import TRUST_FLAG
+
+        if not any(TRUST_FLAG in a.option_strings for a in parser._actions):
+            group = parser.add_argument_group("fairseq-stream")
+            group.add_argument(
+                TRUST_FLAG,
+                action="store_true",
+                help="load the --path checkpoints with the full unpickler even if they "
+                "contain globals fairseq checkpoints do not need (only for files you trust)",
+            )
+        _add_chosen_options_for_help(parser, input_args)
+        result = original(parser, input_args=input_args, parse_known=parse_known, **kwargs)
+        args = result[0] if parse_known else result
+        error = check_selection(
+            getattr(args, "search", None), getattr(args, "generator", None)
+        )
+        if error:
+            parser.error(error)
+        if getattr(args, "trust_checkpoint", False) and getattr(args, "path", None):
+            from fairseq import utils
+            from fairseq_stream.checkpoint import trust_checkpoints
+
+            trust_checkpoints(utils.split_paths(args.path))
+        return result
+
+    parse_args_and_arch._fairseq_stream = True
+    options.parse_args_and_arch = parse_args_and_arch
+
+
+def _add_chosen_options_for_help(parser, input_args):
+    """Show the chosen entries' options in ``--help``.
+
+    fairseq adds a registry entry's options only after a first parse, which
+    ``--help`` ends before they exist; add them up front in that case only
+    (otherwise fairseq adds them itself and a second copy would conflict).
+    """
+    import argparse
+    import sys
+
+    from fairseq.dataclass.utils import gen_parser_from_dataclass
+    from fairseq.registry import REGISTRIES
+
+    argv = sys.argv[1:] if input_args is None else input_args
+    if not any(a in ("-h", "--help") for a in argv):
+        return
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for group in PLUGIN_GROUPS:
+        pre.add_argument("--" + group)
+    chosen, _ = pre.parse_known_args(argv)
+    for group in PLUGIN_GROUPS:
+        dataclass_registry = REGISTRIES[group]["dataclass_registry"]
+        name = getattr(chosen, group)
+        if name in dataclass_registry:
+            gen_parser_from_dataclass(
+                parser.add_argument_group("--{} {}".format(group, name)),
+                dataclass_registry[name](),
+            )
+
+
+def check_selection(search, generator):
+    """Return a one-line error if ``--search``/``--generator`` do not combine, else None."""
+    from fairseq_stream.registry import SEARCH_REGISTRY
+
+    if search is None:
+        if generator is not None:
+            return "--generator {} needs a --search policy (choose from {})".format(
+                generator, ", ".join(sorted(SEARCH_REGISTRY))
+            )
+        return None
+    allowed = SEARCH_REGISTRY[search].generators
+    if generator is not None and generator not in allowed:
+        return "--search {} does not combine with --generator {} (valid: {})".format(
+            search, generator, ", ".join(allowed)
+        )
+    return None
+
+
+# --- building the decoder -------------------------------------------------
+
+
+def selection_of(gen_cfg) -> Selection:
+    """Find the plugin choice that belongs to a generation config.
+
+    fairseq passes only ``cfg.generation`` to ``build_generator``; the
+    ``search``/``generator`` groups sit beside it in the same Hydra config, so
+    we read them from its root. Legacy callers pass a flat Namespace.
+    """
+    from omegaconf import DictConfig
+
+    from fairseq_stream.registry import (
+        GENERATOR_DATACLASS_REGISTRY,
+        SEARCH_DATACLASS_REGISTRY,
+    )
+
+    if isinstance(gen_cfg, DictConfig):
+        root = gen_cfg._get_root()
+        search_cfg = root.get("search") if "search" in root else None
+        generator_cfg = root.get("generator") if "generator" in root else None
+        return Selection(
+            search_cfg._name if search_cfg is not None else None,
+            search_cfg,
+            generator_cfg._name if generator_cfg is not None else None,
+            generator_cfg,
+        )
+    search = getattr(gen_cfg, "search", None)
+    generator = getattr(gen_cfg, "generator", None)
+    return Selection(
+        search,
+        SEARCH_DATACLASS_REGISTRY[search].from_namespace(gen_cfg) if search else None,
+        generator,
+        GENERATOR_DATACLASS_REGISTRY[generator].from_namespace(gen_cfg)
+        if generator
+        else None,
+    )
+
+
+def _patch_build_generator():
+    from fairseq.tasks.fairseq_task import FairseqTask
+
+    original = FairseqTask.build_generator
+    if getattr(original, "_fairseq_stream", False):
+        return
+
+    @functools.wraps(original)
+    def build_generator(self, models, args, *rest, **kwargs):
+        fairseq_build = functools.partial(original, self, models, args, *rest, **kwargs)
+        chosen = selection_of(args)
+        if chosen.search is None:
+            return fairseq_build()
+        from fairseq_stream.errors import FairseqStreamError
+        from fairseq_stream.registry import SEARCH_REGISTRY
+
+        error = check_selection(chosen.search, chosen.generator)
+        if error:
+            raise FairseqStreamError(error)
+        search_cls = SEARCH_REGISTRY[chosen.search]
+        return search_cls.build(
+            self, models, args, chosen.search_cfg, chosen.generator_cfg, fairseq_build
+        )
+
+    build_generator._fairseq_stream = True
+    FairseqTask.build_generator = build_generator
+
+
+# --- data -----------------------------------------------------------------
+
+
+def _patch_batch_by_size():
+    from fairseq.data import data_utils
+
+    original = data_utils.batch_by_size
+    if getattr(original, "_fairseq_stream", False):
+        return
+
+    @functools.wraps(original)
+    def batch_by_size(indices, *args, **kwargs):
+        if not isinstance(indices, np.ndarray):
+            indices = np.fromiter(indices, dtype=np.int64, count=-1)
+        batches = list(original(indices, *args, **kwargs))
+        covered = sum(len(b) for b in batches)
+        if covered < len(indices):
+            # fairseq-fixed drops a last batch whose size is not a multiple of
+            # --required-batch-size-multiple; generation must see every input.
+            seen = np.concatenate(batches) if batches else np.empty(0, dtype=np.int64)
+            rest = indices[~np.isin(indices, seen)]
+            batches.append(rest.astype(np.int64))
+        return batches
+
+    batch_by_size._fairseq_stream = True
+    data_utils.batch_by_size = batch_by_size
+
+
+# --- checkpoints ----------------------------------------------------------
+
+
+def _patch_checkpoint_loading():
+    from fairseq import checkpoint_utils
+
+    from fairseq_stream.checkpoint import load_checkpoint_to_cpu
+
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu

@@ -1,0 +1,118 @@
+"""Shared fixtures: toy checkpoints trained once per machine and cached, CLI runners."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TOY_SOURCES = ("scripts/train_toy.sh", "scripts/make_toy_data.py")
+
+
+@dataclass
+class Toy:
+    """Paths of the toy task built by ``scripts/train_toy.sh``."""
+
+    root: Path
+
+    @property
+    def data_bin(self):
+        return self.root / "data-bin"
+
+    @property
+    def raw(self):
+        return self.root / "raw"
+
+    @property
+    def transformer(self):
+        return self.root / "transformer" / "checkpoint_best.pt"
+
+    @property
+    def transformer2(self):
+        return self.root / "transformer2" / "checkpoint_best.pt"
+
+    @property
+    def lstm(self):
+        return self.root / "lstm" / "checkpoint_best.pt"
+
+
+def _toy_cache_dir():
+    digest = hashlib.sha1()
+    for rel in TOY_SOURCES:
+        digest.update((REPO / rel).read_bytes())
+    base = Path(os.environ.get("FAIRSEQ_STREAM_CACHE", Path.home() / ".cache" / "fairseq-stream"))
+    return base / "toy-{}".format(digest.hexdigest()[:12])
+
+
+def tool_env():
+    """Environment for subprocesses: this venv's tools first, one thread, repo importable."""
+    env = dict(os.environ)
+    env["PATH"] = "{}{}{}".format(BIN, os.pathsep, env.get("PATH", ""))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    return env
+
+
+@pytest.fixture(scope="session")
+def toy():
+    """The toy checkpoints; trained on first use (deterministic), then reused from the cache."""
+    target = _toy_cache_dir()
+    if not (target / "DONE").exists():
+        work = target.with_name(target.name + ".tmp{}".format(os.getpid()))
+        shutil.rmtree(work, ignore_errors=True)
+        subprocess.run(
+            ["bash", str(REPO / "scripts" / "train_toy.sh"), str(work)],
+            check=True,
+            env=tool_env(),
+            stdout=subprocess.DEVNULL,
+        )
+        shutil.rmtree(target, ignore_errors=True)
+        work.rename(target)
+    return Toy(target)
+
+
+def run_tool(argv, cwd=REPO, check=True, input=None):
+    """Run a command-line tool from this venv; return the CompletedProcess (text)."""
+    argv = [str(a) for a in argv]
+    if not os.path.isabs(argv[0]) and (BIN / argv[0]).exists():
+        argv[0] = str(BIN / argv[0])
+    proc = subprocess.run(
+        argv, cwd=cwd, env=tool_env(), capture_output=True, text=True, input=input
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            "{} failed ({}):\n{}\n{}".format(" ".join(argv), proc.returncode, proc.stdout[-3000:], proc.stderr[-5000:])
+        )
+    return proc
+
+
+# Plain fairseq-generate, unpatched, as a user on torch < 2.6 would run it: the
+# only change is torch.load's old default, applied to these test-owned files.
+PLAIN_FAIRSEQ_GENERATE = (
+    "import functools, torch; "
+    "torch.load = functools.partial(torch.load, weights_only=False); "
+    "from fairseq_cli.generate import cli_main; cli_main()"
+)
+
+
+def run_plain_fairseq_generate(args, **kwargs):
+    """fairseq-generate without the plugin (reference output)."""
+    return run_tool([sys.executable, "-c", PLAIN_FAIRSEQ_GENERATE] + list(args), **kwargs)
+
+
+def hypotheses(stdout):
+    """fairseq-generate's H-lines as {sentence id: (score, text)}; asserts no id repeats."""
+    hyps = {}
+    for line in stdout.splitlines():
+        if line.startswith("H-"):
+            head, score, text = (line.split("\t") + [""])[:3]
+            sid = int(head[2:])
+            assert sid not in hyps, "sentence {} printed twice".format(sid)
+            hyps[sid] = (float(score), text)
+    return hyps

@@ -1,0 +1,120 @@
+"""The plugin as users run it: fairseq-generate / fairseq-interactive with --user-dir."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, hypotheses, run_plain_fairseq_generate, run_tool
+
+GEN = ["fairseq-generate"]
+
+
+def gen_args(toy, *extra, path=None):
+    return [toy.data_bin, "--path", path or toy.transformer, "--gen-subset", "test",
+            "--batch-size", "8", "--beam", "5", "--cpu"] + list(extra)
+
+
+def test_help_lists_search_and_generator():
+    out = run_tool(GEN + ["--user-dir", "fairseq_stream", "--help"]).stdout
+    assert re.search(r"--search \{[^}]*beam", out)
+    assert re.search(r"--generator \{[^}]*batch", out)
+    assert "--trust-checkpoint" in out
+
+
+def test_options_of_the_chosen_search_appear_in_help():
+    out = run_tool(GEN + ["--user-dir", "fairseq_stream", "--search", "var", "--help"]).stdout
+    for flag in ("--prune-rp", "--prune-ap", "--prune-rpl", "--prune-mc", "--finalize", "--stats-file"):
+        assert flag in out
+
+
+def test_without_the_plugin_there_is_no_search_option():
+    out = run_tool(GEN + ["--help"]).stdout
+    assert "--search" not in out and "--generator" not in out
+
+
+def test_unknown_search_is_a_one_line_error_naming_the_choices(toy):
+    proc = run_tool(GEN + gen_args(toy, "--user-dir", "fairseq_stream", "--search", "nope"), check=False)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "invalid choice: 'nope'" in last and "beam" in last and "var" in last
+    assert "Traceback" not in proc.stderr
+
+
+def test_generator_without_search_is_refused(toy):
+    proc = run_tool(GEN + gen_args(toy, "--user-dir", "fairseq_stream", "--generator", "batch"), check=False)
+    assert proc.returncode == 2
+    assert "--generator batch needs a --search" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_search_beam_is_identical_to_plain_fairseq_generate(toy):
+    # Plain fairseq drops the last batch unless the multiple is 1 (see below).
+    args = gen_args(toy, "--required-batch-size-multiple", "1")
+    plain = run_plain_fairseq_generate(args).stdout
+    ours = run_tool(GEN + args + ["--user-dir", "fairseq_stream", "--search", "beam"]).stdout
+    pick = lambda out: sorted(l for l in out.splitlines() if l[:2] in ("S-", "T-", "H-", "D-", "P-"))
+    assert len(hypotheses(plain)) == 37
+    assert pick(ours) == pick(plain)
+
+
+def test_plugin_without_search_leaves_fairseq_output_unchanged(toy):
+    args = gen_args(toy, "--required-batch-size-multiple", "1")
+    plain = hypotheses(run_plain_fairseq_generate(args).stdout)
+    loaded = hypotheses(run_tool(GEN + args + ["--user-dir", "fairseq_stream"]).stdout)
+    assert loaded == plain
+
+
+@pytest.mark.parametrize("search", ["beam", "fixed"])
+def test_every_sentence_comes_out_once_and_the_counts_are_right(toy, search):
+    # 37 sentences, default --required-batch-size-multiple 8: fairseq-fixed alone prints 32.
+    proc = run_tool(GEN + gen_args(toy, "--user-dir", "fairseq_stream", "--search", search,
+                                   "--log-format", "simple", "--log-interval", "1"))
+    assert sorted(hypotheses(proc.stdout)) == list(range(37))
+    assert re.search(r"Translated 37 sentences", proc.stderr + proc.stdout)
+    # The progress log counts every batch, the rescued last one included.
+    steps = re.findall(r"(\d+) / (\d+) wps", proc.stderr + proc.stdout)
+    assert steps and all(total == steps[-1][1] for _, total in steps)
+    assert steps[-1][0] == steps[-1][1]  # the bar reaches its total
+
+
+def test_empty_source_lines_each_get_one_output(toy, tmp_path):
+    raw = tmp_path / "raw"
+    run_tool([sys.executable, REPO / "scripts" / "make_toy_data.py", raw, "--train", "0", "--valid", "0",
+              "--test", "20", "--empty-test-lines", "3", "--seed", "7"])
+    lines = (raw / "test.src").read_text().splitlines()
+    assert lines.count("") == 3
+    run_tool(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+              "--testpref", raw / "test", "--destdir", tmp_path / "bin", "--workers", "1",
+              "--srcdict", toy.data_bin / "dict.src.txt", "--tgtdict", toy.data_bin / "dict.tgt.txt"])
+    for search in ("beam", "fixed", "var-batch"):
+        proc = run_tool(GEN + [tmp_path / "bin", "--path", toy.transformer, "--gen-subset", "test",
+                               "--batch-size", "8", "--beam", "5", "--cpu",
+                               "--user-dir", "fairseq_stream", "--search", search])
+        hyps = hypotheses(proc.stdout)
+        assert sorted(hyps) == list(range(len(lines))), search
+        if search != "beam":
+            for i, line in enumerate(lines):
+                if line == "":
+                    assert hyps[i][1] == "", (search, i, hyps[i])
+
+
+def test_wrapper_works_from_any_directory(toy, tmp_path):
+    proc = run_tool(["fairseq-stream-generate"] + gen_args(toy, "--search", "fixed"), cwd=tmp_path)
+    assert sorted(hypotheses(proc.stdout)) == list(range(37))
+    user_dir = run_tool(["fairseq-stream-user-dir"], cwd=tmp_path).stdout.strip()
+    proc = run_tool(GEN + gen_args(toy, "--user-dir", user_dir, "--search", "beam"), cwd=tmp_path)
+    assert len(hypotheses(proc.stdout)) == 37
+
+
+@pytest.mark.parametrize("search", ["beam", "fixed", "var-batch"])
+def test_interactive_answers_every_line(toy, search):
+    lines = (toy.raw / "test.src").read_text().splitlines()[:9]
+    proc = run_tool(
+        ["fairseq-interactive", toy.data_bin, "--path", toy.transformer, "--source-lang", "src",
+         "--target-lang", "tgt", "--beam", "5", "--cpu", "--buffer-size", "4", "--batch-size", "4",
+         "--user-dir", "fairseq_stream", "--search", search],
+        input="\n".join(lines) + "\n",
+    )
+    assert sorted(hypotheses(proc.stdout)) == list(range(len(lines)))
