@@ -1,0 +1,319 @@
+"""Our beam-search loop over fairseq's EnsembleModel, with replaceable search policy.
+
+One batch of sentences is decoded in a dense ``(sentences, k)`` slot layout:
+slot ``j`` of sentence ``s`` is row ``s * k + j`` of ``tokens``/``scores``.
+A slot is *live* (an unfinished hypothesis that the decoder must extend),
+*done* (a finished hypothesis that stays on the beam: ``--finalize stay``) or
+empty (pruned away by variable-width search). Only live rows go through the
+decoder, except in fairseq-compatible fixed-width search, which runs all
+``S * k`` rows (also the ``k - 1`` copies of the start at step 0) so that its
+arithmetic is exactly ``SequenceGenerator``'s.
+
+Finalization rules (``--finalize``):
+
+* ``fairseq``: a candidate ending in EOS among the best ``k`` of the ``2k``
+  candidates is finalized at once; the next beam is the best ``k`` candidates
+  not ending in EOS; a sentence ends with ``k`` finalized hypotheses, at its
+  maximum length, or (pruning) when no live hypothesis survives.
+* ``stay`` (Yang et al. 2020, App. A.1): finished candidates stay on the
+  beam, compete with new expansions by cumulative log-probability and can
+  fall off; a sentence ends when its best beam entry is finished. Its output
+  is the finished entries of that final beam, ranked by fairseq's
+  length-normalized score (so ``--lenpen`` ranks as in fairseq).
+"""
+
+import math
+import time
+from typing import Dict, List, Optional
+
+import torch
+from torch import Tensor
+
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.runner import ModelRunner
+from fairseq_stream.search.pruning import Pruning
+from fairseq_stream.search.selection import select_fairseq, select_stay
+from fairseq_stream.stats import DecodeStats
+
+FINALIZE_MODES = ("fairseq", "stay")
+
+
+class BeamDecoder:
+    """A fairseq generator (``generate(models, sample, ...)``) running our beam loop.
+
+    Args:
+        models: list of fairseq models (ensemble).
+        tgt_dict: target dictionary.
+        beam_size: k, the maximum beam width.
+        finalize: ``fairseq`` or ``stay`` (see module docstring).
+        pruning: variable-width heuristics (off by default: fixed width).
+        stats: counters to add to (a new one if None).
+        max_len_a, max_len_b, min_len, normalize_scores, len_penalty,
+        unk_penalty, temperature, no_repeat_ngram_size: as fairseq's
+            ``SequenceGenerator``.
+    """
+
+    def __init__(
+        self,
+        models,
+        tgt_dict,
+        beam_size: int = 5,
+        finalize: str = "fairseq",
+        pruning: Optional[Pruning] = None,
+        stats: Optional[DecodeStats] = None,
+        max_len_a: float = 0,
+        max_len_b: int = 200,
+        min_len: int = 1,
+        normalize_scores: bool = True,
+        len_penalty: float = 1.0,
+        unk_penalty: float = 0.0,
+        temperature: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+    ):
+        if finalize not in FINALIZE_MODES:
+            raise FairseqStreamError(
+                "--finalize must be one of {}, got {}".format(", ".join(FINALIZE_MODES), finalize)
+            )
+        if temperature <= 0:
+            raise FairseqStreamError("--temperature must be greater than 0")
+        self.runner = ModelRunner(models, temperature=temperature)
+        self.tgt_dict = tgt_dict
+        self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
+        self.vocab_size = len(tgt_dict)
+        self.beam_size = min(beam_size, self.vocab_size - 1)
+        self.finalize = finalize
+        self.pruning = pruning or Pruning()
+        self.stats = stats if stats is not None else DecodeStats()
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.min_len = min_len
+        self.max_len = self.runner.max_decoder_positions()
+        self.normalize_scores = normalize_scores
+        self.len_penalty = len_penalty
+        self.unk_penalty = unk_penalty
+        self.symbols_to_strip_from_output = {self.eos}
+        self.repeat_ngram_blocker = None
+        if no_repeat_ngram_size > 0:
+            from fairseq.ngram_repeat_block import NGramRepeatBlock
+
+            self.repeat_ngram_blocker = NGramRepeatBlock(no_repeat_ngram_size)
+        # fairseq's exact arithmetic: every slot is a decoder row, as in SequenceGenerator.
+        self.dense = finalize == "fairseq" and not self.pruning.active
+
+    def cuda(self):
+        self.runner.model.cuda()
+        return self
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
+        """Translate a fairseq sample; one list of hypotheses per sentence, in sample order."""
+        if prefix_tokens is not None:
+            raise FairseqStreamError("--prefix-size is not supported by this --search yet")
+        if constraints is not None:
+            raise FairseqStreamError("--constraints is not supported by this --search")
+        start = time.perf_counter()
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        src_lengths = (src_tokens.ne(self.eos) & src_tokens.ne(self.pad)).long().sum(dim=1)
+        # fairseq bounds the length by the batch's padded source length.
+        max_lens = torch.full_like(src_lengths, src_tokens.size(1))
+        max_lens = (max_lens.float() * self.max_len_a + self.max_len_b).long()
+        max_lens = max_lens.clamp(max=self.max_len - 1)
+        if (max_lens < self.min_len).any():
+            raise FairseqStreamError("--min-len is larger than the maximum length; adjust --max-len-a/-b")
+        results = self._decode(net_input, src_lengths, max_lens, bos_token)
+        self.stats.add_sentences(len(results), time.perf_counter() - start)
+        return results
+
+    # -- the loop ----------------------------------------------------------
+
+    def _decode(self, net_input, src_lengths, max_lens, bos_token):
+        src_tokens = net_input["src_tokens"]
+        device = src_tokens.device
+        k, V = self.beam_size, self.vocab_size
+        S0 = src_tokens.size(0)
+        stay = self.finalize == "stay"
+        max_steps = int(max_lens.max().item())
+
+        self.runner.start(net_input, k if self.dense else 1)
+
+        tokens = torch.full((S0 * k, max_steps + 2), self.pad, dtype=torch.long, device=device)
+        tokens[:, 0] = self.eos if bos_token is None else bos_token
+        scores = torch.zeros(S0 * k, max_steps + 1, device=device)
+        attn: Optional[Tensor] = None
+        live = torch.zeros(S0, k, dtype=torch.bool, device=device)
+        live[:, 0] = True
+        done = torch.zeros(S0, k, dtype=torch.bool, device=device)
+        done_len = torch.zeros(S0, k, dtype=torch.long, device=device)
+        sent_ids = torch.arange(S0, device=device)  # position in the sample
+        finalized: List[List[Dict[str, Tensor]]] = [[] for _ in range(S0)]
+        best_finished = torch.full((S0,), -math.inf, device=device)
+
+        # Empty sources get an empty hypothesis (fairseq would translate the lone EOS).
+        empty = src_lengths.eq(0)
+        run_rows = self._run_rows(live)
+
+        for step in range(max_steps + 1):
+            S = live.size(0)
+            t0 = time.perf_counter()
+            lprobs_run, attn_run = self.runner.step(tokens[run_rows, : step + 1])
+            if self.dense:
+                lprobs = lprobs_run
+            else:
+                lprobs = lprobs_run.new_full((S * k, V), -math.inf)
+                lprobs[run_rows] = lprobs_run
+            self.stats.add_step(step + 1, run_rows.numel(), time.perf_counter() - t0)
+
+            lprobs[lprobs != lprobs] = -math.inf
+            lprobs[:, self.pad] = -math.inf
+            lprobs[:, self.unk] -= self.unk_penalty
+            at_max = (step >= max_lens).repeat_interleave(k)
+            if at_max.any():
+                eos_col = lprobs[at_max, self.eos].clone()
+                lprobs[at_max] = -math.inf
+                lprobs[at_max, self.eos] = eos_col
+            if step < self.min_len:
+                lprobs[:, self.eos] = -math.inf
+            if attn_run is not None:
+                if attn is None:
+                    attn = scores.new_zeros(S * k, attn_run.size(1), max_steps + 2)
+                attn[run_rows, :, step + 1] = attn_run
+            if self.repeat_ngram_blocker is not None:
+                lprobs = self.repeat_ngram_blocker(tokens, lprobs, S, k, step)
+
+            local = lprobs.view(S, k * V)
+            if step == 0:
+                # All slots hold the same start: extend slot 0 only (as fairseq).
+                cand = local = lprobs.view(S, k, V)[:, 0, :]
+            else:
+                cand = (lprobs + scores[:, step - 1 : step]).view(S, k * V)
+
+            if stay:
+                sel = select_stay(cand, local, self._done_scores(done, done_len, scores, S, k),
+                                  k, V, self.eos, self.pad, self.pruning)
+            else:
+                sel = select_fairseq(cand, local, k, V, self.eos, self.pruning, best_finished)
+                self._finalize_fairseq(sel, step, finalized, sent_ids, best_finished, tokens, scores, attn, k)
+                counts = torch.tensor([len(finalized[i]) for i in sent_ids.tolist()], device=device)
+                sel.finished |= counts.ge(k) | max_lens.le(step)
+            finished_now = sel.finished | empty
+            new_done_len = torch.where(
+                sel.fresh, torch.full_like(sel.parent, step + 1), done_len.gather(1, sel.parent)
+            ).masked_fill(~sel.done, 0)
+
+            for s in finished_now.nonzero().flatten().tolist():
+                sid = int(sent_ids[s])
+                if bool(empty[s]):
+                    # Empty sources get an empty hypothesis (fairseq would
+                    # translate the lone EOS into something).
+                    finalized[sid] = [self._empty_hypo(device)]
+                elif stay:
+                    finalized[sid] = self._collect_stay(s, sel, new_done_len[s], tokens, scores, attn, k)
+
+            # Build the next beam: slot j of sentence s continues slot parent[s, j].
+            flat_parent = (sel.parent + torch.arange(S, device=device).unsqueeze(1) * k).view(-1)
+            tokens = tokens.index_select(0, flat_parent)
+            scores = scores.index_select(0, flat_parent)
+            if attn is not None:
+                attn = attn.index_select(0, flat_parent)
+            extended = (sel.live | sel.fresh).view(-1)
+            tokens[extended, step + 1] = sel.token.view(-1)[extended]
+            scores[extended, step] = sel.score.view(-1)[extended]
+            prev_live_row = torch.full((S * k,), -1, dtype=torch.long, device=device)
+            prev_live_row[run_rows] = torch.arange(run_rows.numel(), device=device)
+            live, done, done_len = sel.live, sel.done, new_done_len
+
+            keep = ~finished_now
+            if not keep.any():
+                break
+            if not keep.all():
+                rows_keep = keep.repeat_interleave(k)
+                tokens, scores = tokens[rows_keep], scores[rows_keep]
+                flat_parent = flat_parent[rows_keep]
+                if attn is not None:
+                    attn = attn[rows_keep]
+                live, done, done_len = live[keep], done[keep], done_len[keep]
+                sent_ids, max_lens, empty = sent_ids[keep], max_lens[keep], empty[keep]
+                best_finished = best_finished[keep]
+            run_rows = self._run_rows(live)
+            parent_rows = flat_parent if self.dense else flat_parent[run_rows]
+            self.runner.reorder(prev_live_row[parent_rows] if not self.dense else parent_rows)
+
+        for sid in range(S0):
+            order = torch.sort(torch.tensor([float(h["score"]) for h in finalized[sid]]), descending=True)[1]
+            finalized[sid] = [finalized[sid][i] for i in order]
+        return finalized
+
+    def _run_rows(self, live):
+        """Rows to run through the decoder: all slots when dense, else the live ones."""
+        if self.dense:
+            return torch.arange(live.numel(), device=live.device)
+        return live.view(-1).nonzero().flatten()
+
+    # -- finalization bookkeeping ------------------------------------------
+
+    def _finalize_fairseq(self, sel, step, finalized, sent_ids, best_finished, tokens, scores, attn, k):
+        """Store the EOS hypotheses ``select_fairseq`` finalized, at most k per sentence."""
+        if sel.eos_sentence.numel() == 0:
+            return
+        rows = (sel.eos_sentence * k + sel.eos_slot).tolist()
+        for s, row, score in zip(sel.eos_sentence.tolist(), rows, sel.eos_score.tolist()):
+            sid = int(sent_ids[s])
+            if len(finalized[sid]) < k:
+                finalized[sid].append(self._hypo(row, step, score, tokens, scores, attn))
+            best_finished[s] = max(float(best_finished[s]), score)
+
+    @staticmethod
+    def _done_scores(done, done_len, scores, S, k):
+        """Cumulative score of each finished slot on the beam (-inf elsewhere)."""
+        last = scores.view(S, k, -1).gather(2, (done_len - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return torch.where(done, last, torch.full_like(last, -math.inf))
+
+    def _hypo(self, row, step, score, tokens, scores, attn):
+        hyp_tokens = tokens[row, 1 : step + 2].clone()
+        hyp_tokens[step] = self.eos
+        pos = scores[row, : step + 1].clone()
+        pos[step] = score
+        pos[1:] = pos[1:] - pos[:-1]
+        # float32 arithmetic, as fairseq's, so scores and their ranking match bitwise.
+        score = torch.tensor(score, dtype=torch.float32)
+        if self.normalize_scores:
+            score /= (step + 1) ** self.len_penalty
+        return {
+            "tokens": hyp_tokens,
+            "score": score,
+            "attention": attn[row, :, 1 : step + 2].clone() if attn is not None else torch.empty(0),
+            "alignment": torch.empty(0),
+            "positional_scores": pos,
+        }
+
+    def _empty_hypo(self, device):
+        return {
+            "tokens": torch.tensor([self.eos], device=device),
+            "score": torch.tensor(0.0),
+            "attention": torch.empty(0),
+            "alignment": torch.empty(0),
+            "positional_scores": torch.zeros(1, device=device),
+        }
+
+    def _collect_stay(self, s, sel, done_len, tokens, scores, attn, k):
+        """The finished entries of sentence ``s``'s final beam, as fairseq hypotheses."""
+        hyps = []
+        for j in sel.done[s].nonzero().flatten().tolist():
+            row = s * k + int(sel.parent[s, j])
+            step = int(done_len[j]) - 1
+            row_tokens, row_scores = tokens[row].clone(), scores[row].clone()
+            if sel.fresh[s, j]:
+                # Finished at this very step: its EOS and score are not in the rows yet.
+                row_tokens[step + 1] = self.eos
+                row_scores[step] = sel.score[s, j]
+            hyps.append(
+                self._hypo_from(row_tokens, row_scores, step, float(sel.score[s, j]),
+                                attn[row] if attn is not None else None)
+            )
+        return hyps
+
+    def _hypo_from(self, row_tokens, row_scores, step, score, row_attn):
+        return self._hypo(
+            0, step, score, row_tokens.unsqueeze(0), row_scores.unsqueeze(0),
+            row_attn.unsqueeze(0) if row_attn is not None else None,
+        )

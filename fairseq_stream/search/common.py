@@ -1,0 +1,74 @@
+"""What every search entry of ours shares: statistics options and building the decoder."""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq.dataclass import FairseqDataclass
+
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.stats import DecodeStats, StatsReporter
+
+
+@dataclass
+class DecodeStatsConfig(FairseqDataclass):
+    stats_file: Optional[str] = field(
+        default=None,
+        metadata={"help": "write decoding counters (sentences, timesteps, expansions, "
+                  "expansions_per_step, wall_s) as JSON to this file"},
+    )
+    stats_steps: bool = field(
+        default=False,
+        metadata={"help": "also record every decoder step (length, rows, seconds) in --stats-file"},
+    )
+
+
+# fairseq generation options our loop does not implement; each is refused by
+# name rather than silently ignored.
+UNSUPPORTED_GENERATION = (
+    ("sampling", "--sampling"),
+    ("match_source_len", "--match-source-len"),
+    ("constraints", "--constraints"),
+    ("print_alignment", "--print-alignment"),
+    ("lm_path", "--lm-path"),
+    ("prefix_size", "--prefix-size"),
+    ("score_reference", "--score-reference"),
+)
+
+
+def check_generation_options(search_name, gen_cfg):
+    """Refuse fairseq generation options this search does not support, naming them."""
+    for attr, flag in UNSUPPORTED_GENERATION:
+        if getattr(gen_cfg, attr, None):
+            raise FairseqStreamError(
+                "--search {} does not support {} (use --search beam for it)".format(search_name, flag)
+            )
+    if getattr(gen_cfg, "diverse_beam_groups", -1) > 0 or getattr(gen_cfg, "diversity_rate", -1) > -1:
+        raise FairseqStreamError(
+            "--search {} does not support diverse beam search (use --search beam)".format(search_name)
+        )
+
+
+def build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning):
+    """A :class:`~fairseq_stream.decoder.BeamDecoder` configured from fairseq's generation options."""
+    from fairseq_stream.decoder import BeamDecoder
+
+    check_generation_options(name, gen_cfg)
+    stats = DecodeStats(keep_steps=bool(getattr(search_cfg, "stats_steps", False)))
+    decoder = BeamDecoder(
+        models,
+        task.target_dictionary,
+        beam_size=beam,
+        finalize=finalize,
+        pruning=pruning,
+        stats=stats,
+        max_len_a=getattr(gen_cfg, "max_len_a", 0),
+        max_len_b=getattr(gen_cfg, "max_len_b", 200),
+        min_len=getattr(gen_cfg, "min_len", 1),
+        normalize_scores=not getattr(gen_cfg, "unnormalized", False),
+        len_penalty=getattr(gen_cfg, "lenpen", 1),
+        unk_penalty=getattr(gen_cfg, "unkpen", 0),
+        temperature=getattr(gen_cfg, "temperature", 1.0),
+        no_repeat_ngram_size=getattr(gen_cfg, "no_repeat_ngram_size", 0),
+    )
+    decoder.reporter = StatsReporter(name, stats, getattr(search_cfg, "stats_file", None))
+    return decoder

@@ -1,0 +1,26 @@
+"""``--search greedy``: argmax decoding on our loop (the reference Jacobi decoding reproduces)."""
+
+from dataclasses import dataclass
+
+from fairseq_stream.registry import register_search
+from fairseq_stream.search.common import DecodeStatsConfig, build_beam_decoder
+from fairseq_stream.search.pruning import Pruning
+
+
+@dataclass
+class GreedySearchConfig(DecodeStatsConfig):
+    """Greedy has no options of its own; ``--beam`` is ignored (always 1)."""
+
+
+@register_search("greedy", dataclass=GreedySearchConfig)
+class GreedySearch:
+    """Pick the most probable next token; a sentence ends at EOS or its maximum length."""
+
+    generators = ("batch",)
+    default_generator = "batch"
+
+    @classmethod
+    def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
+        return build_beam_decoder(
+            "greedy", task, models, gen_cfg, search_cfg, beam=1, finalize="fairseq", pruning=Pruning()
+        )

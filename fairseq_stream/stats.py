@@ -1,0 +1,106 @@
+"""Decoding counters shared by every decoder: timesteps, expansions, time per step.
+
+The names follow Yang et al. (2020), Table 5: *timesteps* are decoder calls,
+*expansions* are hypotheses run through the decoder (rows summed over steps),
+*expansions per step* their ratio.
+"""
+
+import atexit
+import json
+import logging
+import os
+import statistics
+from collections import defaultdict
+from typing import Optional
+
+logger = logging.getLogger("fairseq_stream")
+
+
+class DecodeStats:
+    """Accumulates counters over a run; optionally keeps every step's rows and time.
+
+    Args:
+        keep_steps: also record (length, rows, seconds) for each step, for
+            plots such as step time against current length.
+    """
+
+    def __init__(self, keep_steps: bool = False):
+        self.sentences = 0
+        self.timesteps = 0
+        self.expansions = 0
+        self.wall_s = 0.0
+        self.keep_steps = keep_steps
+        self.steps = []
+
+    def add_step(self, length: int, rows: int, seconds: float):
+        """One decoder call over ``rows`` hypotheses whose prefixes have ``length`` tokens."""
+        self.timesteps += 1
+        self.expansions += rows
+        if self.keep_steps:
+            self.steps.append((length, rows, seconds))
+
+    def add_sentences(self, count: int, seconds: float):
+        """``count`` sentences finished in a ``generate`` call lasting ``seconds``."""
+        self.sentences += count
+        self.wall_s += seconds
+
+    def summary(self) -> dict:
+        """The counters as a JSON-able dict (the ``--stats-file`` content)."""
+        out = {
+            "sentences": self.sentences,
+            "timesteps": self.timesteps,
+            "expansions": self.expansions,
+            "expansions_per_step": self.expansions / self.timesteps if self.timesteps else 0.0,
+            "wall_s": round(self.wall_s, 6),
+        }
+        if self.keep_steps:
+            out["steps"] = [
+                {"length": length, "rows": rows, "seconds": round(sec, 7)}
+                for length, rows, sec in self.steps
+            ]
+            by_length = defaultdict(list)
+            for length, _, sec in self.steps:
+                by_length[length].append(sec)
+            out["median_step_s_by_length"] = {
+                str(length): statistics.median(v) for length, v in sorted(by_length.items())
+            }
+        return out
+
+    def log_line(self, name: str) -> str:
+        s = self.summary()
+        return (
+            "{}: {} sentences, {} timesteps, {} expansions, {:.1f} expansions/step, "
+            "{:.2f}s in decoding".format(
+                name, s["sentences"], s["timesteps"], s["expansions"],
+                s["expansions_per_step"], s["wall_s"],
+            )
+        )
+
+    def write(self, path: str):
+        """Write the summary as JSON, atomically (readers never see half a file)."""
+        tmp = "{}.tmp{}".format(path, os.getpid())
+        with open(tmp, "w") as f:
+            json.dump(self.summary(), f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+
+
+class StatsReporter:
+    """Writes ``--stats-file`` after every batch and logs the totals at exit."""
+
+    def __init__(self, name: str, stats: DecodeStats, path: Optional[str]):
+        self.name, self.stats, self.path = name, stats, path
+        atexit.register(self.close)
+        self._closed = False
+
+    def update(self):
+        if self.path:
+            self.stats.write(self.path)
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self.update()
+        if self.stats.sentences:
+            logger.info(self.stats.log_line(self.name))
