@@ -22,6 +22,7 @@ Finalization rules (``--finalize``):
   length-normalized score (so ``--lenpen`` ranks as in fairseq).
 """
 
+import logging
 import math
 import time
 from typing import Dict, List, Optional
@@ -34,6 +35,8 @@ from fairseq_stream.runner import ModelRunner
 from fairseq_stream.search.pruning import Pruning
 from fairseq_stream.search.selection import select_fairseq, select_stay
 from fairseq_stream.stats import DecodeStats
+
+logger = logging.getLogger(__name__)
 
 FINALIZE_MODES = ("fairseq", "stay")
 
@@ -91,6 +94,7 @@ class BeamDecoder:
         self.len_penalty = len_penalty
         self.unk_penalty = unk_penalty
         self.symbols_to_strip_from_output = {self.eos}
+        self._warned_cap = False
         self.repeat_ngram_blocker = None
         if no_repeat_ngram_size > 0:
             from fairseq.ngram_repeat_block import NGramRepeatBlock
@@ -117,6 +121,13 @@ class BeamDecoder:
         # fairseq bounds the length by the batch's padded source length.
         max_lens = torch.full_like(src_lengths, src_tokens.size(1))
         max_lens = (max_lens.float() * self.max_len_a + self.max_len_b).long()
+        capped = int(max_lens.gt(self.max_len - 1).sum())
+        if capped and not self._warned_cap:
+            # fairseq caps silently; say so once, since it can truncate translations.
+            logger.warning(
+                "fairseq-stream: --max-len-a/-b allow longer outputs than the model's %d "
+                "positions; outputs are capped at %d tokens", self.max_len, self.max_len - 1)
+            self._warned_cap = True
         max_lens = max_lens.clamp(max=self.max_len - 1)
         if (max_lens < self.min_len).any():
             raise FairseqStreamError("--min-len is larger than the maximum length; adjust --max-len-a/-b")
@@ -155,18 +166,15 @@ class BeamDecoder:
         for step in range(max_steps + 1):
             S = live.size(0)
             t0 = time.perf_counter()
-            lprobs_run, attn_run = self.runner.step(tokens[run_rows, : step + 1])
-            if self.dense:
-                lprobs = lprobs_run
-            else:
-                lprobs = lprobs_run.new_full((S * k, V), -math.inf)
-                lprobs[run_rows] = lprobs_run
+            lprobs, attn_run = self.runner.step(tokens[run_rows, : step + 1])
             self.stats.add_step(step + 1, run_rows.numel(), time.perf_counter() - t0)
+            # Row r of lprobs is slot run_rows[r]; all slots when dense.
+            row_sentence = run_rows // k
 
             lprobs[lprobs != lprobs] = -math.inf
             lprobs[:, self.pad] = -math.inf
             lprobs[:, self.unk] -= self.unk_penalty
-            at_max = (step >= max_lens).repeat_interleave(k)
+            at_max = (step >= max_lens)[row_sentence]
             if at_max.any():
                 eos_col = lprobs[at_max, self.eos].clone()
                 lprobs[at_max] = -math.inf
@@ -178,23 +186,42 @@ class BeamDecoder:
                     attn = scores.new_zeros(S * k, attn_run.size(1), max_steps + 2)
                 attn[run_rows, :, step + 1] = attn_run
             if self.repeat_ngram_blocker is not None:
-                lprobs = self.repeat_ngram_blocker(tokens, lprobs, S, k, step)
+                rows = run_rows.numel()
+                lprobs = self.repeat_ngram_blocker(tokens[run_rows], lprobs, rows, 1, step)
 
-            local = lprobs.view(S, k * V)
-            if step == 0:
+            if step == 0 and self.dense:
                 # All slots hold the same start: extend slot 0 only (as fairseq).
                 cand = local = lprobs.view(S, k, V)[:, 0, :]
-            else:
+                slot_of = None
+            elif self.dense:
+                local = lprobs.view(S, k * V)
                 cand = (lprobs + scores[:, step - 1 : step]).view(S, k * V)
+                slot_of = None
+            else:
+                # Pack each sentence's live rows to the left, as wide as the widest beam.
+                position, width = self._pack_positions(row_sentence, S)
+                packed = lprobs.new_full((S, width, V), -math.inf)
+                packed[row_sentence, position] = lprobs
+                local = packed.view(S, width * V)
+                if step > 0:
+                    packed[row_sentence, position] += scores[run_rows, step - 1 : step]
+                cand = packed.view(S, width * V)
+                slot_of = torch.zeros(S, width, dtype=torch.long, device=device)
+                slot_of[row_sentence, position] = run_rows % k
 
             if stay:
                 sel = select_stay(cand, local, self._done_scores(done, done_len, scores, S, k),
                                   k, V, self.eos, self.pad, self.pruning)
             else:
                 sel = select_fairseq(cand, local, k, V, self.eos, self.pruning, best_finished)
+                if slot_of is not None:
+                    sel.eos_slot = slot_of[sel.eos_sentence, sel.eos_slot]
                 self._finalize_fairseq(sel, step, finalized, sent_ids, best_finished, tokens, scores, attn, k)
                 counts = torch.tensor([len(finalized[i]) for i in sent_ids.tolist()], device=device)
                 sel.finished |= counts.ge(k) | max_lens.le(step)
+            if slot_of is not None:
+                carried = sel.done & ~sel.fresh
+                sel.parent = torch.where(carried, sel.parent, slot_of.gather(1, sel.parent.clamp(max=slot_of.size(1) - 1)))
             finished_now = sel.finished | empty
             new_done_len = torch.where(
                 sel.fresh, torch.full_like(sel.parent, step + 1), done_len.gather(1, sel.parent)
@@ -211,10 +238,11 @@ class BeamDecoder:
 
             # Build the next beam: slot j of sentence s continues slot parent[s, j].
             flat_parent = (sel.parent + torch.arange(S, device=device).unsqueeze(1) * k).view(-1)
-            tokens = tokens.index_select(0, flat_parent)
-            scores = scores.index_select(0, flat_parent)
+            # Only the columns written so far need moving (S * k rows either way).
+            tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, flat_parent)
+            scores[:, :step] = scores[:, :step].index_select(0, flat_parent)
             if attn is not None:
-                attn = attn.index_select(0, flat_parent)
+                attn[:, :, : step + 2] = attn[:, :, : step + 2].index_select(0, flat_parent)
             extended = (sel.live | sel.fresh).view(-1)
             tokens[extended, step + 1] = sel.token.view(-1)[extended]
             scores[extended, step] = sel.score.view(-1)[extended]
@@ -242,6 +270,14 @@ class BeamDecoder:
             order = torch.sort(torch.tensor([float(h["score"]) for h in finalized[sid]]), descending=True)[1]
             finalized[sid] = [finalized[sid][i] for i in order]
         return finalized
+
+    @staticmethod
+    def _pack_positions(row_sentence, S):
+        """Position of each run row among its sentence's run rows, and the widest beam."""
+        counts = torch.bincount(row_sentence, minlength=S)
+        starts = torch.cumsum(counts, 0) - counts
+        position = torch.arange(row_sentence.numel(), device=row_sentence.device) - starts[row_sentence]
+        return position, max(int(counts.max()), 1)
 
     def _run_rows(self, live):
         """Rows to run through the decoder: all slots when dense, else the live ones."""

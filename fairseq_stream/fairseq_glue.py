@@ -48,6 +48,7 @@ def install():
     _patch_parse_args_and_arch()
     _patch_build_generator()
     _patch_batch_by_size()
+    _patch_filter_indices_by_size()
     _patch_checkpoint_loading()
     from fairseq_stream.errors import install_excepthook
 
@@ -272,6 +273,39 @@ def _patch_batch_by_size():
 
     batch_by_size._fairseq_stream = True
     data_utils.batch_by_size = batch_by_size
+
+
+def _patch_filter_indices_by_size():
+    """Over-long inputs: fairseq's behaviour, as a one-line error or an explicit warning."""
+    from fairseq.tasks.fairseq_task import FairseqTask
+
+    original = FairseqTask.filter_indices_by_size
+    if getattr(original, "_fairseq_stream", False):
+        return
+
+    @functools.wraps(original)
+    def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        from fairseq_stream.errors import FairseqStreamError
+
+        try:
+            kept = original(self, indices, dataset, max_positions, ignore_invalid_inputs)
+        except Exception as e:  # fairseq raises a bare Exception here
+            if not str(e).startswith("Size of sample #"):
+                raise
+            raise FairseqStreamError(
+                "an input is longer than the model's positions: {}".format(e)
+            ) from None
+        dropped = len(indices) - len(kept)
+        if dropped:
+            logger.warning(
+                "fairseq-stream: %d input sentence(s) exceed the model's positions (%s) and get "
+                "NO output line (--skip-invalid-size-inputs-valid-test); shorten or split them "
+                "to translate every input", dropped, max_positions,
+            )
+        return kept
+
+    filter_indices_by_size._fairseq_stream = True
+    FairseqTask.filter_indices_by_size = filter_indices_by_size
 
 
 # --- checkpoints ----------------------------------------------------------

@@ -33,6 +33,7 @@ class ModelRunner:
         self.model.eval()
         self.temperature = temperature
         self.encoder_outs = None
+        self.row_sentence = None  # (rows,) sentence of each decoder row
         self.incremental_states: List[dict] = []
         self._attention = [
             [m for m in model.decoder.modules() if isinstance(m, MultiheadAttention)]
@@ -50,9 +51,8 @@ class ModelRunner:
         encoder_outs = self.model.forward_encoder(net_input)
         bsz = net_input["src_tokens"].size(0)
         order = torch.arange(bsz).repeat_interleave(rows_per_sentence)
-        self.encoder_outs = self.model.reorder_encoder_out(
-            encoder_outs, order.to(net_input["src_tokens"].device)
-        )
+        self.row_sentence = order.to(net_input["src_tokens"].device)
+        self.encoder_outs = self.model.reorder_encoder_out(encoder_outs, self.row_sentence)
         self.incremental_states = [{} for _ in self.model.models]
 
     @torch.no_grad()
@@ -72,13 +72,20 @@ class ModelRunner:
 
     def reorder(self, new_order: torch.Tensor):
         """Make row ``i`` continue old row ``new_order[i]`` (select, copy or drop rows)."""
-        self.encoder_outs = self.model.reorder_encoder_out(self.encoder_outs, new_order)
+        # Encoder outputs and encoder-attention keys depend only on a row's
+        # sentence: when every row keeps the sentence it had, they stay as
+        # they are (most steps of fixed-width search), else they are gathered.
+        new_row_sentence = self.row_sentence.index_select(0, new_order)
+        same_sentences = torch.equal(new_row_sentence, self.row_sentence)
+        self.row_sentence = new_row_sentence
+        if not same_sentences:
+            self.encoder_outs = self.model.reorder_encoder_out(self.encoder_outs, new_order)
         for model, state, attentions in zip(
             self.model.models, self.incremental_states, self._attention
         ):
             for attention in attentions:
                 buffer = attention._get_input_buffer(state)
-                if not buffer:
+                if not buffer or (same_sentences and attention.encoder_decoder_attention):
                     continue
                 for key, value in buffer.items():
                     if value is not None:

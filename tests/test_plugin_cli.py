@@ -118,3 +118,33 @@ def test_interactive_answers_every_line(toy, search):
         input="\n".join(lines) + "\n",
     )
     assert sorted(hypotheses(proc.stdout)) == list(range(len(lines)))
+
+
+def test_over_long_input_is_a_one_line_error_or_an_explicit_warning(toy, tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    long_line = " ".join("s{}".format(i % 300) for i in range(1100))  # > 1024 positions
+    (raw / "test.src").write_text("s1 s2 s3\n" + long_line + "\n")
+    (raw / "test.tgt").write_text("t1 t2 t3\nt1\n")
+    run_tool(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+              "--testpref", raw / "test", "--destdir", tmp_path / "bin", "--workers", "1",
+              "--srcdict", toy.data_bin / "dict.src.txt", "--tgtdict", toy.data_bin / "dict.tgt.txt"])
+    args = ["fairseq-generate", tmp_path / "bin", "--path", toy.transformer, "--gen-subset", "test",
+            "--batch-size", "8", "--cpu", "--user-dir", "fairseq_stream", "--search", "fixed"]
+    proc = run_tool(args, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("fairseq-stream: error: an input is longer than the model's positions")
+    assert "--skip-invalid-size-inputs-valid-test" in last
+
+    proc = run_tool(args + ["--skip-invalid-size-inputs-valid-test"])
+    assert sorted(hypotheses(proc.stdout)) == [0]
+    assert "1 input sentence(s) exceed the model's positions" in proc.stderr
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.args")))
+def test_shipped_configs_run(toy, config):
+    options = [l for l in (REPO / "configs" / config).read_text().splitlines() if l and not l.startswith("#")]
+    proc = run_tool(GEN + [toy.data_bin, "--path", toy.transformer, "--gen-subset", "test", "--batch-size", "8",
+                           "--cpu", "--user-dir", "fairseq_stream"] + options)
+    assert sorted(hypotheses(proc.stdout)) == list(range(37))
