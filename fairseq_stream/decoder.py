@@ -263,8 +263,8 @@ class BeamDecoder:
                 sent_ids, max_lens, empty = sent_ids[keep], max_lens[keep], empty[keep]
                 best_finished = best_finished[keep]
             run_rows = self._run_rows(live)
-            parent_rows = flat_parent if self.dense else flat_parent[run_rows]
-            self.runner.reorder(prev_live_row[parent_rows] if not self.dense else parent_rows)
+            # The runner holds one row per previous run row (all slots when dense).
+            self.runner.reorder(prev_live_row[flat_parent[run_rows]])
 
         for sid in range(S0):
             order = torch.sort(torch.tensor([float(h["score"]) for h in finalized[sid]]), descending=True)[1]
