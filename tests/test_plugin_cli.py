@@ -49,9 +49,10 @@ def test_generator_without_search_is_refused(toy):
     assert "Traceback" not in proc.stderr
 
 
-def test_search_beam_is_identical_to_plain_fairseq_generate(toy):
+@pytest.mark.parametrize("model", ["transformer", "lstm"])
+def test_search_beam_is_identical_to_plain_fairseq_generate(toy, model):
     # Plain fairseq drops the last batch unless the multiple is 1 (see below).
-    args = gen_args(toy, "--required-batch-size-multiple", "1")
+    args = gen_args(toy, "--required-batch-size-multiple", "1", path=getattr(toy, model))
     plain = run_plain_fairseq_generate(args).stdout
     ours = run_tool(GEN + args + ["--user-dir", "fairseq_stream", "--search", "beam"]).stdout
     pick = lambda out: sorted(l for l in out.splitlines() if l[:2] in ("S-", "T-", "H-", "D-", "P-"))
