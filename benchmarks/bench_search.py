@@ -73,11 +73,12 @@ def make_batches(task, subset, batch_size, limit):
     ).next_epoch_itr(shuffle=False)
     batches = list(itr)
     if limit:
-        kept = []
-        for b in batches:
-            if int(b["id"].min()) < limit:
-                kept.append(b)
-        batches = kept
+        # Keep fairseq's length-sorted order, regrouped into full batches.
+        ids = [i for b in batches for i in b["id"].tolist() if i < limit]
+        batches = [
+            dataset.collater([dataset[i] for i in ids[j : j + batch_size]])
+            for j in range(0, len(ids), batch_size)
+        ]
     return batches
 
 

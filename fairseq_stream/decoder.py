@@ -17,8 +17,8 @@ Finalization rules (``--finalize``):
   maximum length, or (pruning) when no live hypothesis survives.
 * ``stay`` (Yang et al. 2020, App. A.1): finished candidates stay on the
   beam, compete with new expansions by cumulative log-probability and can
-  fall off; a sentence ends when its best beam entry is finished. Its output
-  is the finished entries of that final beam, ranked by fairseq's
+  fall off; a sentence ends when no live entry is left on its beam. Its
+  output is the finished entries of that final beam, ranked by fairseq's
   length-normalized score (so ``--lenpen`` ranks as in fairseq).
 """
 

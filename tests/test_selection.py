@@ -49,13 +49,22 @@ def test_stay_keeps_finished_candidates_on_the_beam_until_they_fall_off():
     assert not sel.done.any() and not sel.finished.any()
 
 
-def test_stay_ends_the_sentence_when_its_best_entry_is_finished():
+def test_stay_keeps_decoding_below_a_finished_best_entry():
     cand = expand([[[-3.0, NEG, -2.5, -2.2], [NEG] * 4]])
     done = torch.tensor([[NEG, -2.0]])
     sel = select_stay(cand, cand, done, k=2, vocab=V, eos=EOS, pad=PAD, pruning=Pruning())
     assert sel.score[0].tolist() == pytest.approx([-2.0, -2.2])
     assert sel.done.tolist() == [[True, False]] and sel.parent[0, 0] == 1  # carried over
     assert sel.token[0, 0] == PAD and not sel.fresh[0, 0]
+    assert sel.finished.tolist() == [False]  # a live entry is still on the beam
+
+
+def test_stay_ends_the_sentence_when_no_live_entry_is_left():
+    cand = expand([[[-3.0, NEG, -2.5, -2.2], [NEG] * 4]])
+    done = torch.tensor([[NEG, -2.0]])
+    # delta = 0.1 against the finished -2.0 prunes the live -2.2
+    sel = select_stay(cand, cand, done, k=2, vocab=V, eos=EOS, pad=PAD, pruning=Pruning(ap=0.1))
+    assert sel.done.tolist() == [[True, False]] and not sel.live.any()
     assert sel.finished.tolist() == [True]
 
 

@@ -10,8 +10,8 @@ slot, the slot it continues and the word it adds.
   candidates, those ending in EOS among the best ``k`` are finalized at once;
   the next beam is the best ``k`` not ending in EOS.
 * :func:`select_stay` — Yang et al. (2020), App. A.1: finished candidates stay
-  on the beam and compete with new expansions; the sentence ends when the best
-  entry of its beam is finished.
+  on the beam and compete with new expansions; the sentence ends when no live
+  candidate is left on its beam.
 
 Pruning (:class:`~fairseq_stream.search.pruning.Pruning`) is applied after the
 reduction to ``k``, as in Freitag & Al-Onaizan (2017).
@@ -103,8 +103,9 @@ def select_stay(cand, local, done_scores, k, vocab, eos, pad, pruning: Pruning):
     fresh = keep & ~carried & words.eq(eos)
     done = keep & carried | fresh
     live = keep & ~carried & ~fresh
-    # Scores only fall as hypotheses grow, so nothing live can overtake a
-    # finished best entry: the sentence is complete.
+    # The beam is done when it holds no live candidate: finished entries stay
+    # (their score is the reference for --prune-ap, App. A.3) until live ones
+    # finish or fall below them.
     return Step(
         parent=beams,
         token=words,
@@ -112,5 +113,5 @@ def select_stay(cand, local, done_scores, k, vocab, eos, pad, pruning: Pruning):
         live=live,
         done=done,
         fresh=fresh,
-        finished=done[:, 0] | ~live.any(dim=1),
+        finished=~live.any(dim=1),
     )
