@@ -12,7 +12,8 @@ TOY=${1:-toy}
 
 if [ ! -f "$TOY/DONE" ]; then
   echo "fairseq-stream: training the toy checkpoints into $TOY/ (about a minute each)"
-  bash scripts/train_toy.sh "$TOY" > "$TOY.train.log" 2>&1 || { tail -30 "$TOY.train.log"; exit 1; }
+  mkdir -p "$TOY"
+  bash scripts/train_toy.sh "$TOY" > "$TOY/train.log" 2>&1 || { tail -30 "$TOY/train.log"; exit 1; }
 fi
 
 echo "fairseq-stream: translating $TOY/raw/test.src with --search beam"

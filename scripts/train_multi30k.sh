@@ -4,7 +4,7 @@
 # DATA_DIR: raw Multi30k text (train.de/.en, val.*, test_2016_flickr.*).
 # OUT_DIR gets spm/ (sentencepiece model + pieces), data-bin/, transformer/
 # and, with --lstm, lstm/. Deterministic (fixed seeds, fixed thread count);
-# about 30 minutes for the transformer on 2 CPU cores (1,200 updates, ~9 epochs). Uses the tools on
+# 1,200 updates (~9 epochs): 45 minutes on 2 busy CPU cores here. Uses the tools on
 # PATH (activate .venv first).
 set -euo pipefail
 if [ $# -lt 2 ]; then echo "usage: $0 DATA_DIR OUT_DIR [--lstm]" >&2; exit 2; fi
