@@ -86,7 +86,11 @@ class DecodeStats:
 
 
 class StatsReporter:
-    """Writes ``--stats-file`` after every batch and logs the totals at exit."""
+    """Writes ``--stats-file`` and logs the totals when the process exits.
+
+    fairseq-generate gives a generator no end-of-run hook, so the totals are
+    written from ``atexit`` (``update`` writes them earlier on request).
+    """
 
     def __init__(self, name: str, stats: DecodeStats, path: Optional[str]):
         self.name, self.stats, self.path = name, stats, path
