@@ -13,6 +13,7 @@ transformer/); ``--refs`` is the raw reference file (e.g.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -97,16 +98,10 @@ def run(make, models, batches, counter_needed):
     outputs = {}
     counter = RowCounter() if counter_needed else None
     start = time.perf_counter()
-    with torch.no_grad():
-        if counter:
-            with counter:
-                for sample in batches:
-                    for sid, hyps in zip(sample["id"].tolist(), generator.generate(models, sample)):
-                        outputs[sid] = hyps[0]["tokens"]
-        else:
-            for sample in batches:
-                for sid, hyps in zip(sample["id"].tolist(), generator.generate(models, sample)):
-                    outputs[sid] = hyps[0]["tokens"]
+    with torch.no_grad(), (counter or contextlib.nullcontext()):
+        for sample in batches:
+            for sid, hyps in zip(sample["id"].tolist(), generator.generate(models, sample)):
+                outputs[sid] = hyps[0]["tokens"]
     wall = time.perf_counter() - start
     stats = counter.stats if counter else generator.stats
     return wall, outputs, stats

@@ -153,13 +153,12 @@ class BeamDecoder:
         attn: Optional[Tensor] = None
         live = torch.zeros(S0, k, dtype=torch.bool, device=device)
         live[:, 0] = True
-        done = torch.zeros(S0, k, dtype=torch.bool, device=device)
+        # Length of each finished slot on the beam (stay); 0 for the others.
         done_len = torch.zeros(S0, k, dtype=torch.long, device=device)
         sent_ids = torch.arange(S0, device=device)  # position in the sample
         finalized: List[List[Dict[str, Tensor]]] = [[] for _ in range(S0)]
         best_finished = torch.full((S0,), -math.inf, device=device)
 
-        # Empty sources get an empty hypothesis (fairseq would translate the lone EOS).
         empty = src_lengths.eq(0)
         run_rows = self._run_rows(live)
 
@@ -210,7 +209,7 @@ class BeamDecoder:
                 slot_of[row_sentence, position] = run_rows % k
 
             if stay:
-                sel = select_stay(cand, local, self._done_scores(done, done_len, scores, S, k),
+                sel = select_stay(cand, local, self._done_scores(done_len, scores, S, k),
                                   k, V, self.eos, self.pad, self.pruning)
             else:
                 sel = select_fairseq(cand, local, k, V, self.eos, self.pruning, best_finished)
@@ -248,7 +247,7 @@ class BeamDecoder:
             scores[extended, step] = sel.score.view(-1)[extended]
             prev_live_row = torch.full((S * k,), -1, dtype=torch.long, device=device)
             prev_live_row[run_rows] = torch.arange(run_rows.numel(), device=device)
-            live, done, done_len = sel.live, sel.done, new_done_len
+            live, done_len = sel.live, new_done_len
 
             keep = ~finished_now
             if not keep.any():
@@ -259,7 +258,7 @@ class BeamDecoder:
                 flat_parent = flat_parent[rows_keep]
                 if attn is not None:
                     attn = attn[rows_keep]
-                live, done, done_len = live[keep], done[keep], done_len[keep]
+                live, done_len = live[keep], done_len[keep]
                 sent_ids, max_lens, empty = sent_ids[keep], max_lens[keep], empty[keep]
                 best_finished = best_finished[keep]
             run_rows = self._run_rows(live)
@@ -299,10 +298,10 @@ class BeamDecoder:
             best_finished[s] = max(float(best_finished[s]), score)
 
     @staticmethod
-    def _done_scores(done, done_len, scores, S, k):
+    def _done_scores(done_len, scores, S, k):
         """Cumulative score of each finished slot on the beam (-inf elsewhere)."""
         last = scores.view(S, k, -1).gather(2, (done_len - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        return torch.where(done, last, torch.full_like(last, -math.inf))
+        return last.masked_fill(done_len.eq(0), -math.inf)
 
     def _hypo(self, row, step, score, tokens, scores, attn):
         hyp_tokens = tokens[row, 1 : step + 2].clone()
