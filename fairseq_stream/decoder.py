@@ -30,6 +30,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor
 
+from fairseq_stream.cohort import Cohort
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.runner import ModelRunner
 from fairseq_stream.search.pruning import Pruning
@@ -110,16 +111,28 @@ class BeamDecoder:
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
         """Translate a fairseq sample; one list of hypotheses per sentence, in sample order."""
+        self.check_call(prefix_tokens, constraints)
+        start = time.perf_counter()
+        cohort = self.open(sample["net_input"], bos_token=bos_token)
+        results = {}
+        while cohort.size:
+            results.update(self.advance(cohort))
+        self.stats.add_sentences(len(results), time.perf_counter() - start)
+        return [results[i] for i in range(len(results))]
+
+    @staticmethod
+    def check_call(prefix_tokens, constraints):
+        """Refuse fairseq ``generate`` arguments our loop does not implement."""
         if prefix_tokens is not None:
             raise FairseqStreamError("--prefix-size is not supported by this --search yet")
         if constraints is not None:
             raise FairseqStreamError("--constraints is not supported by this --search")
-        start = time.perf_counter()
-        net_input = sample["net_input"]
-        src_tokens = net_input["src_tokens"]
-        src_lengths = (src_tokens.ne(self.eos) & src_tokens.ne(self.pad)).long().sum(dim=1)
+
+    def max_lengths(self, src_tokens: Tensor) -> Tensor:
+        """Each sentence's maximum output length, as fairseq computes it for this batch."""
         # fairseq bounds the length by the batch's padded source length.
-        max_lens = torch.full_like(src_lengths, src_tokens.size(1))
+        max_lens = torch.full((src_tokens.size(0),), src_tokens.size(1), dtype=torch.long,
+                              device=src_tokens.device)
         max_lens = (max_lens.float() * self.max_len_a + self.max_len_b).long()
         capped = int(max_lens.gt(self.max_len - 1).sum())
         if capped and not self._warned_cap:
@@ -131,144 +144,173 @@ class BeamDecoder:
         max_lens = max_lens.clamp(max=self.max_len - 1)
         if (max_lens < self.min_len).any():
             raise FairseqStreamError("--min-len is larger than the maximum length; adjust --max-len-a/-b")
-        results = self._decode(net_input, src_lengths, max_lens, bos_token)
-        self.stats.add_sentences(len(results), time.perf_counter() - start)
-        return results
+        return max_lens
 
     # -- the loop ----------------------------------------------------------
 
-    def _decode(self, net_input, src_lengths, max_lens, bos_token):
+    def open(self, net_input, ids: Optional[Tensor] = None, bos_token=None) -> Cohort:
+        """Encode a fairseq batch into a cohort at step 0; ``ids`` name its sentences (default 0..S-1)."""
         src_tokens = net_input["src_tokens"]
         device = src_tokens.device
-        k, V = self.beam_size, self.vocab_size
+        k = self.beam_size
         S0 = src_tokens.size(0)
-        stay = self.finalize == "stay"
-        max_steps = int(max_lens.max().item())
-
-        self.runner.start(net_input, k if self.dense else 1)
-
+        if ids is None:
+            ids = torch.arange(S0, device=device)
+        src_lengths = (src_tokens.ne(self.eos) & src_tokens.ne(self.pad)).long().sum(dim=1)
+        max_lens = self.max_lengths(src_tokens)
+        max_steps = int(max_lens.max().item()) if S0 else 0
+        state = self.runner.start(net_input, k if self.dense else 1, ids)
         tokens = torch.full((S0 * k, max_steps + 2), self.pad, dtype=torch.long, device=device)
         tokens[:, 0] = self.eos if bos_token is None else bos_token
-        scores = torch.zeros(S0 * k, max_steps + 1, device=device)
-        attn: Optional[Tensor] = None
         live = torch.zeros(S0, k, dtype=torch.bool, device=device)
         live[:, 0] = True
-        # Length of each finished slot on the beam (stay); 0 for the others.
-        done_len = torch.zeros(S0, k, dtype=torch.long, device=device)
-        sent_ids = torch.arange(S0, device=device)  # position in the sample
-        finalized: List[List[Dict[str, Tensor]]] = [[] for _ in range(S0)]
-        best_finished = torch.full((S0,), -math.inf, device=device)
+        cohort = Cohort(
+            k=k, pad=self.pad, step=0, ids=ids.to(device),
+            tokens=tokens,
+            scores=torch.zeros(S0 * k, max_steps + 1, device=device),
+            attn=None,
+            live=live,
+            done_len=torch.zeros(S0, k, dtype=torch.long, device=device),
+            max_lens=max_lens,
+            empty=src_lengths.eq(0),
+            best_finished=torch.full((S0,), -math.inf, device=device),
+            run_rows=torch.empty(0, dtype=torch.long, device=device),
+            state=state,
+        )
+        cohort.run_rows = self._run_rows(live)
+        return cohort
 
-        empty = src_lengths.eq(0)
-        run_rows = self._run_rows(live)
+    def advance(self, c: Cohort) -> Dict[int, List[Dict[str, Tensor]]]:
+        """One decoder step for every sentence of ``c``, in place.
 
-        for step in range(max_steps + 1):
-            S = live.size(0)
-            t0 = time.perf_counter()
-            lprobs, attn_run = self.runner.step(tokens[run_rows, : step + 1])
-            self.stats.add_step(step + 1, run_rows.numel(), time.perf_counter() - t0)
-            # Row r of lprobs is slot run_rows[r]; all slots when dense.
-            row_sentence = run_rows // k
+        Returns the sentences that finished (id -> hypotheses, best first);
+        they leave the cohort.
+        """
+        device = c.tokens.device
+        k, V = self.beam_size, self.vocab_size
+        stay = self.finalize == "stay"
+        step, run_rows, max_lens = c.step, c.run_rows, c.max_lens
+        tokens, scores, attn = c.tokens, c.scores, c.attn
+        S = c.size
 
-            lprobs[lprobs != lprobs] = -math.inf
-            lprobs[:, self.pad] = -math.inf
-            lprobs[:, self.unk] -= self.unk_penalty
-            at_max = (step >= max_lens)[row_sentence]
-            if at_max.any():
-                eos_col = lprobs[at_max, self.eos].clone()
-                lprobs[at_max] = -math.inf
-                lprobs[at_max, self.eos] = eos_col
-            if step < self.min_len:
-                lprobs[:, self.eos] = -math.inf
-            if attn_run is not None:
-                if attn is None:
-                    attn = scores.new_zeros(S * k, attn_run.size(1), max_steps + 2)
-                attn[run_rows, :, step + 1] = attn_run
-            if self.repeat_ngram_blocker is not None:
-                rows = run_rows.numel()
-                lprobs = self.repeat_ngram_blocker(tokens[run_rows], lprobs, rows, 1, step)
+        t0 = time.perf_counter()
+        lprobs, attn_run = self.runner.step(c.state, tokens[run_rows, : step + 1])
+        self.stats.add_step(step + 1, run_rows.numel(), time.perf_counter() - t0)
+        # Row r of lprobs is slot run_rows[r]; all slots when dense.
+        row_sentence = run_rows // k
 
-            if step == 0 and self.dense:
-                # All slots hold the same start: extend slot 0 only (as fairseq).
-                cand = local = lprobs.view(S, k, V)[:, 0, :]
-                slot_of = None
-            elif self.dense:
-                local = lprobs.view(S, k * V)
-                cand = (lprobs + scores[:, step - 1 : step]).view(S, k * V)
-                slot_of = None
-            else:
-                # Pack each sentence's live rows to the left, as wide as the widest beam.
-                position, width = self._pack_positions(row_sentence, S)
-                packed = lprobs.new_full((S, width, V), -math.inf)
-                packed[row_sentence, position] = lprobs
-                local = packed.view(S, width * V)
-                if step > 0:
-                    packed[row_sentence, position] += scores[run_rows, step - 1 : step]
-                cand = packed.view(S, width * V)
-                slot_of = torch.zeros(S, width, dtype=torch.long, device=device)
-                slot_of[row_sentence, position] = run_rows % k
+        lprobs[lprobs != lprobs] = -math.inf
+        lprobs[:, self.pad] = -math.inf
+        lprobs[:, self.unk] -= self.unk_penalty
+        at_max = (step >= max_lens)[row_sentence]
+        if at_max.any():
+            eos_col = lprobs[at_max, self.eos].clone()
+            lprobs[at_max] = -math.inf
+            lprobs[at_max, self.eos] = eos_col
+        if step < self.min_len:
+            lprobs[:, self.eos] = -math.inf
+        if attn_run is not None:
+            if attn is None:
+                attn = scores.new_zeros(S * k, attn_run.size(1), tokens.size(1))
+            attn[run_rows, :, step + 1] = attn_run
+        if self.repeat_ngram_blocker is not None:
+            rows = run_rows.numel()
+            lprobs = self.repeat_ngram_blocker(tokens[run_rows], lprobs, rows, 1, step)
 
-            if stay:
-                sel = select_stay(cand, local, self._done_scores(done_len, scores, S, k),
-                                  k, V, self.eos, self.pad, self.pruning)
-            else:
-                sel = select_fairseq(cand, local, k, V, self.eos, self.pruning, best_finished)
-                if slot_of is not None:
-                    sel.eos_slot = slot_of[sel.eos_sentence, sel.eos_slot]
-                self._finalize_fairseq(sel, step, finalized, sent_ids, best_finished, tokens, scores, attn, k)
-                counts = torch.tensor([len(finalized[i]) for i in sent_ids.tolist()], device=device)
-                sel.finished |= counts.ge(k) | max_lens.le(step)
+        word_of = None  # candidate index -> word, where candidates are not the whole vocabulary
+        per_slot = V  # candidates per beam slot in cand
+        if step == 0 and self.dense:
+            # All slots hold the same start: extend slot 0 only (as fairseq).
+            cand = local = lprobs.view(S, k, V)[:, 0, :]
+            slot_of = None
+        elif self.dense:
+            local = lprobs.view(S, k * V)
+            cand = (lprobs + scores[:, step - 1 : step]).view(S, k * V)
+            slot_of = None
+        else:
+            # Each row's best candidates first: a sentence's best k (2k for
+            # fairseq's rule) are among its rows' best k (2k), so selection
+            # then works on (sentences, widest beam x n) instead of x V.
+            n = min(k if stay else 2 * k, V)
+            row_scores = lprobs + scores[run_rows, step - 1 : step] if step > 0 else lprobs
+            top_scores, top_words = torch.topk(row_scores, k=n, dim=1)
+            position, width = self._pack_positions(row_sentence, S)
+            packed = top_scores.new_full((S, width, n), -math.inf)
+            packed[row_sentence, position] = top_scores
+            cand = packed.view(S, width * n)
+            words = top_words.new_zeros((S, width, n))
+            words[row_sentence, position] = top_words
+            word_of = words.view(S, width * n)
+            local = lprobs.new_zeros((S, width, n))
+            local[row_sentence, position] = lprobs.gather(1, top_words)
+            local = local.view(S, width * n)
+            slot_of = torch.zeros(S, width, dtype=torch.long, device=device)
+            slot_of[row_sentence, position] = run_rows % k
+            per_slot = n
+
+        finished: Dict[int, List[Dict[str, Tensor]]] = {}
+        if stay:
+            sel = select_stay(cand, local, self._done_scores(c.done_len, scores, S, k),
+                              k, per_slot, self.eos, self.pad, self.pruning, word_of)
+        else:
+            sel = select_fairseq(cand, local, k, per_slot, self.eos, self.pruning, c.best_finished, word_of)
             if slot_of is not None:
-                carried = sel.done & ~sel.fresh
-                sel.parent = torch.where(carried, sel.parent, slot_of.gather(1, sel.parent.clamp(max=slot_of.size(1) - 1)))
-            finished_now = sel.finished | empty
-            new_done_len = torch.where(
-                sel.fresh, torch.full_like(sel.parent, step + 1), done_len.gather(1, sel.parent)
-            ).masked_fill(~sel.done, 0)
+                sel.eos_slot = slot_of[sel.eos_sentence, sel.eos_slot]
+            self._finalize_fairseq(sel, step, c.finalized, c.ids, c.best_finished, tokens, scores, attn, k)
+            counts = torch.tensor([len(c.finalized.get(i, ())) for i in c.ids.tolist()], device=device)
+            sel.finished |= counts.ge(k) | max_lens.le(step)
+        if slot_of is not None:
+            carried = sel.done & ~sel.fresh
+            sel.parent = torch.where(carried, sel.parent, slot_of.gather(1, sel.parent.clamp(max=slot_of.size(1) - 1)))
+        finished_now = sel.finished | c.empty
+        new_done_len = torch.where(
+            sel.fresh, torch.full_like(sel.parent, step + 1), c.done_len.gather(1, sel.parent)
+        ).masked_fill(~sel.done, 0)
 
-            for s in finished_now.nonzero().flatten().tolist():
-                sid = int(sent_ids[s])
-                if bool(empty[s]):
-                    # Empty sources get an empty hypothesis (fairseq would
-                    # translate the lone EOS into something).
-                    finalized[sid] = [self._empty_hypo(device)]
-                elif stay:
-                    finalized[sid] = self._collect_stay(s, sel, new_done_len[s], tokens, scores, attn, k)
+        for s in finished_now.nonzero().flatten().tolist():
+            sid = int(c.ids[s])
+            if bool(c.empty[s]):
+                # Empty sources get an empty hypothesis (fairseq would
+                # translate the lone EOS into something).
+                hyps = [self._empty_hypo(device)]
+            elif stay:
+                hyps = self._collect_stay(s, sel, new_done_len[s], tokens, scores, attn, k)
+            else:
+                hyps = c.finalized.pop(sid, [])
+            order = torch.sort(torch.tensor([float(h["score"]) for h in hyps]), descending=True)[1]
+            finished[sid] = [hyps[i] for i in order]
 
-            # Build the next beam: slot j of sentence s continues slot parent[s, j].
-            flat_parent = (sel.parent + torch.arange(S, device=device).unsqueeze(1) * k).view(-1)
-            # Only the columns written so far need moving (S * k rows either way).
-            tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, flat_parent)
-            scores[:, :step] = scores[:, :step].index_select(0, flat_parent)
+        # Build the next beam: slot j of sentence s continues slot parent[s, j].
+        flat_parent = (sel.parent + torch.arange(S, device=device).unsqueeze(1) * k).view(-1)
+        # Only the columns written so far need moving (S * k rows either way).
+        tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, flat_parent)
+        scores[:, :step] = scores[:, :step].index_select(0, flat_parent)
+        if attn is not None:
+            attn[:, :, : step + 2] = attn[:, :, : step + 2].index_select(0, flat_parent)
+        extended = (sel.live | sel.fresh).view(-1)
+        tokens[extended, step + 1] = sel.token.view(-1)[extended]
+        scores[extended, step] = sel.score.view(-1)[extended]
+        prev_live_row = torch.full((S * k,), -1, dtype=torch.long, device=device)
+        prev_live_row[run_rows] = torch.arange(run_rows.numel(), device=device)
+        live, done_len = sel.live, new_done_len
+
+        keep = ~finished_now
+        if not keep.all():
+            rows_keep = keep.repeat_interleave(k)
+            tokens, scores = tokens[rows_keep], scores[rows_keep]
+            flat_parent = flat_parent[rows_keep]
             if attn is not None:
-                attn[:, :, : step + 2] = attn[:, :, : step + 2].index_select(0, flat_parent)
-            extended = (sel.live | sel.fresh).view(-1)
-            tokens[extended, step + 1] = sel.token.view(-1)[extended]
-            scores[extended, step] = sel.score.view(-1)[extended]
-            prev_live_row = torch.full((S * k,), -1, dtype=torch.long, device=device)
-            prev_live_row[run_rows] = torch.arange(run_rows.numel(), device=device)
-            live, done_len = sel.live, new_done_len
-
-            keep = ~finished_now
-            if not keep.any():
-                break
-            if not keep.all():
-                rows_keep = keep.repeat_interleave(k)
-                tokens, scores = tokens[rows_keep], scores[rows_keep]
-                flat_parent = flat_parent[rows_keep]
-                if attn is not None:
-                    attn = attn[rows_keep]
-                live, done_len = live[keep], done_len[keep]
-                sent_ids, max_lens, empty = sent_ids[keep], max_lens[keep], empty[keep]
-                best_finished = best_finished[keep]
-            run_rows = self._run_rows(live)
+                attn = attn[rows_keep]
+            live, done_len = live[keep], done_len[keep]
+            c.ids, c.max_lens, c.empty = c.ids[keep], max_lens[keep], c.empty[keep]
+            c.best_finished = c.best_finished[keep]
+        c.tokens, c.scores, c.attn, c.live, c.done_len = tokens, scores, attn, live, done_len
+        c.step = step + 1
+        c.run_rows = self._run_rows(live)
+        if c.size:
             # The runner holds one row per previous run row (all slots when dense).
-            self.runner.reorder(prev_live_row[flat_parent[run_rows]])
-
-        for sid in range(S0):
-            order = torch.sort(torch.tensor([float(h["score"]) for h in finalized[sid]]), descending=True)[1]
-            finalized[sid] = [finalized[sid][i] for i in order]
-        return finalized
+            self.runner.reorder(c.state, prev_live_row[flat_parent[c.run_rows]])
+        return finished
 
     @staticmethod
     def _pack_positions(row_sentence, S):
@@ -292,9 +334,9 @@ class BeamDecoder:
             return
         rows = (sel.eos_sentence * k + sel.eos_slot).tolist()
         for s, row, score in zip(sel.eos_sentence.tolist(), rows, sel.eos_score.tolist()):
-            sid = int(sent_ids[s])
-            if len(finalized[sid]) < k:
-                finalized[sid].append(self._hypo(row, step, score, tokens, scores, attn))
+            hyps = finalized.setdefault(int(sent_ids[s]), [])
+            if len(hyps) < k:
+                hyps.append(self._hypo(row, step, score, tokens, scores, attn))
             best_finished[s] = max(float(best_finished[s]), score)
 
     @staticmethod

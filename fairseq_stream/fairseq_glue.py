@@ -114,6 +114,14 @@ def _patch_parse_args_and_arch():
                 "contain globals fairseq checkpoints do not need (only for files you trust)",
             )
         _add_chosen_options_for_help(parser, input_args)
+        chosen = _chosen_names(input_args)
+        # Checked before fairseq parses: some wrong combinations (a preset that
+        # already includes its generator's options, plus --generator) would
+        # otherwise fail inside argparse with a conflicting-option traceback.
+        if chosen.search in _search_registry():
+            error = check_selection(chosen.search, chosen.generator)
+            if error:
+                parser.error(error)
         result = original(parser, input_args=input_args, parse_known=parse_known, **kwargs)
         args = result[0] if parse_known else result
         error = check_selection(
@@ -130,6 +138,25 @@ def _patch_parse_args_and_arch():
 
     parse_args_and_arch._fairseq_stream = True
     options.parse_args_and_arch = parse_args_and_arch
+
+
+def _search_registry():
+    from fairseq_stream.registry import SEARCH_REGISTRY
+
+    return SEARCH_REGISTRY
+
+
+def _chosen_names(input_args):
+    """The raw ``--search``/``--generator`` names on the command line (None where absent)."""
+    import argparse
+    import sys
+
+    argv = sys.argv[1:] if input_args is None else input_args
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for group in PLUGIN_GROUPS:
+        pre.add_argument("--" + group)
+    chosen, _ = pre.parse_known_args(argv)
+    return chosen
 
 
 def _add_chosen_options_for_help(parser, input_args):
@@ -172,7 +199,11 @@ def check_selection(search, generator):
                 generator, ", ".join(sorted(SEARCH_REGISTRY))
             )
         return None
-    allowed = SEARCH_REGISTRY[search].generators
+    search_cls = SEARCH_REGISTRY[search]
+    allowed = search_cls.generators
+    if generator is not None and getattr(search_cls, "includes_generator", False):
+        return "--search {} already runs on --generator {} and takes its options; leave out " \
+            "--generator (or use --search var --generator {})".format(search, allowed[0], allowed[0])
     if generator is not None and generator not in allowed:
         return "--search {} does not combine with --generator {} (valid: {})".format(
             search, generator, ", ".join(allowed)

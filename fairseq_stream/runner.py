@@ -1,9 +1,10 @@
 """The model runner: encoder and decoder calls on fairseq's ``EnsembleModel``.
 
-It owns the encoder outputs and the incremental decoder states of the rows
-being decoded and moves them when rows are selected, duplicated or dropped.
-It knows nothing about why rows are chosen (that is the search's and the
-scheduler's business).
+It runs single-token decoder steps over a :class:`RowState` (the encoder
+outputs and incremental decoder states of a group of rows) and moves that
+state when rows are selected, duplicated, dropped or joined with another
+group. It knows nothing about why rows are chosen (that is the search's and
+the scheduler's business).
 
 We gather every incremental buffer ourselves: fairseq's
 ``MultiheadAttention.reorder_incremental_state`` skips the encoder-attention
@@ -11,16 +12,33 @@ buffers whenever the new order has as many rows as the old one, which is only
 right when rows never move across sentences.
 """
 
-from typing import List
+from dataclasses import dataclass
+from typing import List, Optional
 
 import torch
+from torch import Tensor
 from fairseq.models import FairseqIncrementalDecoder
 from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq.sequence_generator import EnsembleModel
 
+from fairseq_stream import state_merge
+
+
+@dataclass
+class RowState:
+    """What the decoder needs to continue a group of rows, one entry per model."""
+
+    encoder_outs: list
+    row_sentence: Tensor  # (rows,) sentence id of each row
+    incremental_states: List[dict]
+
+    @property
+    def rows(self) -> int:
+        return self.row_sentence.numel()
+
 
 class ModelRunner:
-    """Encode a batch, then run single-token decoder steps over a changing set of rows.
+    """Encode sentences, then run single-token decoder steps over changing groups of rows.
 
     Args:
         models: a list of fairseq models (an ensemble of one or more) or an
@@ -32,32 +50,36 @@ class ModelRunner:
         self.model = models if isinstance(models, EnsembleModel) else EnsembleModel(models)
         self.model.eval()
         self.temperature = temperature
-        self.encoder_outs = None
-        self.row_sentence = None  # (rows,) sentence of each decoder row
-        self.incremental_states: List[dict] = []
         self._attention = [
             [m for m in model.decoder.modules() if isinstance(m, MultiheadAttention)]
             for model in self.model.models
         ]
+        self._owners = None
 
     def max_decoder_positions(self):
         return self.model.max_decoder_positions()
 
-    def start(self, net_input, rows_per_sentence: int):
-        """Encode ``net_input`` and make ``rows_per_sentence`` decoder rows per sentence."""
+    @torch.no_grad()
+    def start(self, net_input, rows_per_sentence: int, sentence_ids: Optional[Tensor] = None) -> RowState:
+        """Encode ``net_input``; ``rows_per_sentence`` decoder rows per sentence, nothing decoded yet."""
         # Keep every attention buffer per row (no "beamable" sharing of encoder
         # keys across a sentence's rows), so that rows can move freely.
         self.model.set_decoder_beam_size(1)
         encoder_outs = self.model.forward_encoder(net_input)
-        bsz = net_input["src_tokens"].size(0)
-        order = torch.arange(bsz).repeat_interleave(rows_per_sentence)
-        self.row_sentence = order.to(net_input["src_tokens"].device)
-        self.encoder_outs = self.model.reorder_encoder_out(encoder_outs, self.row_sentence)
-        self.incremental_states = [{} for _ in self.model.models]
+        src_tokens = net_input["src_tokens"]
+        bsz = src_tokens.size(0)
+        if sentence_ids is None:
+            sentence_ids = torch.arange(bsz, device=src_tokens.device)
+        order = torch.arange(bsz, device=src_tokens.device).repeat_interleave(rows_per_sentence)
+        return RowState(
+            encoder_outs=self.model.reorder_encoder_out(encoder_outs, order),
+            row_sentence=sentence_ids.to(src_tokens.device).index_select(0, order),
+            incremental_states=[{} for _ in self.model.models],
+        )
 
     @torch.no_grad()
-    def step(self, tokens):
-        """Run one decoder step on all current rows.
+    def step(self, state: RowState, tokens: Tensor):
+        """Run one decoder step on all rows of ``state``.
 
         Args:
             tokens: (rows, length) target prefixes, all of the same length
@@ -67,34 +89,58 @@ class ModelRunner:
             (lprobs (rows, vocab), attention (rows, src_len) or None)
         """
         return self.model.forward_decoder(
-            tokens, self.encoder_outs, self.incremental_states, self.temperature
+            tokens, state.encoder_outs, state.incremental_states, self.temperature
         )
 
-    def reorder(self, new_order: torch.Tensor):
-        """Make row ``i`` continue old row ``new_order[i]`` (select, copy or drop rows)."""
+    def reorder(self, state: RowState, new_order: Tensor):
+        """Make row ``i`` continue old row ``new_order[i]`` (select, copy or drop rows), in place."""
         # Encoder outputs and encoder-attention keys depend only on a row's
         # sentence: when every row keeps the sentence it had, they stay as
         # they are (most steps of fixed-width search), else they are gathered.
-        new_row_sentence = self.row_sentence.index_select(0, new_order)
-        same_sentences = torch.equal(new_row_sentence, self.row_sentence)
-        self.row_sentence = new_row_sentence
+        new_row_sentence = state.row_sentence.index_select(0, new_order)
+        same_sentences = torch.equal(new_row_sentence, state.row_sentence)
+        state.row_sentence = new_row_sentence
         if not same_sentences:
-            self.encoder_outs = self.model.reorder_encoder_out(self.encoder_outs, new_order)
-        for model, state, attentions in zip(
-            self.model.models, self.incremental_states, self._attention
+            state.encoder_outs = self.model.reorder_encoder_out(state.encoder_outs, new_order)
+        for model, inc_state, attentions in zip(
+            self.model.models, state.incremental_states, self._attention
         ):
             for attention in attentions:
-                buffer = attention._get_input_buffer(state)
+                buffer = attention._get_input_buffer(inc_state)
                 if not buffer or (same_sentences and attention.encoder_decoder_attention):
                     continue
                 for key, value in buffer.items():
                     if value is not None:
                         buffer[key] = value.index_select(0, new_order)
-                attention._set_input_buffer(state, buffer)
+                attention._set_input_buffer(inc_state, buffer)
             # Decoders that cache state outside attention modules (the LSTM's
             # hidden and cell states) reorder it themselves; theirs is a plain
             # index_select on every tensor, safe across sentences.
             decoder = model.decoder
             own = type(decoder).reorder_incremental_state
-            if own is not FairseqIncrementalDecoder.reorder_incremental_state:
-                own(decoder, state, new_order)
+            if own is not FairseqIncrementalDecoder.reorder_incremental_state and inc_state:
+                own(decoder, inc_state, new_order)
+
+    def concat(self, states: List[RowState]) -> RowState:
+        """One state holding the rows of ``states`` in order; all must be at the same length."""
+        if len(states) == 1:
+            return states[0]
+        if self._owners is None:
+            self._owners = [state_merge.state_owners(m.decoder) for m in self.model.models]
+        rows = [s.rows for s in states]
+        encoder_outs, incremental_states = [], []
+        for i in range(len(self.model.models)):
+            parts = [s.encoder_outs[i] for s in states]
+            length = max(state_merge.source_length(p) for p in parts)
+            encoder_outs.append(state_merge.concat_encoder_outs(parts, length))
+            inc = [s.incremental_states[i] for s in states]
+            if any(inc) and not all(inc):
+                raise ValueError("joining decoder states of different steps")
+            incremental_states.append(
+                state_merge.concat_incremental_states(self._owners[i], inc, rows, length) if inc[0] else {}
+            )
+        return RowState(
+            encoder_outs=encoder_outs,
+            row_sentence=torch.cat([s.row_sentence for s in states]),
+            incremental_states=incremental_states,
+        )

@@ -29,6 +29,7 @@ class DecodeStats:
         self.timesteps = 0
         self.expansions = 0
         self.wall_s = 0.0
+        self.refills = 0  # streaming: times the pool was refilled
         self.keep_steps = keep_steps
         self.steps = []
 
@@ -52,6 +53,7 @@ class DecodeStats:
             "expansions": self.expansions,
             "expansions_per_step": self.expansions / self.timesteps if self.timesteps else 0.0,
             "wall_s": round(self.wall_s, 6),
+            "refills": self.refills,
         }
         if self.keep_steps:
             out["steps"] = [

@@ -1,3 +1,3 @@
 """Schedulers (``--generator``): which sentences are decoded together, and when."""
 
-from fairseq_stream.schedule import batch  # noqa: F401  (registers the entry)
+from fairseq_stream.schedule import batch, stream  # noqa: F401  (register the entries)

@@ -72,3 +72,20 @@ def build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, 
     )
     decoder.reporter = StatsReporter(name, stats, getattr(search_cfg, "stats_file", None))
     return decoder
+
+
+def build_scheduled(name, task, models, gen_cfg, search_cfg, generator_cfg, default_generator,
+                    beam, finalize, pruning):
+    """Our decoder for ``name``, on the chosen scheduler (``--generator``, else the search's default).
+
+    Stream options come from ``--generator stream``'s group, or from the
+    search's own config for presets that include them (``var-stream``).
+    """
+    decoder = build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning)
+    generator = getattr(generator_cfg, "_name", None) or default_generator
+    if generator == "stream":
+        from fairseq_stream.schedule.stream import build_stream_generator
+
+        options = generator_cfg if generator_cfg is not None else search_cfg
+        return build_stream_generator(decoder, task, models, gen_cfg, options)
+    return decoder

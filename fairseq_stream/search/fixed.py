@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from fairseq.dataclass import ChoiceEnum
 
 from fairseq_stream.registry import register_search
-from fairseq_stream.search.common import DecodeStatsConfig, build_beam_decoder
+from fairseq_stream.search.common import DecodeStatsConfig, build_scheduled
 from fairseq_stream.search.pruning import Pruning
 
 FinalizeChoice = ChoiceEnum(["fairseq", "stay"])
@@ -25,7 +25,7 @@ class FixedSearchConfig(DecodeStatsConfig):
 class FixedSearch:
     """Fixed-width beam search (``--beam`` k), fairseq-compatible or the streaming paper's rule."""
 
-    generators = ("batch",)
+    generators = ("batch", "stream")
     default_generator = "batch"
 
     @classmethod
@@ -35,8 +35,8 @@ class FixedSearch:
     @classmethod
     def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
         name = getattr(search_cfg, "_name", "fixed")
-        return build_beam_decoder(
-            name, task, models, gen_cfg, search_cfg,
+        return build_scheduled(
+            name, task, models, gen_cfg, search_cfg, generator_cfg, cls.default_generator,
             beam=getattr(gen_cfg, "beam", 5),
             finalize=str(search_cfg.finalize),
             pruning=cls.pruning(search_cfg),

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 
 from fairseq_stream.registry import register_search
-from fairseq_stream.search.common import DecodeStatsConfig, build_beam_decoder
+from fairseq_stream.search.common import DecodeStatsConfig, build_scheduled
 from fairseq_stream.search.pruning import Pruning
 
 
@@ -16,11 +16,12 @@ class GreedySearchConfig(DecodeStatsConfig):
 class GreedySearch:
     """Pick the most probable next token; a sentence ends at EOS or its maximum length."""
 
-    generators = ("batch",)
+    generators = ("batch", "stream")
     default_generator = "batch"
 
     @classmethod
     def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
-        return build_beam_decoder(
-            "greedy", task, models, gen_cfg, search_cfg, beam=1, finalize="fairseq", pruning=Pruning()
+        return build_scheduled(
+            "greedy", task, models, gen_cfg, search_cfg, generator_cfg, cls.default_generator,
+            beam=1, finalize="fairseq", pruning=Pruning(),
         )

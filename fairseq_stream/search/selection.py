@@ -15,6 +15,10 @@ slot, the slot it continues and the word it adds.
 
 Pruning (:class:`~fairseq_stream.search.pruning.Pruning`) is applied after the
 reduction to ``k``, as in Freitag & Al-Onaizan (2017).
+
+With ``word_of`` given, candidates are not the whole vocabulary per slot but
+``vocab`` pre-selected ones: ``cand[s, j * vocab + i]`` extends slot ``j``
+with the word ``word_of[s, j * vocab + i]``.
 """
 
 import math
@@ -43,16 +47,21 @@ class Step:
     eos_score: Optional[Tensor] = None  # (n,) their cumulative scores
 
 
-def select_fairseq(cand, local, k, vocab, eos, pruning: Pruning, best_finished=None):
+def _words(top_idx, vocab, word_of):
+    return top_idx % vocab if word_of is None else word_of.gather(1, top_idx)
+
+
+def select_fairseq(cand, local, k, vocab, eos, pruning: Pruning, best_finished=None, word_of=None):
     """fairseq's rule; ``finished`` only reports sentences whose beam emptied by pruning.
 
     The caller counts finalized hypotheses (a sentence with ``k`` of them, or
     at its maximum length, also ends).
     """
     S = cand.size(0)
-    n = min(2 * k, cand.size(1) - 1)
+    # fairseq's bound (size - 1) on whole-vocabulary candidates; pre-selected ones are all usable.
+    n = min(2 * k, cand.size(1) - (1 if word_of is None else 0))
     top_scores, top_idx = torch.topk(cand, k=n, dim=1)
-    beams, words = top_idx // vocab, top_idx % vocab
+    beams, words = top_idx // vocab, _words(top_idx, vocab, word_of)
     is_eos = words.eq(eos) & torch.isfinite(top_scores)
     keep = pruning.keep(
         top_scores, local.gather(1, top_idx), beams, torch.zeros_like(is_eos), best_finished
@@ -80,7 +89,7 @@ def select_fairseq(cand, local, k, vocab, eos, pruning: Pruning, best_finished=N
     )
 
 
-def select_stay(cand, local, done_scores, k, vocab, eos, pad, pruning: Pruning):
+def select_stay(cand, local, done_scores, k, vocab, eos, pad, pruning: Pruning, word_of=None):
     """The streaming paper's rule.
 
     Args:
@@ -98,7 +107,8 @@ def select_stay(cand, local, done_scores, k, vocab, eos, pad, pruning: Pruning):
     n_expansions = cand.size(1)
     carried = top_idx >= n_expansions
     beams = torch.where(carried, top_idx - n_expansions, top_idx // vocab)
-    words = torch.where(carried, torch.full_like(top_idx, pad), top_idx % vocab)
+    expansion = top_idx.clamp(max=n_expansions - 1)
+    words = torch.where(carried, torch.full_like(top_idx, pad), _words(expansion, vocab, word_of))
     keep = pruning.keep(top_scores, pool_local.gather(1, top_idx), beams, carried)
     fresh = keep & ~carried & words.eq(eos)
     done = keep & carried | fresh

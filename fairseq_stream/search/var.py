@@ -2,7 +2,9 @@
 
 ``--search var-batch`` is the streaming paper's VAR-BATCH preset: absolute
 threshold δ=1.5, max candidates per node M=5, ``--finalize stay``; any of its
-values can still be overridden by the explicit options.
+values can still be overridden by the explicit options. ``--search
+var-stream`` is the same search on ``--generator stream`` (VAR-STREAM), with
+the stream options (``--stream-eps`` ...) in the preset itself.
 """
 
 from dataclasses import dataclass, field
@@ -12,6 +14,7 @@ from fairseq_stream.registry import register_search
 from fairseq_stream.search.fixed import FinalizeChoice, FixedSearch
 from fairseq_stream.search.common import DecodeStatsConfig
 from fairseq_stream.search.pruning import Pruning
+from fairseq_stream.schedule.stream import StreamOptions
 
 
 @dataclass
@@ -60,3 +63,17 @@ class VarBatchConfig(VarSearchConfig):
 @register_search("var-batch", dataclass=VarBatchConfig)
 class VarBatchSearch(VarSearch):
     """VAR-BATCH (Yang et al. 2020): var with δ=1.5, M=5, finalize stay, on --generator batch."""
+
+
+@dataclass
+class VarStreamConfig(VarBatchConfig, StreamOptions):
+    """VAR-BATCH's search settings plus the streaming scheduler's options."""
+
+
+@register_search("var-stream", dataclass=VarStreamConfig)
+class VarStreamSearch(VarSearch):
+    """VAR-STREAM (Yang et al. 2020): var-batch's search, streamed (refill at epsilon, shortest first)."""
+
+    generators = ("stream",)
+    default_generator = "stream"
+    includes_generator = True  # its config carries the --stream-* options

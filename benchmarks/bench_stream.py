@@ -1,0 +1,200 @@
+"""Streaming benchmark (Yang et al. 2020, Tables 1, 3, 5 and Figure 2), side by side in one process.
+
+Greedy, fairseq's beam search, FIXED (our fixed, fairseq finalization) and
+FIXED-STREAM, VAR-BATCH and VAR-STREAM (for each ε, with ε counting sentences
+as in the paper and live rows) decode the same fairseq batches of the same
+model. Wall clock is the median of ``--repeats`` full passes. Every streamed
+run is checked against its batch counterpart: the best hypothesis of every
+sentence must have the same tokens (the table says so, or how many differ).
+
+    python benchmarks/bench_stream.py MODEL_DIR --refs REFS [--beams 5 50] [--plots DIR]
+
+Plots (``--plots``): median decoder-step time against current prefix length
+(the paper's Figure 2) and rows per decoder call over the run, for VAR-BATCH
+and VAR-STREAM (ε = 1/6).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from fractions import Fraction
+
+import sentencepiece as spm
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from bench_search import RowCounter, bleu, load, make_batches  # noqa: E402
+from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+
+from fairseq_stream.decoder import BeamDecoder  # noqa: E402
+from fairseq_stream.schedule.pool import StreamPool  # noqa: E402
+from fairseq_stream.search.pruning import Pruning  # noqa: E402
+
+
+def decode_batch(generator, models, batches):
+    out = {}
+    for sample in batches:
+        out.update(zip(sample["id"].tolist(), generator.generate(models, sample)))
+    return out
+
+
+def decode_stream(decoder, batches, pool_size, eps, unit):
+    pool = StreamPool(decoder, pool_size, eps=eps, refill_unit=unit)
+    return dict(pool.run(decoder.open(s["net_input"], ids=s["id"]) for s in batches))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir")
+    parser.add_argument("--checkpoints", default="transformer/checkpoint_best.pt")
+    parser.add_argument("--refs", required=True, help="raw reference text, one line per sentence")
+    parser.add_argument("--subset", default="test")
+    parser.add_argument("--beams", type=int, nargs="+", default=[5, 50])
+    parser.add_argument("--eps", nargs="+", default=["1/12", "1/6", "1/4"])
+    parser.add_argument("--units", nargs="+", default=["sentences", "rows"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=64, help="n: batch size and pool size")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--limit", type=int, default=0, help="only sentences with id < LIMIT")
+    parser.add_argument("--no-greedy", action="store_true")
+    parser.add_argument("--no-fixed", action="store_true", help="skip fairseq beam, FIXED and FIXED-STREAM")
+    parser.add_argument("--json", help="write all results here")
+    parser.add_argument("--plots", help="write the two plots into this directory")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    models, task = load(args.model_dir, args.checkpoints)
+    d = task.target_dictionary
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(args.model_dir, "spm", "spm.model"))
+    refs = open(args.refs, encoding="utf-8").read().splitlines()
+    batches = make_batches(task, args.subset, args.batch_size, args.limit)
+    n_sent = sum(len(b["id"]) for b in batches)
+    print("{} sentences, n = {}, {} thread(s), median of {} runs, {}".format(
+        n_sent, args.batch_size, args.threads, args.repeats, time.strftime("%Y-%m-%d")), flush=True)
+    print("| method | k | ε | BLEU | wall clock (s) | timesteps | expansions | exp./step | same tokens as |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+
+    rows, outputs, step_logs = [], {}, {}
+
+    def measure(name, beam, eps, run, stats_of, reference=None):
+        walls = []
+        for rep in range(args.repeats):
+            start = time.perf_counter()
+            with torch.no_grad():
+                out, stats = run(keep_steps=(rep == args.repeats - 1))
+            walls.append(time.perf_counter() - start)
+        outputs[(name, beam, eps)] = {sid: hyps[0]["tokens"] for sid, hyps in out.items()}
+        s = stats_of(stats)
+        if stats.keep_steps:
+            step_logs[(name, beam, eps)] = stats.steps
+        same = ""
+        if reference is not None:
+            ref = outputs[reference]
+            differ = sum(not torch.equal(ref[i], outputs[(name, beam, eps)][i]) for i in ref)
+            same = "{}: {}".format(reference[0], "all" if differ == 0 else "{} differ".format(differ))
+        row = {
+            "method": name, "k": beam, "eps": eps or "",
+            "bleu": round(bleu(outputs[(name, beam, eps)], task, sp, refs), 2),
+            "wall_s": round(statistics.median(walls), 2), "walls": [round(w, 2) for w in walls],
+            "timesteps": s["timesteps"], "expansions": s["expansions"],
+            "expansions_per_step": round(s["expansions_per_step"], 1), "same_tokens": same,
+            "refills": s.get("refills", 0),
+        }
+        rows.append(row)
+        print("| {method} | {k} | {eps} | {bleu:.2f} | {wall_s:.2f} | {timesteps} | {expansions} | "
+              "{expansions_per_step} | {same_tokens} |".format(**row), flush=True)
+
+    def ours(beam, finalize, pruning, stream=None):
+        def run(keep_steps):
+            dec = BeamDecoder(models, d, beam_size=beam, finalize=finalize, pruning=pruning)
+            dec.stats.keep_steps = keep_steps
+            if stream is None:
+                return decode_batch(dec, models, batches), dec.stats
+            eps, unit = stream
+            return decode_stream(dec, batches, args.batch_size, eps, unit), dec.stats
+        return run
+
+    def fairseq(beam):
+        def run(keep_steps):
+            with RowCounter() as counter:
+                out = decode_batch(SequenceGenerator(models, d, beam_size=beam), models, batches)
+            return out, counter.stats
+        return run
+
+    summary = lambda stats: stats.summary()  # noqa: E731
+    if not args.no_greedy:
+        measure("greedy", 1, None, ours(1, "fairseq", None), summary)
+    var = Pruning(ap=1.5, mc=5)
+    for beam in args.beams:
+        if not args.no_fixed:
+            measure("fairseq beam", beam, None, fairseq(beam), summary)
+            measure("fixed", beam, None, ours(beam, "fairseq", None), summary)
+            measure("fixed-stream", beam, "1/6", ours(beam, "fairseq", None, (1 / 6, "sentences")), summary,
+                    reference=("fixed", beam, None))
+        measure("var-batch", beam, None, ours(beam, "stay", var), summary)
+        for unit in args.units:
+            for eps in args.eps:
+                name = "var-stream" if unit == "sentences" else "var-stream (rows)"
+                measure(name, beam, eps, ours(beam, "stay", var, (float(Fraction(eps)), unit)), summary,
+                        reference=("var-batch", beam, None))
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"sentences": n_sent, "batch_size": args.batch_size, "threads": args.threads,
+                       "repeats": args.repeats, "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
+    if args.plots:
+        plot(step_logs, args.plots)
+
+
+def plot(step_logs, directory):
+    """Figure 2 (median step time by prefix length) and rows per decoder call over the run."""
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    chosen = {key: steps for key, steps in step_logs.items()
+              if key[0] in ("var-batch", "var-stream", "var-stream (rows)") and key[2] in (None, "1/6")}
+    for beam in sorted({key[1] for key in chosen}):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (name, k, eps), steps in sorted(chosen.items(), key=lambda kv: kv[0][0]):
+            if k != beam:
+                continue
+            by_len = {}
+            for length, _, sec in steps:
+                by_len.setdefault(length, []).append(sec)
+            lengths = sorted(by_len)
+            ax.plot(lengths, [1000 * statistics.median(by_len[x]) for x in lengths], label=name)
+        ax.set_xlabel("current prefix length $l_t$")
+        ax.set_ylabel("median decoder-step time (ms)")
+        ax.set_title("Step time by length, k={}".format(beam))
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(directory, "step_time_by_length_k{}.png".format(beam)), dpi=120)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for (name, k, eps), steps in sorted(chosen.items(), key=lambda kv: kv[0][0]):
+            if k != beam:
+                continue
+            ax.plot(range(len(steps)), [rows for _, rows, _ in steps], label=name, linewidth=0.8)
+        ax.set_xlabel("decoder call")
+        ax.set_ylabel("rows (hypotheses expanded)")
+        ax.set_title("Rows per decoder call, k={}".format(beam))
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(directory, "rows_per_step_k{}.png".format(beam)), dpi=120)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

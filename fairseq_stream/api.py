@@ -1,0 +1,185 @@
+"""Python API: stream sentences through any fairseq translation checkpoint(s).
+
+    from fairseq_stream.api import Translator
+
+    translator = Translator(["m1.pt", "m2.pt"], data="data-bin", bpe="sentencepiece",
+                            sentencepiece_model="spm.model", beam=5)
+    for t in translator.translate(open("input.txt")):
+        print(t.index, t.text)
+
+Sentences are read lazily from any iterable (a list, a file, a generator) in
+chunks of ``batch_size``; each chunk is encoded as one batch and streamed
+through a pool of ``pool`` sentences, so memory is bounded by the pool and
+the chunk size, never by the input. Results are yielded as they finish (not
+in input order), each with its input ``index``.
+"""
+
+import itertools
+from dataclasses import dataclass
+from typing import Iterable, Iterator, List, Optional, Sequence, Union
+
+import torch
+
+from fairseq_stream.errors import FairseqStreamError
+
+
+@dataclass
+class Translation:
+    """One input sentence's result."""
+
+    index: int  # position in the input
+    source: str
+    text: str  # best hypothesis, detokenized
+    score: float  # its length-normalized log-probability (natural log)
+    hypotheses: List[dict]  # fairseq's n-best dicts (tokens, score, positional_scores, ...)
+
+
+class Translator:
+    """Load a checkpoint (or an ensemble) and translate text with one of our searches.
+
+    Args:
+        paths: checkpoint file(s); several make an ensemble.
+        data: the data-bin directory with the dictionaries (default: the
+            one recorded in the checkpoint).
+        search: ``var-stream`` (default), ``var``, ``var-batch``, ``fixed``
+            or ``greedy``; always decoded through the streaming pool.
+        beam: k.
+        pool: n, sentences decoded at once.
+        batch_size: sentences encoded together (default: ``pool``).
+        bpe, tokenizer, sentencepiece_model, bpe_codes: fairseq's
+            ``--bpe``/``--tokenizer`` options (default: the checkpoint's).
+        cpu: keep the models on the CPU even if CUDA is available.
+        trust_checkpoint: load with the full unpickler (trusted files only).
+        options: further search or stream options by their dataclass name,
+            e.g. ``prune_ap=2.0``, ``stream_eps="1/4"``, ``lenpen=1.2``
+            (generation options such as ``lenpen`` and ``max_len_b`` too).
+    """
+
+    def __init__(self, paths: Union[str, Sequence[str]], data: Optional[str] = None,
+                 search: str = "var-stream", beam: int = 5, pool: int = 64,
+                 batch_size: Optional[int] = None, bpe: Optional[str] = None,
+                 tokenizer: Optional[str] = None, sentencepiece_model: Optional[str] = None,
+                 bpe_codes: Optional[str] = None, cpu: bool = False,
+                 trust_checkpoint: bool = False, **options):
+        import fairseq_stream  # noqa: F401  (registries, safe loading)
+        from fairseq import checkpoint_utils
+        from fairseq.data import encoders
+        from fairseq.dataclass.configs import GenerationConfig
+
+        from fairseq_stream.checkpoint import trust_checkpoints
+        from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
+        from fairseq_stream.schedule.pool import StreamPool
+        from fairseq_stream.schedule.stream import StreamOptions, parse_eps
+
+        paths = [paths] if isinstance(paths, str) else list(paths)
+        if trust_checkpoint:
+            trust_checkpoints(paths)
+        if search not in SEARCH_REGISTRY or search == "beam":
+            raise FairseqStreamError("search must be one of {} (got {!r})".format(
+                ", ".join(sorted(n for n in SEARCH_REGISTRY if n != "beam")), search))
+        overrides = {"data": data} if data else {}
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(paths, arg_overrides=overrides)
+        use_cuda = torch.cuda.is_available() and not cpu
+        for m in models:
+            m.eval()
+            if use_cuda:
+                m.cuda()
+        self.models, self.task, self.cfg = models, task, cfg
+        self.device = torch.device("cuda" if use_cuda else "cpu")
+
+        gen_cfg = GenerationConfig(beam=beam)
+        search_cfg = SEARCH_DATACLASS_REGISTRY[search]()
+        stream_cfg = StreamOptions()
+        for key, value in options.items():
+            targets = [c for c in (search_cfg, stream_cfg, gen_cfg) if hasattr(c, key)]
+            if not targets:
+                raise FairseqStreamError("unknown option {!r} for search {}".format(key, search))
+            for target in targets:
+                setattr(target, key, value)
+        search_cls = SEARCH_REGISTRY[search]
+        built = search_cls.build(task, models, gen_cfg, search_cfg, None, lambda: None)
+        self.decoder = getattr(built, "decoder", built)
+        self.pool_size = pool
+        self.batch_size = batch_size or pool
+        self._pool_args = dict(
+            eps=parse_eps(stream_cfg.stream_eps), refill_unit=str(stream_cfg.stream_refill_unit),
+            capacity=stream_cfg.stream_capacity, capacity_unit=str(stream_cfg.stream_capacity_unit),
+            max_wait=stream_cfg.stream_max_wait,
+        )
+        StreamPool(self.decoder, pool, **self._pool_args)  # check the options now
+        self._make_pool = lambda: StreamPool(self.decoder, pool, **self._pool_args)
+
+        def text_cfg(name, value, **extra):
+            if value is None:
+                return getattr(cfg, name, None)
+            from argparse import Namespace
+
+            return Namespace(**{name: value}, **{k: v for k, v in extra.items() if v is not None})
+
+        self.tokenizer = encoders.build_tokenizer(text_cfg("tokenizer", tokenizer))
+        self.bpe = encoders.build_bpe(text_cfg("bpe", bpe, sentencepiece_model=sentencepiece_model,
+                                               bpe_codes=bpe_codes))
+        self.max_positions = min(
+            [task.max_positions()[0] if isinstance(task.max_positions(), tuple) else task.max_positions()]
+            + [m.max_positions()[0] if isinstance(m.max_positions(), tuple) else m.max_positions()
+               for m in models]
+        )
+
+    @property
+    def stats(self):
+        """The decoder's counters (timesteps, expansions, refills ...)."""
+        return self.decoder.stats
+
+    def encode(self, sentence: str) -> torch.Tensor:
+        """Source token ids of one sentence (tokenizer, BPE, dictionary, EOS)."""
+        text = sentence.rstrip("\n")
+        if self.tokenizer is not None:
+            text = self.tokenizer.encode(text)
+        if self.bpe is not None:
+            text = self.bpe.encode(text)
+        return self.task.source_dictionary.encode_line(text, add_if_not_exist=False).long()
+
+    def decode(self, tokens: torch.Tensor) -> str:
+        """Text of target token ids (dictionary, BPE, detokenizer)."""
+        text = self.task.target_dictionary.string(tokens.int().cpu())
+        if self.bpe is not None:
+            text = self.bpe.decode(text)
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(text)
+        return text
+
+    def translate(self, sentences: Iterable[str]) -> Iterator[Translation]:
+        """Yield one :class:`Translation` per input sentence, as each finishes."""
+        numbered = enumerate(sentences)
+        sources = {}
+
+        def batches():
+            while True:
+                chunk = list(itertools.islice(numbered, self.batch_size))
+                if not chunk:
+                    return
+                yield self._encode_batch(chunk, sources)
+
+        with torch.no_grad():
+            for index, hyps in self._make_pool().run(batches()):
+                best = hyps[0]
+                yield Translation(index=index, source=sources.pop(index), text=self.decode(best["tokens"]),
+                                  score=float(best["score"]), hypotheses=hyps)
+
+    def _encode_batch(self, chunk, sources):
+        tokens, lengths = [], []
+        for index, sentence in chunk:
+            ids = self.encode(sentence)
+            if ids.numel() > self.max_positions:
+                raise FairseqStreamError(
+                    "input sentence {} has {} tokens, more than the model's {} positions; "
+                    "shorten or split it".format(index, ids.numel(), self.max_positions))
+            sources[index] = sentence.rstrip("\n")
+            tokens.append(ids)
+            lengths.append(ids.numel())
+        dataset = self.task.build_dataset_for_inference(tokens, lengths)
+        sample = dataset.collater([dataset[i] for i in range(len(tokens))])
+        net_input = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in sample["net_input"].items()}
+        # The collater sorts by source length; its "id" maps rows back to the chunk.
+        ids = torch.tensor([chunk[i][0] for i in sample["id"].tolist()], device=self.device)
+        return self.decoder.open(net_input, ids=ids)

@@ -1,0 +1,246 @@
+"""``--generator stream``: VAR-STREAM's refill-at-ε scheduling inside fairseq's tools.
+
+fairseq-generate hands a generator one batch at a time and prints each
+batch's translations before asking for the next. To refill from *later*
+batches, the generator reads ahead: it builds its own copy of
+fairseq-generate's batch iterator (same dataset, same batching arguments,
+``shuffle=False``), streams through it with a
+:class:`~fairseq_stream.schedule.pool.StreamPool`, keeps the translations that
+finish early, and answers each ``generate(sample)`` once every sentence of
+that sample is done. Each sentence is printed exactly once, by fairseq, in
+fairseq's order, and fairseq's progress bar and counts stay right.
+
+The look-ahead is used only when the first sample asked for is exactly the
+first batch of that iterator; otherwise (fairseq-interactive, whose samples
+carry no ``id``, or any other caller) the pool streams within each sample:
+give it a large batch (``--batch-size`` = ``--buffer-size`` in
+fairseq-interactive) and a smaller ``--stream-pool``.
+"""
+
+import logging
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Optional
+
+import torch
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.registry import register_generator
+from fairseq_stream.schedule.pool import StreamPool
+
+logger = logging.getLogger(__name__)
+
+RefillUnit = ChoiceEnum(["sentences", "rows"])
+CapacityUnit = ChoiceEnum(["rows", "tokens"])
+
+
+@dataclass
+class StreamOptions(FairseqDataclass):
+    """Options of the streaming scheduler (also part of the ``--search var-stream`` preset)."""
+
+    stream_eps: str = field(
+        default="1/6",
+        metadata={"help": "refill threshold epsilon in (0, 1], a fraction (1/6) or a decimal: "
+                  "refill the pool when at most epsilon * --stream-pool sentences are active"},
+    )
+    stream_pool: Optional[int] = field(
+        default=None,
+        metadata={"help": "n, the most sentences decoded at once (default: --batch-size, else "
+                  "the first batch's size); memory is bounded by it, not by the input size"},
+    )
+    stream_refill_unit: RefillUnit = field(
+        default="sentences",
+        metadata={"help": "what epsilon counts: sentences (the paper) or rows (live hypotheses, "
+                  "refill at epsilon * n * beam)"},
+    )
+    stream_capacity: Optional[int] = field(
+        default=None,
+        metadata={"help": "at most this many decoder rows (or tokens, see --stream-capacity-unit) "
+                  "per decoder call; larger groups are split (default: no limit)"},
+    )
+    stream_capacity_unit: CapacityUnit = field(
+        default="rows",
+        metadata={"help": "unit of --stream-capacity: rows (total beam width) or tokens "
+                  "(rows x current prefix length, which bounds self-attention work)"},
+    )
+    stream_max_wait: int = field(
+        default=0,
+        metadata={"help": "latency guard: expand a group of sentences that has waited this many "
+                  "decoder steps, whatever its length (0: off)"},
+    )
+    stream_within_batch: bool = field(
+        default=False,
+        metadata={"help": "do not read ahead into later batches of fairseq-generate; refill only "
+                  "from the batch being translated"},
+    )
+
+
+@register_generator("stream", dataclass=StreamOptions)
+class StreamScheduler:
+    """VAR-STREAM (Yang et al. 2020): refill the pool at epsilon, expand the shortest prefixes."""
+
+
+def parse_eps(text) -> float:
+    """Parse ``--stream-eps`` (``1/6``, ``0.25``) into a float in (0, 1]."""
+    try:
+        value = float(Fraction(str(text).strip()))
+    except (ValueError, ZeroDivisionError):
+        raise FairseqStreamError("--stream-eps must be a number or fraction in (0, 1], got {!r}".format(text))
+    if not (0.0 < value <= 1.0):
+        raise FairseqStreamError("--stream-eps must be in (0, 1], got {}".format(text))
+    return value
+
+
+class StreamGenerator:
+    """A fairseq generator that decodes through a :class:`StreamPool`.
+
+    Args:
+        decoder: the :class:`~fairseq_stream.decoder.BeamDecoder` with the search.
+        options: a :class:`StreamOptions` (or any object with its fields).
+        batches: a callable returning fairseq-generate's batch iterator for the
+            look-ahead, or None to stream within each sample only.
+        batch_size: the ``--batch-size`` fairseq batches with (default pool size).
+    """
+
+    def __init__(self, decoder, options, batches=None, batch_size: Optional[int] = None):
+        self.decoder = decoder
+        self.stats = decoder.stats
+        self.pool_size = options.stream_pool or batch_size
+        self.pool_args = dict(
+            eps=parse_eps(options.stream_eps),
+            refill_unit=str(options.stream_refill_unit),
+            capacity=options.stream_capacity,
+            capacity_unit=str(options.stream_capacity_unit),
+            max_wait=options.stream_max_wait,
+        )
+        # Check the options now rather than at the first batch.
+        StreamPool(decoder, self.pool_size or 1, **self.pool_args)
+        self._batches = None if options.stream_within_batch else batches
+        self._lookahead = None  # None: not decided yet
+        self._stream = None
+        self._results = {}
+
+    @property
+    def eos(self):
+        return self.decoder.eos
+
+    @property
+    def symbols_to_strip_from_output(self):
+        return self.decoder.symbols_to_strip_from_output
+
+    def cuda(self):
+        self.decoder.cuda()
+        return self
+
+    def pool(self, default_size: int) -> StreamPool:
+        return StreamPool(self.decoder, self.pool_size or default_size, **self.pool_args)
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
+        """Translate a fairseq sample; one list of hypotheses per sentence, in sample order."""
+        self.decoder.check_call(prefix_tokens, constraints)
+        start = time.perf_counter()
+        ids = sample.get("id")
+        if ids is not None and self._use_lookahead(sample, bos_token):
+            results = self._answer(ids.tolist())
+        else:
+            results = self._within(sample, bos_token)
+        self.stats.add_sentences(len(results), time.perf_counter() - start)
+        return results
+
+    # -- within one sample -----------------------------------------------------
+
+    def _within(self, sample, bos_token):
+        net_input = sample["net_input"]
+        n = net_input["src_tokens"].size(0)
+        cohort = self.decoder.open(net_input, bos_token=bos_token)
+        done = dict(self.pool(n).run([cohort]))
+        return [done[i] for i in range(n)]
+
+    # -- across fairseq-generate's batches -----------------------------------------
+
+    def _use_lookahead(self, sample, bos_token) -> bool:
+        if self._lookahead is None:
+            self._lookahead = self._start_lookahead(sample, bos_token)
+        return self._lookahead
+
+    def _start_lookahead(self, sample, bos_token) -> bool:
+        itr = self._batches() if self._batches is not None else None
+        if itr is None:
+            return False
+        first = next(iter(itr), None)
+        if first is None or not torch.equal(first["id"].cpu(), sample["id"].cpu()):
+            logger.info("fairseq-stream: the batches are not fairseq-generate's; streaming within each batch")
+            return False
+        device = sample["net_input"]["src_tokens"].device
+
+        def cohorts():
+            yield self.decoder.open(sample["net_input"], ids=sample["id"], bos_token=bos_token)
+            for batch in itr:
+                if "net_input" not in batch:
+                    continue
+                net_input = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["net_input"].items()}
+                yield self.decoder.open(net_input, ids=batch["id"].to(device), bos_token=bos_token)
+
+        self._stream = self.pool(first["id"].numel()).run(cohorts())
+        return True
+
+    def _answer(self, wanted):
+        while any(i not in self._results for i in wanted):
+            item = next(self._stream, None)
+            if item is None:
+                missing = [i for i in wanted if i not in self._results]
+                raise FairseqStreamError(
+                    "the look-ahead iterator never produced sentence(s) {} (use --stream-within-batch)"
+                    .format(missing[:5]))
+            self._results[item[0]] = item[1]
+        return [self._results.pop(i) for i in wanted]
+
+
+def fairseq_generate_batches(task, models, cfg):
+    """A callable building fairseq-generate's epoch iterator again (for the look-ahead).
+
+    Same arguments as ``fairseq_cli/generate.py``, with the iterator cache
+    disabled so that fairseq's own iterator is untouched. None where the
+    generation subset is not loaded (fairseq-interactive, the Python API).
+    """
+    from fairseq import utils
+
+    dataset_cfg = getattr(cfg, "dataset", None)
+    if dataset_cfg is None:
+        return None
+    subset = getattr(dataset_cfg, "gen_subset", None)
+    if subset is None or subset not in getattr(task, "datasets", {}):
+        return None
+
+    def build():
+        return task.get_batch_iterator(
+            dataset=task.dataset(subset),
+            max_tokens=dataset_cfg.max_tokens,
+            max_sentences=dataset_cfg.batch_size,
+            max_positions=utils.resolve_max_positions(
+                task.max_positions(), *[m.max_positions() for m in models]
+            ),
+            ignore_invalid_inputs=dataset_cfg.skip_invalid_size_inputs_valid_test,
+            required_batch_size_multiple=dataset_cfg.required_batch_size_multiple,
+            seed=cfg.common.seed,
+            num_shards=cfg.distributed_training.distributed_world_size,
+            shard_id=cfg.distributed_training.distributed_rank,
+            num_workers=dataset_cfg.num_workers,
+            data_buffer_size=dataset_cfg.data_buffer_size,
+            disable_iterator_cache=True,
+        ).next_epoch_itr(shuffle=False)
+
+    return build
+
+
+def build_stream_generator(decoder, task, models, gen_cfg, options):
+    """Wrap ``decoder`` in a :class:`StreamGenerator` with fairseq-generate's look-ahead when available."""
+    from omegaconf import DictConfig
+
+    root = gen_cfg._get_root() if isinstance(gen_cfg, DictConfig) else None
+    batches = fairseq_generate_batches(task, models, root) if root is not None else None
+    batch_size = getattr(getattr(root, "dataset", None), "batch_size", None) if root is not None else None
+    return StreamGenerator(decoder, options, batches=batches, batch_size=batch_size)
