@@ -1,9 +1,9 @@
 """Streaming benchmark (Yang et al. 2020, Tables 1, 3, 5 and Figure 2), side by side in one process.
 
 Greedy, fairseq's beam search, FIXED (our fixed, fairseq finalization) and
-FIXED-STREAM, VAR-BATCH and VAR-STREAM (for each ε, with ε counting sentences
-as in the paper and live rows) decode the same fairseq batches of the same
-model. Wall clock is the median of ``--repeats`` full passes. Every streamed
+FIXED-STREAM, VAR-BATCH, VAR-STREAM and VAR-STR-FIFO (for each ε, ε counting
+sentences as in the paper) and VAR-STREAM with ε counting live rows decode the
+same fairseq batches of the same model. Wall clock is the median of ``--repeats`` full passes. Every streamed
 run is checked against its batch counterpart: the best hypothesis of every
 sentence must have the same tokens (the table says so, or how many differ).
 
@@ -43,8 +43,8 @@ def decode_batch(generator, models, batches):
     return out
 
 
-def decode_stream(decoder, batches, pool_size, eps, unit):
-    pool = StreamPool(decoder, pool_size, eps=eps, refill_unit=unit)
+def decode_stream(decoder, batches, pool_size, eps, unit, order="shortest"):
+    pool = StreamPool(decoder, pool_size, eps=eps, refill_unit=unit, order=order)
     return dict(pool.run(decoder.open(s["net_input"], ids=s["id"]) for s in batches))
 
 
@@ -56,7 +56,8 @@ def main():
     parser.add_argument("--subset", default="test")
     parser.add_argument("--beams", type=int, nargs="+", default=[5, 50])
     parser.add_argument("--eps", nargs="+", default=["1/12", "1/6", "1/4"])
-    parser.add_argument("--units", nargs="+", default=["sentences", "rows"])
+    parser.add_argument("--rows-eps", nargs="*", default=["1/6"],
+                        help="ε values for VAR-STREAM with ε counting live rows (none: skip)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64, help="n: batch size and pool size")
     parser.add_argument("--threads", type=int, default=1)
@@ -115,8 +116,7 @@ def main():
             dec.stats.keep_steps = keep_steps
             if stream is None:
                 return decode_batch(dec, models, batches), dec.stats
-            eps, unit = stream
-            return decode_stream(dec, batches, args.batch_size, eps, unit), dec.stats
+            return decode_stream(dec, batches, args.batch_size, *stream), dec.stats
         return run
 
     def fairseq(beam):
@@ -137,11 +137,12 @@ def main():
             measure("fixed-stream", beam, "1/6", ours(beam, "fairseq", None, (1 / 6, "sentences")), summary,
                     reference=("fixed", beam, None))
         measure("var-batch", beam, None, ours(beam, "stay", var), summary)
-        for unit in args.units:
-            for eps in args.eps:
-                name = "var-stream" if unit == "sentences" else "var-stream (rows)"
-                measure(name, beam, eps, ours(beam, "stay", var, (float(Fraction(eps)), unit)), summary,
-                        reference=("var-batch", beam, None))
+        runs = [("var-stream", eps, "sentences", "shortest") for eps in args.eps]
+        runs += [("var-fifo", eps, "sentences", "fifo") for eps in args.eps]
+        runs += [("var-stream (rows)", eps, "rows", "shortest") for eps in args.rows_eps]
+        for name, eps, unit, order in runs:
+            measure(name, beam, eps, ours(beam, "stay", var, (float(Fraction(eps)), unit, order)), summary,
+                    reference=("var-batch", beam, None))
 
     if args.json:
         with open(args.json, "w") as f:
@@ -163,7 +164,8 @@ def plot(step_logs, directory):
 
     os.makedirs(directory, exist_ok=True)
     chosen = {key: steps for key, steps in step_logs.items()
-              if key[0] in ("var-batch", "var-stream", "var-stream (rows)") and key[2] in (None, "1/6")}
+              if key[0] in ("var-batch", "var-stream", "var-fifo", "var-stream (rows)")
+              and key[2] in (None, "1/6")}
     for beam in sorted({key[1] for key in chosen}):
         fig, ax = plt.subplots(figsize=(6, 4))
         for (name, k, eps), steps in sorted(chosen.items(), key=lambda kv: kv[0][0]):

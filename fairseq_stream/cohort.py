@@ -6,12 +6,12 @@ have different lengths), splits one to respect a step capacity or to admit
 part of an encoded batch, and joins two once their lengths meet.
 
 Layout (as in :mod:`fairseq_stream.decoder`): slot ``j`` of sentence ``s`` is
-row ``s * k + j`` of ``tokens``/``scores``/``attn``; ``run_rows`` are the slots
+row ``s * k + j`` of ``tokens``/``scores``; ``run_rows`` are the slots
 the decoder runs next step, in the order of the runner's rows in ``state``.
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 from torch import Tensor
@@ -40,7 +40,6 @@ class Cohort:
     ids: Tensor  # (S,) caller's sentence ids
     tokens: Tensor  # (S*k, width + 2)
     scores: Tensor  # (S*k, width + 1)
-    attn: Optional[Tensor]  # (S*k, src_len, width + 2)
     live: Tensor  # (S, k) unfinished hypotheses to extend
     done_len: Tensor  # (S, k) length of finished hypotheses on the beam (stay)
     max_lens: Tensor  # (S,)
@@ -79,7 +78,6 @@ class Cohort:
         return Cohort(
             k=k, pad=self.pad, step=self.step, ids=ids,
             tokens=self.tokens[slots], scores=self.scores[slots],
-            attn=self.attn[slots] if self.attn is not None else None,
             live=self.live[keep], done_len=self.done_len[keep], max_lens=self.max_lens[keep],
             empty=self.empty[keep], best_finished=self.best_finished[keep],
             run_rows=slot_pos[self.run_rows[run_kept]],
@@ -96,14 +94,6 @@ class Cohort:
         assert len({c.step for c in cohorts}) == 1, "only cohorts at the same step join"
         state = runner.concat([c.state for c in cohorts])
         width = max(c.tokens.size(1) for c in cohorts)
-        attn = None
-        if any(c.attn is not None for c in cohorts):
-            src = max(c.attn.size(1) for c in cohorts if c.attn is not None)
-            attn = torch.cat([
-                _pad_to(c.attn, {1: src, 2: width}, 0.0) if c.attn is not None
-                else c.scores.new_zeros(c.size * c.k, src, width)
-                for c in cohorts
-            ])
         run_rows, total = [], 0
         for c in cohorts:
             run_rows.append(c.run_rows + total)
@@ -117,7 +107,6 @@ class Cohort:
             ids=torch.cat([c.ids for c in cohorts]),
             tokens=torch.cat([_pad_to(c.tokens, {1: width}, c.pad) for c in cohorts]),
             scores=torch.cat([_pad_to(c.scores, {1: width - 1}, 0.0) for c in cohorts]),
-            attn=attn,
             live=torch.cat([c.live for c in cohorts]),
             done_len=torch.cat([c.done_len for c in cohorts]),
             max_lens=torch.cat([c.max_lens for c in cohorts]),

@@ -168,7 +168,6 @@ class BeamDecoder:
             k=k, pad=self.pad, step=0, ids=ids.to(device),
             tokens=tokens,
             scores=torch.zeros(S0 * k, max_steps + 1, device=device),
-            attn=None,
             live=live,
             done_len=torch.zeros(S0, k, dtype=torch.long, device=device),
             max_lens=max_lens,
@@ -186,16 +185,37 @@ class BeamDecoder:
         Returns the sentences that finished (id -> hypotheses, best first);
         they leave the cohort.
         """
+        t0 = time.perf_counter()
+        lprobs, _ = self.runner.step(c.state, c.tokens[c.run_rows, : c.step + 1])
+        self.stats.add_step(c.step + 1, c.rows, time.perf_counter() - t0)
+        return self.update(c, lprobs)
+
+    def advance_together(self, cohorts: List[Cohort]) -> Dict[int, List[Dict[str, Tensor]]]:
+        """One decoder call over cohorts of different lengths (VAR-STR-FIFO), then each one's search step."""
+        if len(cohorts) == 1:
+            return self.advance(cohorts[0])
+        t0 = time.perf_counter()
+        last = torch.cat([c.tokens[c.run_rows, c.step] for c in cohorts]).unsqueeze(1)
+        lprobs, _ = self.runner.step_mixed([c.state for c in cohorts], last,
+                                                  [c.step + 1 for c in cohorts])
+        rows = sum(c.rows for c in cohorts)
+        self.stats.add_step(max(c.step for c in cohorts) + 1, rows, time.perf_counter() - t0)
+        finished, start = {}, 0
+        for c in cohorts:
+            end = start + c.rows
+            finished.update(self.update(c, lprobs[start:end]))
+            start = end
+        return finished
+
+    def update(self, c: Cohort, lprobs: Tensor) -> Dict[int, List[Dict[str, Tensor]]]:
+        """The search step of ``c`` given the decoder's output for its run rows (in place)."""
         device = c.tokens.device
         k, V = self.beam_size, self.vocab_size
         stay = self.finalize == "stay"
         step, run_rows, max_lens = c.step, c.run_rows, c.max_lens
-        tokens, scores, attn = c.tokens, c.scores, c.attn
+        tokens, scores = c.tokens, c.scores
         S = c.size
 
-        t0 = time.perf_counter()
-        lprobs, attn_run = self.runner.step(c.state, tokens[run_rows, : step + 1])
-        self.stats.add_step(step + 1, run_rows.numel(), time.perf_counter() - t0)
         # Row r of lprobs is slot run_rows[r]; all slots when dense.
         row_sentence = run_rows // k
 
@@ -209,10 +229,6 @@ class BeamDecoder:
             lprobs[at_max, self.eos] = eos_col
         if step < self.min_len:
             lprobs[:, self.eos] = -math.inf
-        if attn_run is not None:
-            if attn is None:
-                attn = scores.new_zeros(S * k, attn_run.size(1), tokens.size(1))
-            attn[run_rows, :, step + 1] = attn_run
         if self.repeat_ngram_blocker is not None:
             rows = run_rows.numel()
             lprobs = self.repeat_ngram_blocker(tokens[run_rows], lprobs, rows, 1, step)
@@ -256,7 +272,7 @@ class BeamDecoder:
             sel = select_fairseq(cand, local, k, per_slot, self.eos, self.pruning, c.best_finished, word_of)
             if slot_of is not None:
                 sel.eos_slot = slot_of[sel.eos_sentence, sel.eos_slot]
-            self._finalize_fairseq(sel, step, c.finalized, c.ids, c.best_finished, tokens, scores, attn, k)
+            self._finalize_fairseq(sel, step, c.finalized, c.ids, c.best_finished, tokens, scores, k)
             counts = torch.tensor([len(c.finalized.get(i, ())) for i in c.ids.tolist()], device=device)
             sel.finished |= counts.ge(k) | max_lens.le(step)
         if slot_of is not None:
@@ -274,7 +290,7 @@ class BeamDecoder:
                 # translate the lone EOS into something).
                 hyps = [self._empty_hypo(device)]
             elif stay:
-                hyps = self._collect_stay(s, sel, new_done_len[s], tokens, scores, attn, k)
+                hyps = self._collect_stay(s, sel, new_done_len[s], tokens, scores, k)
             else:
                 hyps = c.finalized.pop(sid, [])
             order = torch.sort(torch.tensor([float(h["score"]) for h in hyps]), descending=True)[1]
@@ -285,8 +301,6 @@ class BeamDecoder:
         # Only the columns written so far need moving (S * k rows either way).
         tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, flat_parent)
         scores[:, :step] = scores[:, :step].index_select(0, flat_parent)
-        if attn is not None:
-            attn[:, :, : step + 2] = attn[:, :, : step + 2].index_select(0, flat_parent)
         extended = (sel.live | sel.fresh).view(-1)
         tokens[extended, step + 1] = sel.token.view(-1)[extended]
         scores[extended, step] = sel.score.view(-1)[extended]
@@ -299,12 +313,10 @@ class BeamDecoder:
             rows_keep = keep.repeat_interleave(k)
             tokens, scores = tokens[rows_keep], scores[rows_keep]
             flat_parent = flat_parent[rows_keep]
-            if attn is not None:
-                attn = attn[rows_keep]
             live, done_len = live[keep], done_len[keep]
             c.ids, c.max_lens, c.empty = c.ids[keep], max_lens[keep], c.empty[keep]
             c.best_finished = c.best_finished[keep]
-        c.tokens, c.scores, c.attn, c.live, c.done_len = tokens, scores, attn, live, done_len
+        c.tokens, c.scores, c.live, c.done_len = tokens, scores, live, done_len
         c.step = step + 1
         c.run_rows = self._run_rows(live)
         if c.size:
@@ -328,7 +340,7 @@ class BeamDecoder:
 
     # -- finalization bookkeeping ------------------------------------------
 
-    def _finalize_fairseq(self, sel, step, finalized, sent_ids, best_finished, tokens, scores, attn, k):
+    def _finalize_fairseq(self, sel, step, finalized, sent_ids, best_finished, tokens, scores, k):
         """Store the EOS hypotheses ``select_fairseq`` finalized, at most k per sentence."""
         if sel.eos_sentence.numel() == 0:
             return
@@ -336,7 +348,7 @@ class BeamDecoder:
         for s, row, score in zip(sel.eos_sentence.tolist(), rows, sel.eos_score.tolist()):
             hyps = finalized.setdefault(int(sent_ids[s]), [])
             if len(hyps) < k:
-                hyps.append(self._hypo(row, step, score, tokens, scores, attn))
+                hyps.append(self._hypo(row, step, score, tokens, scores))
             best_finished[s] = max(float(best_finished[s]), score)
 
     @staticmethod
@@ -345,7 +357,7 @@ class BeamDecoder:
         last = scores.view(S, k, -1).gather(2, (done_len - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
         return last.masked_fill(done_len.eq(0), -math.inf)
 
-    def _hypo(self, row, step, score, tokens, scores, attn):
+    def _hypo(self, row, step, score, tokens, scores):
         hyp_tokens = tokens[row, 1 : step + 2].clone()
         hyp_tokens[step] = self.eos
         pos = scores[row, : step + 1].clone()
@@ -358,7 +370,9 @@ class BeamDecoder:
         return {
             "tokens": hyp_tokens,
             "score": score,
-            "attention": attn[row, :, 1 : step + 2].clone() if attn is not None else torch.empty(0),
+            # No attention history is kept: nothing reads it without
+            # --print-alignment, which these searches refuse.
+            "attention": torch.empty(0),
             "alignment": torch.empty(0),
             "positional_scores": pos,
         }
@@ -372,7 +386,7 @@ class BeamDecoder:
             "positional_scores": torch.zeros(1, device=device),
         }
 
-    def _collect_stay(self, s, sel, done_len, tokens, scores, attn, k):
+    def _collect_stay(self, s, sel, done_len, tokens, scores, k):
         """The finished entries of sentence ``s``'s final beam, as fairseq hypotheses."""
         hyps = []
         for j in sel.done[s].nonzero().flatten().tolist():
@@ -383,14 +397,6 @@ class BeamDecoder:
                 # Finished at this very step: its EOS and score are not in the rows yet.
                 row_tokens[step + 1] = self.eos
                 row_scores[step] = sel.score[s, j]
-            hyps.append(
-                self._hypo_from(row_tokens, row_scores, step, float(sel.score[s, j]),
-                                attn[row] if attn is not None else None)
-            )
+            hyps.append(self._hypo(0, step, float(sel.score[s, j]),
+                                   row_tokens.unsqueeze(0), row_scores.unsqueeze(0)))
         return hyps
-
-    def _hypo_from(self, row_tokens, row_scores, step, score, row_attn):
-        return self._hypo(
-            0, step, score, row_tokens.unsqueeze(0), row_scores.unsqueeze(0),
-            row_attn.unsqueeze(0) if row_attn is not None else None,
-        )

@@ -12,6 +12,7 @@ buffers whenever the new order has as many rows as the old one, which is only
 right when rows never move across sentences.
 """
 
+import contextlib
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -121,6 +122,43 @@ class ModelRunner:
             if own is not FairseqIncrementalDecoder.reorder_incremental_state and inc_state:
                 own(decoder, inc_state, new_order)
 
+    @torch.no_grad()
+    def step_mixed(self, states: List[RowState], last_tokens: Tensor, lengths: List[int]):
+        """One decoder call over groups whose prefixes differ in length (VAR-STR-FIFO).
+
+        Every row attends over the longest prefix's positions, its own padded
+        and masked, and gets its own position embedding. Afterwards each group
+        keeps its own state plus this step.
+
+        Args:
+            states: one per group, each already past its first step.
+            last_tokens: (rows, 1) the last token of every row, groups in order.
+            lengths: the prefix length of each group.
+
+        Returns:
+            as :meth:`step`, rows in group order.
+        """
+        if self._owners is None:
+            self._owners = [state_merge.state_owners(m.decoder) for m in self.model.models]
+        rows = [s.rows for s in states]
+        encoder_outs, joint_states = [], []
+        for i in range(len(self.model.models)):
+            parts = [s.encoder_outs[i] for s in states]
+            length = max(state_merge.source_length(p) for p in parts)
+            encoder_outs.append(state_merge.concat_encoder_outs(parts, length))
+            joint_states.append(state_merge.joint_incremental_state(
+                self._owners[i], [s.incremental_states[i] for s in states], rows, length))
+        row_lengths = torch.cat([
+            torch.full((n,), length, dtype=torch.long, device=last_tokens.device)
+            for n, length in zip(rows, lengths)
+        ])
+        with _row_positions(self.model.models, row_lengths):
+            out = self.model.forward_decoder(last_tokens, encoder_outs, joint_states, self.temperature)
+        for i in range(len(self.model.models)):
+            state_merge.take_new_step(self._owners[i], joint_states[i],
+                                      [s.incremental_states[i] for s in states], rows)
+        return out
+
     def concat(self, states: List[RowState]) -> RowState:
         """One state holding the rows of ``states`` in order; all must be at the same length."""
         if len(states) == 1:
@@ -144,3 +182,31 @@ class ModelRunner:
             row_sentence=torch.cat([s.row_sentence for s in states]),
             incremental_states=incremental_states,
         )
+
+
+@contextlib.contextmanager
+def _row_positions(models, row_lengths: Tensor):
+    """Give row ``i`` the position of a prefix of ``row_lengths[i]`` tokens in the decoders.
+
+    In incremental decoding fairseq embeds one position (``padding_idx +
+    prefix length``) for every row; a forward hook replaces that with one per
+    row, looked up in the same table, so each row gets exactly the embedding
+    it would get in a call of its own.
+    """
+    handles = []
+    for model in models:
+        module = getattr(model.decoder, "embed_positions", None)
+        if module is None:
+            continue
+
+        def hook(mod, args, output):
+            index = mod.padding_idx + row_lengths
+            table = mod.weight if hasattr(mod, "weight") and not hasattr(mod, "weights") else mod.weights
+            return table.index_select(0, index).unsqueeze(1).to(output.dtype)
+
+        handles.append(module.register_forward_hook(hook))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

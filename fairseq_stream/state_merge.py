@@ -153,3 +153,77 @@ def _concat_lstm(buffers):
     feeds = [b.get("input_feed") for b in buffers]
     out["input_feed"] = None if any(f is None for f in feeds) else torch.cat(feeds, dim=0)
     return out
+
+
+# -- one decoder call over rows of different prefix lengths (VAR-STR-FIFO) ------
+
+
+def joint_incremental_state(owners: Dict[str, object], states: List[dict], rows: List[int],
+                            source_len: int) -> dict:
+    """One model's incremental state for rows whose prefixes differ in length.
+
+    Self-attention caches are padded on the right to the longest and the
+    padding is masked (``prev_key_padding_mask``); fairseq's attention then
+    appends the new key after the padding. Use :func:`take_new_step` after the
+    call to give each group its own state back.
+    """
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    keys = set().union(*(s.keys() for s in states))
+    out = {}
+    for full_key in keys:
+        owner_id, _, name = full_key.partition(".")
+        owner = owners.get(owner_id)
+        buffers = [s.get(full_key) for s in states]
+        if any(b is None for b in buffers):
+            raise FairseqStreamError("internal: a group without decoder state in a mixed step")
+        if isinstance(owner, MultiheadAttention) and name == "attn_state" and owner.self_attention:
+            length = max(b["prev_key"].size(2) for b in buffers)
+            joint = {}
+            for field_name in ("prev_key", "prev_value"):
+                joint[field_name] = torch.cat([_pad(b[field_name], 2, length, 0.0) for b in buffers])
+            masks = []
+            for b, n in zip(buffers, rows):
+                own = b.get("prev_key_padding_mask")
+                if own is None:
+                    own = torch.zeros((n, b["prev_key"].size(2)), dtype=torch.bool,
+                                      device=b["prev_key"].device)
+                masks.append(_pad(own.bool(), 1, length, True))
+            joint["prev_key_padding_mask"] = torch.cat(masks)
+            out[full_key] = joint
+        elif isinstance(owner, MultiheadAttention) and name == "attn_state":
+            out[full_key] = _concat_attention(owner, buffers, rows, source_len)
+        elif name == "cached_state" and type(owner).__name__ == "LSTMDecoder":
+            out[full_key] = _concat_lstm(buffers)
+        else:
+            raise FairseqStreamError(UNSUPPORTED.format("{} ({})".format(type(owner).__name__, name)))
+    return out
+
+
+def take_new_step(owners: Dict[str, object], joint: dict, states: List[dict], rows: List[int]):
+    """After a mixed call, append each group's new self-attention column / take its LSTM state."""
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    start = 0
+    for state, n in zip(states, rows):
+        end = start + n
+        for full_key, buffer in joint.items():
+            owner_id, _, name = full_key.partition(".")
+            owner = owners.get(owner_id)
+            if isinstance(owner, MultiheadAttention) and name == "attn_state":
+                if not owner.self_attention:
+                    continue  # the encoder-side keys did not change
+                own = state[full_key]
+                state[full_key] = {
+                    "prev_key": torch.cat([own["prev_key"], buffer["prev_key"][start:end, :, -1:]], dim=2),
+                    "prev_value": torch.cat([own["prev_value"], buffer["prev_value"][start:end, :, -1:]], dim=2),
+                    "prev_key_padding_mask": own.get("prev_key_padding_mask"),
+                }
+            else:  # LSTM cached_state: rows only
+                feed = buffer.get("input_feed")
+                state[full_key] = {
+                    "prev_hiddens": buffer["prev_hiddens"][:, start:end],
+                    "prev_cells": buffer["prev_cells"][:, start:end],
+                    "input_feed": feed[start:end] if feed is not None else None,
+                }
+        start = end

@@ -133,6 +133,27 @@ def test_stream_options_keep_output(loaded, options):
     assert_same(ref, ours)
 
 
+@pytest.mark.parametrize("model", ["transformer", "lstm", "ensemble"])
+@pytest.mark.parametrize("options", [dict(), dict(capacity=20), dict(capacity=100, capacity_unit="tokens")])
+def test_fifo_pads_mixed_lengths_exactly(loaded, model, options):
+    """VAR-STR-FIFO: one decoder call over prefixes of different lengths, same output as batch."""
+    models, task = loaded(model)
+    samples = batches(task, 8, 120)
+    ref = by_batch(decoder(models, task, "var-batch", 5), models, samples)
+    dec = decoder(models, task, "var-batch", 5)
+    mixed = []
+    step_mixed = dec.runner.step_mixed
+
+    def counting(states, *args):
+        mixed.append(len(states))
+        return step_mixed(states, *args)
+
+    dec.runner.step_mixed = counting  # counts calls; the real method runs
+    ours, _ = by_stream(dec, samples, pool_size=8, order="fifo", **options)
+    assert_same(ref, ours)
+    assert mixed, "no decoder call mixed prefix lengths"
+
+
 def test_fixed_stay_streams(loaded):
     models, task = loaded("transformer")
     samples = batches(task, 8, 60)
@@ -201,6 +222,13 @@ def test_fixed_stream_and_ensemble_on_the_command_line(toy):
     assert tokens_of(ours.stdout) == tokens_of(ref.stdout)
 
 
+def test_fifo_on_the_command_line(toy):
+    ref = generate(toy, "--search", "var-batch", path=toy.lstm)
+    ours = generate(toy, "--search", "var", "--prune-ap", "1.5", "--prune-mc", "5",
+                    "--generator", "fifo", "--stream-pool", "8", path=toy.lstm)
+    assert tokens_of(ours.stdout) == tokens_of(ref.stdout)
+
+
 def test_within_batch_option(toy):
     ref = generate(toy, "--search", "var-batch")
     ours = generate(toy, "--search", "var-stream", "--stream-within-batch", "--stream-pool", "3")
@@ -212,6 +240,7 @@ def test_within_batch_option(toy):
     (["--search", "var-stream", "--stream-eps", "2"], "--stream-eps must be in (0, 1]"),
     (["--search", "var-stream", "--stream-eps", "a sixth"], "--stream-eps must be a number"),
     (["--search", "beam", "--generator", "stream"], "does not combine with --generator stream"),
+    (["--search", "var-stream", "--generator", "fifo"], "already runs on --generator stream"),
 ])
 def test_stream_usage_errors_are_one_line(toy, args, message):
     proc = run_tool(["fairseq-generate", toy.data_bin, "--path", toy.transformer, "--user-dir",

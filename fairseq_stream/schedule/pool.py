@@ -10,6 +10,11 @@ are shortest, so a decoder call never mixes lengths and long prefixes wait
 while new sentences catch up (their self-attention steps are the expensive
 ones). Cohorts whose lengths meet are joined into one decoder call.
 
+``order="fifo"`` is the paper's VAR-STR-FIFO (App. A.2): each decoder call
+takes cohorts from the longest prefix down, up to the capacity (all of them
+without one), padding every row to the longest prefix in the call; a cohort
+runs its first step on its own (it has no decoder state to pad yet).
+
 Options beyond the paper:
 
 * ``capacity``: at most this many decoder rows (or rows x prefix length,
@@ -23,7 +28,6 @@ None of this changes what is decoded, only when: every sentence goes through
 the same search steps as with ``--generator batch``.
 """
 
-import math
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
@@ -31,6 +35,7 @@ import torch
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.errors import FairseqStreamError
 
+ORDERS = ("shortest", "fifo")
 REFILL_UNITS = ("sentences", "rows")
 CAPACITY_UNITS = ("rows", "tokens")
 
@@ -52,10 +57,12 @@ class StreamPool:
         capacity: most rows (or tokens) per decoder call; None for no limit.
         capacity_unit: ``rows`` or ``tokens`` (rows x prefix length).
         max_wait: expand a cohort that waited this many steps (0: never force).
+        order: ``shortest`` (VAR-STREAM) or ``fifo`` (VAR-STR-FIFO).
     """
 
     def __init__(self, decoder, pool_size: int, eps: float = 1 / 6, refill_unit: str = "sentences",
-                 capacity: Optional[int] = None, capacity_unit: str = "rows", max_wait: int = 0):
+                 capacity: Optional[int] = None, capacity_unit: str = "rows", max_wait: int = 0,
+                 order: str = "shortest"):
         if pool_size < 1:
             raise FairseqStreamError("--stream-pool must be at least 1, got {}".format(pool_size))
         if not (0.0 < eps <= 1.0):
@@ -66,6 +73,8 @@ class StreamPool:
             raise FairseqStreamError("--stream-capacity-unit must be one of {}".format(", ".join(CAPACITY_UNITS)))
         if capacity is not None and capacity < 1:
             raise FairseqStreamError("--stream-capacity must be at least 1, got {}".format(capacity))
+        if order not in ORDERS:
+            raise FairseqStreamError("order must be one of {}".format(", ".join(ORDERS)))
         if max_wait < 0:
             raise FairseqStreamError("--stream-max-wait must be >= 0, got {}".format(max_wait))
         self.decoder = decoder
@@ -76,6 +85,7 @@ class StreamPool:
         self.capacity = capacity
         self.capacity_unit = capacity_unit
         self.max_wait = max_wait
+        self.order = order
         self.peak_sentences = 0  # most sentences held at once, encoded ones waiting included
 
     # -- public --------------------------------------------------------------
@@ -102,11 +112,12 @@ class StreamPool:
                 if exhausted and not staging:
                     return
                 continue
-            chosen = self._choose(cohorts)
+            chosen = self._choose_fifo(cohorts) if self.order == "fifo" else [self._choose(cohorts)]
             for c in cohorts:
                 c.waited += 1
-            chosen.waited = 0
-            for sid, hyps in self.decoder.advance(chosen).items():
+            for c in chosen:
+                c.waited = 0
+            for sid, hyps in self.decoder.advance_together(chosen).items():
                 yield sid, hyps
             cohorts = [c for c in cohorts if c.size]
             cohorts = self._join_equal_lengths(cohorts)
@@ -166,6 +177,10 @@ class StreamPool:
             chosen = max(cohorts, key=lambda c: (c.waited, c.step))
         else:
             chosen = min(cohorts, key=lambda c: c.step)
+        return self._choose_among(cohorts, chosen)
+
+    def _choose_among(self, cohorts: List[Cohort], chosen: Cohort) -> Cohort:
+        """``chosen``, or its first sentences up to the capacity (the rest stay in ``cohorts``)."""
         if self.capacity is None or self._cost(chosen.rows, chosen.step) <= self.capacity:
             return chosen
         # Split the chosen cohort: its first sentences up to the capacity run
@@ -179,6 +194,29 @@ class StreamPool:
         position = next(i for i, c in enumerate(cohorts) if c is chosen)
         cohorts[position:position + 1] = [first, rest]
         return first
+
+    def _choose_fifo(self, cohorts: List[Cohort]) -> List[Cohort]:
+        """Cohorts for one padded call: longest prefixes first, up to the capacity."""
+        starting = [c for c in cohorts if c.step == 0]
+        if starting:
+            return [self._choose_among(cohorts, starting[0])]
+        overdue = self.max_wait and max(c.waited for c in cohorts) >= self.max_wait
+        ordered = sorted(cohorts, key=lambda c: (-(c.waited >= self.max_wait) if overdue else 0, -c.step))
+        if self.capacity is None:
+            return ordered
+        chosen, rows = [], 0
+        longest = max(c.step for c in ordered[:1])
+        for c in ordered:
+            longest = max(longest, c.step)
+            if chosen and self._cost(rows + c.rows, longest) > self.capacity:
+                break
+            chosen.append(c)
+            rows += c.rows
+        if len(chosen) == 1:
+            # One cohort above the capacity is split as in the shortest-first order.
+            first = self._choose_among(cohorts, chosen[0])
+            return [first]
+        return chosen
 
     def _cost(self, rows, step):
         if self.capacity_unit == "tokens":

@@ -81,6 +81,20 @@ class StreamOptions(FairseqDataclass):
 class StreamScheduler:
     """VAR-STREAM (Yang et al. 2020): refill the pool at epsilon, expand the shortest prefixes."""
 
+    order = "shortest"
+
+
+@dataclass
+class FifoOptions(StreamOptions):
+    """The stream options; each decoder call takes the longest prefixes first, padded."""
+
+
+@register_generator("fifo", dataclass=FifoOptions)
+class FifoScheduler:
+    """VAR-STR-FIFO (Yang et al. 2020, App. A.2): longest prefixes first, up to the capacity."""
+
+    order = "fifo"
+
 
 def parse_eps(text) -> float:
     """Parse ``--stream-eps`` (``1/6``, ``0.25``) into a float in (0, 1]."""
@@ -102,9 +116,11 @@ class StreamGenerator:
         batches: a callable returning fairseq-generate's batch iterator for the
             look-ahead, or None to stream within each sample only.
         batch_size: the ``--batch-size`` fairseq batches with (default pool size).
+        order: ``shortest`` (``--generator stream``) or ``fifo`` (``--generator fifo``).
     """
 
-    def __init__(self, decoder, options, batches=None, batch_size: Optional[int] = None):
+    def __init__(self, decoder, options, batches=None, batch_size: Optional[int] = None,
+                 order: str = "shortest"):
         self.decoder = decoder
         self.stats = decoder.stats
         self.pool_size = options.stream_pool or batch_size
@@ -114,6 +130,7 @@ class StreamGenerator:
             capacity=options.stream_capacity,
             capacity_unit=str(options.stream_capacity_unit),
             max_wait=options.stream_max_wait,
+            order=order,
         )
         # Check the options now rather than at the first batch.
         StreamPool(decoder, self.pool_size or 1, **self.pool_args)
@@ -236,11 +253,11 @@ def fairseq_generate_batches(task, models, cfg):
     return build
 
 
-def build_stream_generator(decoder, task, models, gen_cfg, options):
+def build_stream_generator(decoder, task, models, gen_cfg, options, order: str = "shortest"):
     """Wrap ``decoder`` in a :class:`StreamGenerator` with fairseq-generate's look-ahead when available."""
     from omegaconf import DictConfig
 
     root = gen_cfg._get_root() if isinstance(gen_cfg, DictConfig) else None
     batches = fairseq_generate_batches(task, models, root) if root is not None else None
     batch_size = getattr(getattr(root, "dataset", None), "batch_size", None) if root is not None else None
-    return StreamGenerator(decoder, options, batches=batches, batch_size=batch_size)
+    return StreamGenerator(decoder, options, batches=batches, batch_size=batch_size, order=order)

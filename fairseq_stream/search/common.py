@@ -83,9 +83,10 @@ def build_scheduled(name, task, models, gen_cfg, search_cfg, generator_cfg, defa
     """
     decoder = build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning)
     generator = getattr(generator_cfg, "_name", None) or default_generator
-    if generator == "stream":
+    if generator in ("stream", "fifo"):
         from fairseq_stream.schedule.stream import build_stream_generator
 
         options = generator_cfg if generator_cfg is not None else search_cfg
-        return build_stream_generator(decoder, task, models, gen_cfg, options)
+        order = "fifo" if generator == "fifo" else "shortest"
+        return build_stream_generator(decoder, task, models, gen_cfg, options, order=order)
     return decoder

@@ -25,7 +25,7 @@ class FixedSearchConfig(DecodeStatsConfig):
 class FixedSearch:
     """Fixed-width beam search (``--beam`` k), fairseq-compatible or the streaming paper's rule."""
 
-    generators = ("batch", "stream")
+    generators = ("batch", "stream", "fifo")
     default_generator = "batch"
 
     @classmethod
