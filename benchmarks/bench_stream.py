@@ -3,7 +3,8 @@
 Greedy, fairseq's beam search, FIXED (our fixed, fairseq finalization) and
 FIXED-STREAM, VAR-BATCH, VAR-STREAM and VAR-STR-FIFO (for each ε, ε counting
 sentences as in the paper) and VAR-STREAM with ε counting live rows decode the
-same fairseq batches of the same model. Wall clock is the median of ``--repeats`` full passes. Every streamed
+same fairseq batches of the same model. Wall clock is the median of ``--repeats`` full passes, taken in
+interleaved rounds (each round runs every method once). Every streamed
 run is checked against its batch counterpart: the best hypothesis of every
 sentence must have the same tokens (the table says so, or how many differ).
 
@@ -81,14 +82,27 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
 
     rows, outputs, step_logs = [], {}, {}
+    plan = []  # (name, beam, eps, run, reference), measured in interleaved rounds
 
     def measure(name, beam, eps, run, stats_of, reference=None):
-        walls = []
+        plan.append((name, beam, eps, run, stats_of, reference))
+
+    def execute():
+        # Every round runs each method once, so slow drift of the machine
+        # (a shared VM) affects all methods alike; the median is per method.
+        walls = {i: [] for i in range(len(plan))}
+        last = {}
         for rep in range(args.repeats):
-            start = time.perf_counter()
-            with torch.no_grad():
-                out, stats = run(keep_steps=(rep == args.repeats - 1))
-            walls.append(time.perf_counter() - start)
+            for i, (name, beam, eps, run, stats_of, reference) in enumerate(plan):
+                start = time.perf_counter()
+                with torch.no_grad():
+                    last[i] = run(keep_steps=(rep == args.repeats - 1))
+                walls[i].append(time.perf_counter() - start)
+        for i, (name, beam, eps, run, stats_of, reference) in enumerate(plan):
+            out, stats = last[i]
+            report(name, beam, eps, out, stats, stats_of, reference, walls[i])
+
+    def report(name, beam, eps, out, stats, stats_of, reference, walls):
         outputs[(name, beam, eps)] = {sid: hyps[0]["tokens"] for sid, hyps in out.items()}
         s = stats_of(stats)
         if stats.keep_steps:
@@ -144,6 +158,7 @@ def main():
             measure(name, beam, eps, ours(beam, "stay", var, (float(Fraction(eps)), unit, order)), summary,
                     reference=("var-batch", beam, None))
 
+    execute()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sentences": n_sent, "batch_size": args.batch_size, "threads": args.threads,

@@ -313,6 +313,7 @@ def _patch_filter_indices_by_size():
     original = FairseqTask.filter_indices_by_size
     if getattr(original, "_fairseq_stream", False):
         return
+    warned = set()
 
     @functools.wraps(original)
     def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
@@ -327,7 +328,10 @@ def _patch_filter_indices_by_size():
                 "an input is longer than the model's positions: {}".format(e)
             ) from None
         dropped = len(indices) - len(kept)
-        if dropped:
+        # The streaming generator's read-ahead filters the same dataset again: warn once.
+        key = (id(dataset), dropped)
+        if dropped and key not in warned:
+            warned.add(key)
             logger.warning(
                 "fairseq-stream: %d input sentence(s) exceed the model's positions (%s) and get "
                 "NO output line (--skip-invalid-size-inputs-valid-test); shorten or split them "

@@ -171,6 +171,15 @@ def test_capacity_bounds_each_decoder_call(loaded):
     assert max(rows) <= 9 or all(r <= 5 for r in rows if r > 9)  # a lone sentence may exceed it
 
 
+def test_latency_guard_bounds_waiting(loaded):
+    models, task = loaded("transformer")
+    samples = batches(task, 8, 120)
+    _, free = by_stream(decoder(models, task, "var-batch", 5), samples, pool_size=8, eps=1 / 4)
+    _, guarded = by_stream(decoder(models, task, "var-batch", 5), samples, pool_size=8, eps=1 / 4, max_wait=3)
+    assert free.peak_wait > 3
+    assert guarded.peak_wait <= 3
+
+
 def test_pool_memory_is_bounded_by_the_pool_not_the_input(loaded):
     """200 sentences through a pool of 4: at most the pool plus one encoded batch are held."""
     models, task = loaded("transformer")

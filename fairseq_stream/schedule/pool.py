@@ -20,9 +20,10 @@ Options beyond the paper:
 * ``capacity``: at most this many decoder rows (or rows x prefix length,
   ``capacity_unit="tokens"``) per decoder call; a cohort above it is split and
   the parts are decoded in turn (end of the paper's §3);
-* ``max_wait``: a cohort that has not been expanded for this many steps is
-  expanded next whatever its length (the paper's footnote 3), which bounds
-  how long a long translation can be held back by refills.
+* ``max_wait``: cohorts that have not been expanded for this many decoder
+  calls are expanded next, together in one padded call as FIFO does, whatever
+  their length (the paper's footnote 3): no translation is held back longer
+  by refills (that call may exceed the capacity).
 
 None of this changes what is decoded, only when: every sentence goes through
 the same search steps as with ``--generator batch``.
@@ -87,6 +88,7 @@ class StreamPool:
         self.max_wait = max_wait
         self.order = order
         self.peak_sentences = 0  # most sentences held at once, encoded ones waiting included
+        self.peak_wait = 0  # longest any cohort went without being expanded, in decoder calls
 
     # -- public --------------------------------------------------------------
 
@@ -112,10 +114,11 @@ class StreamPool:
                 if exhausted and not staging:
                     return
                 continue
-            chosen = self._choose_fifo(cohorts) if self.order == "fifo" else [self._choose(cohorts)]
+            chosen = self._choose_fifo(cohorts) if self.order == "fifo" else self._choose(cohorts)
             for c in cohorts:
                 c.waited += 1
             for c in chosen:
+                self.peak_wait = max(self.peak_wait, c.waited - 1)
                 c.waited = 0
             for sid, hyps in self.decoder.advance_together(chosen).items():
                 yield sid, hyps
@@ -171,13 +174,14 @@ class StreamPool:
             cohorts[:] = self._join_equal_lengths(cohorts)
         return exhausted and not staging
 
-    def _choose(self, cohorts: List[Cohort]) -> Cohort:
-        """The cohort to expand: the shortest, unless one waited too long; split to capacity."""
-        if self.max_wait and max(c.waited for c in cohorts) >= self.max_wait:
-            chosen = max(cohorts, key=lambda c: (c.waited, c.step))
-        else:
-            chosen = min(cohorts, key=lambda c: c.step)
-        return self._choose_among(cohorts, chosen)
+    def _choose(self, cohorts: List[Cohort]) -> List[Cohort]:
+        """The cohorts for the next call: the shortest (split to capacity), or all overdue ones."""
+        overdue = [c for c in cohorts if self.max_wait and c.waited >= self.max_wait and c.step > 0]
+        if overdue:
+            # One padded call over every overdue cohort (as FIFO does), so no
+            # cohort waits longer than --stream-max-wait.
+            return overdue
+        return [self._choose_among(cohorts, min(cohorts, key=lambda c: c.step))]
 
     def _choose_among(self, cohorts: List[Cohort], chosen: Cohort) -> Cohort:
         """``chosen``, or its first sentences up to the capacity (the rest stay in ``cohorts``)."""
