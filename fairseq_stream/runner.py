@@ -138,16 +138,8 @@ class ModelRunner:
         Returns:
             as :meth:`step`, rows in group order.
         """
-        if self._owners is None:
-            self._owners = [state_merge.state_owners(m.decoder) for m in self.model.models]
         rows = [s.rows for s in states]
-        encoder_outs, joint_states = [], []
-        for i in range(len(self.model.models)):
-            parts = [s.encoder_outs[i] for s in states]
-            length = max(state_merge.source_length(p) for p in parts)
-            encoder_outs.append(state_merge.concat_encoder_outs(parts, length))
-            joint_states.append(state_merge.joint_incremental_state(
-                self._owners[i], [s.incremental_states[i] for s in states], rows, length))
+        encoder_outs, joint_states = self._join(states, mixed_lengths=True)
         row_lengths = torch.cat([
             torch.full((n,), length, dtype=torch.long, device=last_tokens.device)
             for n, length in zip(rows, lengths)
@@ -159,10 +151,8 @@ class ModelRunner:
                                       [s.incremental_states[i] for s in states], rows)
         return out
 
-    def concat(self, states: List[RowState]) -> RowState:
-        """One state holding the rows of ``states`` in order; all must be at the same length."""
-        if len(states) == 1:
-            return states[0]
+    def _join(self, states: List[RowState], mixed_lengths: bool = False):
+        """Every model's encoder outputs and incremental states of ``states``, concatenated."""
         if self._owners is None:
             self._owners = [state_merge.state_owners(m.decoder) for m in self.model.models]
         rows = [s.rows for s in states]
@@ -172,11 +162,19 @@ class ModelRunner:
             length = max(state_merge.source_length(p) for p in parts)
             encoder_outs.append(state_merge.concat_encoder_outs(parts, length))
             inc = [s.incremental_states[i] for s in states]
-            if any(inc) and not all(inc):
-                raise ValueError("joining decoder states of different steps")
             incremental_states.append(
-                state_merge.concat_incremental_states(self._owners[i], inc, rows, length) if inc[0] else {}
+                state_merge.concat_incremental_states(self._owners[i], inc, rows, length, mixed_lengths)
+                if inc[0] else {}
             )
+        return encoder_outs, incremental_states
+
+    def concat(self, states: List[RowState]) -> RowState:
+        """One state holding the rows of ``states`` in order; all must be at the same length."""
+        if len(states) == 1:
+            return states[0]
+        if any(s.incremental_states[0] for s in states) and not all(s.incremental_states[0] for s in states):
+            raise ValueError("joining decoder states of different steps")
+        encoder_outs, incremental_states = self._join(states)
         return RowState(
             encoder_outs=encoder_outs,
             row_sentence=torch.cat([s.row_sentence for s in states]),

@@ -95,8 +95,15 @@ def state_owners(decoder) -> Dict[str, object]:
 
 
 def concat_incremental_states(owners: Dict[str, object], states: List[dict], rows: List[int],
-                              source_len: int) -> dict:
-    """Concatenate one model's incremental states (one dict per group of rows)."""
+                              source_len: int, mixed_lengths: bool = False) -> dict:
+    """Concatenate one model's incremental states (one dict per group of rows).
+
+    With ``mixed_lengths`` the groups' prefixes may differ in length (one
+    VAR-STR-FIFO call): self-attention caches are padded on the right to the
+    longest and the padding is masked (``prev_key_padding_mask``); fairseq's
+    attention then appends the new key after the padding. Use
+    :func:`take_new_step` after the call to give each group its own state back.
+    """
     from fairseq.modules.multihead_attention import MultiheadAttention
 
     keys = set().union(*(s.keys() for s in states))
@@ -108,12 +115,29 @@ def concat_incremental_states(owners: Dict[str, object], states: List[dict], row
         if any(b is None for b in buffers):
             raise FairseqStreamError("internal: joining decoder states of different steps")
         if isinstance(owner, MultiheadAttention) and name == "attn_state":
-            out[full_key] = _concat_attention(owner, buffers, rows, source_len)
+            if owner.self_attention and mixed_lengths:
+                out[full_key] = _pad_self_attention(buffers, rows)
+            else:
+                out[full_key] = _concat_attention(owner, buffers, rows, source_len)
         elif name == "cached_state" and type(owner).__name__ == "LSTMDecoder":
             out[full_key] = _concat_lstm(buffers)
         else:
             raise FairseqStreamError(UNSUPPORTED.format("{} ({})".format(type(owner).__name__, name)))
     return out
+
+
+def _pad_self_attention(buffers, rows):
+    length = max(b["prev_key"].size(2) for b in buffers)
+    joint = {name: torch.cat([_pad(b[name], 2, length, 0.0) for b in buffers])
+             for name in ("prev_key", "prev_value")}
+    masks = []
+    for b, n in zip(buffers, rows):
+        own = b.get("prev_key_padding_mask")
+        if own is None:
+            own = torch.zeros((n, b["prev_key"].size(2)), dtype=torch.bool, device=b["prev_key"].device)
+        masks.append(_pad(own.bool(), 1, length, True))
+    joint["prev_key_padding_mask"] = torch.cat(masks)
+    return joint
 
 
 def _concat_attention(owner, buffers: List[Dict[str, Optional[Tensor]]], rows: List[int], source_len):
@@ -156,48 +180,6 @@ def _concat_lstm(buffers):
 
 
 # -- one decoder call over rows of different prefix lengths (VAR-STR-FIFO) ------
-
-
-def joint_incremental_state(owners: Dict[str, object], states: List[dict], rows: List[int],
-                            source_len: int) -> dict:
-    """One model's incremental state for rows whose prefixes differ in length.
-
-    Self-attention caches are padded on the right to the longest and the
-    padding is masked (``prev_key_padding_mask``); fairseq's attention then
-    appends the new key after the padding. Use :func:`take_new_step` after the
-    call to give each group its own state back.
-    """
-    from fairseq.modules.multihead_attention import MultiheadAttention
-
-    keys = set().union(*(s.keys() for s in states))
-    out = {}
-    for full_key in keys:
-        owner_id, _, name = full_key.partition(".")
-        owner = owners.get(owner_id)
-        buffers = [s.get(full_key) for s in states]
-        if any(b is None for b in buffers):
-            raise FairseqStreamError("internal: a group without decoder state in a mixed step")
-        if isinstance(owner, MultiheadAttention) and name == "attn_state" and owner.self_attention:
-            length = max(b["prev_key"].size(2) for b in buffers)
-            joint = {}
-            for field_name in ("prev_key", "prev_value"):
-                joint[field_name] = torch.cat([_pad(b[field_name], 2, length, 0.0) for b in buffers])
-            masks = []
-            for b, n in zip(buffers, rows):
-                own = b.get("prev_key_padding_mask")
-                if own is None:
-                    own = torch.zeros((n, b["prev_key"].size(2)), dtype=torch.bool,
-                                      device=b["prev_key"].device)
-                masks.append(_pad(own.bool(), 1, length, True))
-            joint["prev_key_padding_mask"] = torch.cat(masks)
-            out[full_key] = joint
-        elif isinstance(owner, MultiheadAttention) and name == "attn_state":
-            out[full_key] = _concat_attention(owner, buffers, rows, source_len)
-        elif name == "cached_state" and type(owner).__name__ == "LSTMDecoder":
-            out[full_key] = _concat_lstm(buffers)
-        else:
-            raise FairseqStreamError(UNSUPPORTED.format("{} ({})".format(type(owner).__name__, name)))
-    return out
 
 
 def take_new_step(owners: Dict[str, object], joint: dict, states: List[dict], rows: List[int]):

@@ -116,3 +116,26 @@ def hypotheses(stdout):
             assert sid not in hyps, "sentence {} printed twice".format(sid)
             hyps[sid] = (float(score), text)
     return hyps
+
+
+@pytest.fixture(scope="session")
+def loaded(toy):
+    """``loaded(name)`` -> (models, task) for "transformer", "lstm" or "ensemble", test and valid sets loaded."""
+    from fairseq import checkpoint_utils
+
+    cache = {}
+
+    def load(name):
+        if name not in cache:
+            paths = {"transformer": [toy.transformer], "lstm": [toy.lstm],
+                     "ensemble": [toy.transformer, toy.transformer2]}[name]
+            models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+                [str(p) for p in paths], arg_overrides={"data": str(toy.data_bin)})
+            for m in models:
+                m.eval()
+            task.load_dataset("test")
+            task.load_dataset("valid")
+            cache[name] = (models, task)
+        return cache[name]
+
+    return load

@@ -1,7 +1,6 @@
 """The plugin as users run it: fairseq-generate / fairseq-interactive with --user-dir."""
 
 import re
-import subprocess
 import sys
 
 import pytest

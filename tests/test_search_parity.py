@@ -10,7 +10,6 @@ import json
 
 import pytest
 import torch
-from fairseq import checkpoint_utils
 from fairseq.sequence_generator import SequenceGenerator
 
 from conftest import hypotheses, run_tool
@@ -18,25 +17,6 @@ from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.search.pruning import Pruning
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def loaded(toy):
-    cache = {}
-
-    def load(name):
-        if name not in cache:
-            paths = {"transformer": [toy.transformer], "lstm": [toy.lstm],
-                     "ensemble": [toy.transformer, toy.transformer2]}[name]
-            models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-                [str(p) for p in paths], arg_overrides={"data": str(toy.data_bin)})
-            for m in models:
-                m.eval()
-            task.load_dataset("test")
-            cache[name] = (models, task)
-        return cache[name]
-
-    return load
 
 
 def batches(task, size=8):
