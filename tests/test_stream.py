@@ -1,19 +1,26 @@
 """Streaming (``--generator stream``) against ``--generator batch`` on real toy checkpoints.
 
-How outputs are compared: the n-best token sequences must be identical, sentence
-by sentence and in order, and scores equal to 1e-4. A pool decodes a sentence
-in decoder calls of other sizes and with extra masked source positions, so the
-last float bits of a score may differ; the one exception allowed is two
-neighbours in an n-best list whose scores are within 1e-5 trading places (a
-floating-point tie: seen once, at positions 9/10 of a 50-best list, scores
-1.2e-7 apart).
+How outputs are compared. A pool decodes a sentence in decoder calls of other
+sizes and with extra masked source positions, so float32 results differ in
+the last bits (up to about 3e-5 in a cumulative score at k=50), exactly as
+they do in fairseq itself when ``--batch-size`` changes. Where two candidates
+for the k-th place of a beam are closer than that, the two runs can keep
+different ones, and the n-best lists then differ from there on (seen once: a
+2-model ensemble at k=50, two candidates 7.6e-6 apart at step 21). So:
+
+* **exactness** is tested with the models in float64, where that noise is
+  about 1e-14: every sentence's n-best token sequences must be identical, in
+  order, and scores equal to 1e-6 (they are stored in float32);
+* **float32**, the precision users run, is tested on what fairseq-generate
+  prints by default: every sentence's best hypothesis must be identical.
 """
 
+
+import copy
 import json
 
 import pytest
 import torch
-from fairseq import checkpoint_utils
 
 from conftest import hypotheses, run_tool
 from fairseq_stream.decoder import BeamDecoder
@@ -28,25 +35,6 @@ SEARCHES = {
     "fixed": dict(finalize="fairseq"),
     "fixed-stay": dict(finalize="stay"),
 }
-
-
-@pytest.fixture(scope="module")
-def loaded(toy):
-    cache = {}
-
-    def load(name):
-        if name not in cache:
-            paths = {"transformer": [toy.transformer], "lstm": [toy.lstm],
-                     "ensemble": [toy.transformer, toy.transformer2]}[name]
-            models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-                [str(p) for p in paths], arg_overrides={"data": str(toy.data_bin)})
-            for m in models:
-                m.eval()
-            task.load_dataset("valid")
-            cache[name] = (models, task)
-        return cache[name]
-
-    return load
 
 
 def batches(task, size, limit):
@@ -80,41 +68,50 @@ def by_stream(dec, samples, **pool_args):
     return out, pool
 
 
-def same_up_to_ties(a, b):
-    """n-best lists equal in tokens, except neighbours within 1e-5 in score trading places."""
-    if len(a) != len(b):
-        return False
-    for i, (x, y) in enumerate(zip(a, b)):
-        if torch.equal(x["tokens"], y["tokens"]):
-            continue
-        ties = [a[j] for j in (i - 1, i + 1)
-                if 0 <= j < len(a) and abs(float(a[j]["score"]) - float(x["score"])) < 1e-5]
-        if not any(torch.equal(t["tokens"], y["tokens"]) for t in ties):
-            return False
-    return True
-
-
-def assert_same(ref, ours):
+def assert_same(ref, ours, exact=True):
+    """Every sentence exactly once; n-best identical (``exact``, float64) or the best one (float32)."""
     assert sorted(ref) == sorted(ours), "not every sentence came out exactly once"
-    differing = [sid for sid in ref if not same_up_to_ties(ref[sid], ours[sid])]
+    if exact:
+        differing = [sid for sid in ref
+                     if [h["tokens"].tolist() for h in ref[sid]] != [h["tokens"].tolist() for h in ours[sid]]]
+    else:
+        differing = [sid for sid in ref if not torch.equal(ref[sid][0]["tokens"], ours[sid][0]["tokens"])]
     assert not differing, "{} of {} sentences differ in tokens: {}".format(len(differing), len(ref), differing[:10])
+    tolerance = 1e-6 if exact else 1e-4
     for sid in ref:
         for a, b in zip(ref[sid], ours[sid]):
-            assert abs(float(a["score"]) - float(b["score"])) < 1e-4
+            assert abs(float(a["score"]) - float(b["score"])) < tolerance
+            if not exact:
+                break
+
+
+@pytest.fixture(scope="module")
+def exact(loaded):
+    """``exact(name)``: as ``loaded(name)``, the models in float64 (see the module docstring)."""
+    cache = {}
+
+    def load(name):
+        if name not in cache:
+            models, task = loaded(name)
+            cache[name] = ([copy.deepcopy(m).double() for m in models], task)
+        return cache[name]
+
+    return load
 
 
 @pytest.mark.parametrize("model", ["transformer", "lstm", "ensemble"])
 @pytest.mark.parametrize("search", ["var-batch", "fixed"])
 @pytest.mark.parametrize("beam", [5, 50])
-def test_stream_gives_batch_output(loaded, model, search, beam):
-    """Every ε the paper tried, input several times the pool, same n-best tokens as batch."""
-    models, task = loaded(model)
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_stream_gives_batch_output(loaded, exact, model, search, beam, precision):
+    """Every ε the paper tried, input several times the pool, same output as batch."""
+    models, task = (exact if precision == "float64" else loaded)(model)
     limit = 120 if beam == 5 else 40
     samples = batches(task, 8, limit)
     ref = by_batch(decoder(models, task, search, beam), models, samples)
     for eps in (1 / 12, 1 / 6, 1 / 4):
         ours, pool = by_stream(decoder(models, task, search, beam), samples, pool_size=8, eps=eps)
-        assert_same(ref, ours)
+        assert_same(ref, ours, exact=precision == "float64")
         assert pool.decoder.stats.refills > 1
 
 
@@ -125,8 +122,8 @@ def test_stream_gives_batch_output(loaded, model, search, beam):
     dict(max_wait=3),
     dict(eps=1.0),
 ])
-def test_stream_options_keep_output(loaded, options):
-    models, task = loaded("transformer")
+def test_stream_options_keep_output(exact, options):
+    models, task = exact("transformer")
     samples = batches(task, 8, 120)
     ref = by_batch(decoder(models, task, "var-batch", 5), models, samples)
     ours, _ = by_stream(decoder(models, task, "var-batch", 5), samples, pool_size=8, **options)
@@ -135,9 +132,9 @@ def test_stream_options_keep_output(loaded, options):
 
 @pytest.mark.parametrize("model", ["transformer", "lstm", "ensemble"])
 @pytest.mark.parametrize("options", [dict(), dict(capacity=20), dict(capacity=100, capacity_unit="tokens")])
-def test_fifo_pads_mixed_lengths_exactly(loaded, model, options):
+def test_fifo_pads_mixed_lengths_exactly(exact, model, options):
     """VAR-STR-FIFO: one decoder call over prefixes of different lengths, same output as batch."""
-    models, task = loaded(model)
+    models, task = exact(model)
     samples = batches(task, 8, 120)
     ref = by_batch(decoder(models, task, "var-batch", 5), models, samples)
     dec = decoder(models, task, "var-batch", 5)
@@ -154,8 +151,8 @@ def test_fifo_pads_mixed_lengths_exactly(loaded, model, options):
     assert mixed, "no decoder call mixed prefix lengths"
 
 
-def test_fixed_stay_streams(loaded):
-    models, task = loaded("transformer")
+def test_fixed_stay_streams(exact):
+    models, task = exact("transformer")
     samples = batches(task, 8, 60)
     ref = by_batch(decoder(models, task, "fixed-stay", 5), models, samples)
     ours, _ = by_stream(decoder(models, task, "fixed-stay", 5), samples, pool_size=5)
@@ -198,6 +195,25 @@ def test_bad_pool_options_are_refused(loaded, bad):
     args.update(bad)
     with pytest.raises(FairseqStreamError):
         StreamPool(decoder(models, task, "var-batch", 5), **args)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("model", ["transformer", "ensemble"])
+@pytest.mark.parametrize("beam", [5, 50])
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_stream_and_fifo_give_batch_output_on_cuda(loaded, exact, model, beam, precision):
+    """The same comparisons with models and state on the GPU (gathers, padding, position hook)."""
+    from fairseq import utils
+
+    cpu_models, task = (exact if precision == "float64" else loaded)(model)
+    models = [copy.deepcopy(m).cuda() for m in cpu_models]
+    samples = [utils.move_to_cuda(s) for s in batches(task, 8, 120 if beam == 5 else 40)]
+    ref = by_batch(decoder(models, task, "var-batch", beam), models, samples)
+    for order in ("shortest", "fifo"):
+        ours, _ = by_stream(decoder(models, task, "var-batch", beam), samples, pool_size=8, eps=1 / 6,
+                            order=order)
+        assert_same(ref, ours, exact=precision == "float64")
 
 
 # -- the command-line tools ---------------------------------------------------
