@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import fairseq_stream  # noqa: E402,F401  (safe checkpoint loading)
-from fairseq import checkpoint_utils  # noqa: E402
+from fairseq import checkpoint_utils, utils  # noqa: E402
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator  # noqa: E402
 
 from fairseq_stream.decoder import BeamDecoder  # noqa: E402
@@ -56,17 +56,24 @@ class RowCounter:
         EnsembleModel.forward_decoder = self._orig
 
 
-def load(model_dir, checkpoints):
+def load(model_dir, checkpoints, device="cpu"):
     paths = [os.path.join(model_dir, c) for c in checkpoints.split(":")]
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         paths, arg_overrides={"data": os.path.join(model_dir, "data-bin")}
     )
     for m in models:
         m.eval()
+        m.to(device)
     return models, task
 
 
-def make_batches(task, subset, batch_size, limit):
+def synchronize(device):
+    """Wait for the device: CUDA calls return before the work is done."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_batches(task, subset, batch_size, limit, device="cpu"):
     task.load_dataset(subset)
     dataset = task.dataset(subset)
     itr = task.get_batch_iterator(
@@ -80,7 +87,9 @@ def make_batches(task, subset, batch_size, limit):
             dataset.collater([dataset[i] for i in ids[j : j + batch_size]])
             for j in range(0, len(ids), batch_size)
         ]
-    return batches
+    # Moved once, before any timing: fairseq-generate moves each batch too,
+    # but that copy is the same for every method.
+    return [utils.apply_to_sample(lambda t: t.to(device), b) for b in batches]
 
 
 def methods(models, task, beam):
@@ -110,7 +119,7 @@ def run(make, models, batches, counter_needed):
 def bleu(outputs, task, sp, refs):
     d = task.target_dictionary
     ids = sorted(outputs)
-    hyps = [sp.decode(d.string(outputs[i]).split()) for i in ids]
+    hyps = [sp.decode(d.string(outputs[i].cpu()).split()) for i in ids]
     return sacrebleu.corpus_bleu(hyps, [[refs[i] for i in ids]]).score
 
 

@@ -2,9 +2,11 @@
 
 Greedy, fairseq's beam search, FIXED (our fixed, fairseq finalization) and
 FIXED-STREAM, VAR-BATCH, VAR-STREAM and VAR-STR-FIFO (for each ε, ε counting
-sentences as in the paper) and VAR-STREAM with ε counting live rows decode the
-same fairseq batches of the same model. Wall clock is the median of ``--repeats`` full passes, taken in
-interleaved rounds (each round runs every method once). Every streamed
+sentences as in the paper) and VAR-STREAM with ε counting live rows, with and
+without the paper's capacity of n·k candidates per step, decode the same
+fairseq batches of the same model on one device (``--device cpu|cuda``).
+Wall clock is the median of ``--repeats`` full passes, taken in interleaved
+rounds (each round runs every method once). Every streamed
 run is checked against its batch counterpart: the best hypothesis of every
 sentence must have the same tokens (the table says so, or how many differ).
 
@@ -29,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench_search import RowCounter, bleu, load, make_batches  # noqa: E402
+from bench_search import RowCounter, bleu, load, make_batches, synchronize  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from fairseq_stream.decoder import BeamDecoder  # noqa: E402
@@ -44,8 +46,8 @@ def decode_batch(generator, models, batches):
     return out
 
 
-def decode_stream(decoder, batches, pool_size, eps, unit, order="shortest"):
-    pool = StreamPool(decoder, pool_size, eps=eps, refill_unit=unit, order=order)
+def decode_stream(decoder, batches, pool_size, eps, unit, order="shortest", capacity=None):
+    pool = StreamPool(decoder, pool_size, eps=eps, refill_unit=unit, order=order, capacity=capacity)
     return dict(pool.run(decoder.open(s["net_input"], ids=s["id"]) for s in batches))
 
 
@@ -62,6 +64,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64, help="n: batch size and pool size")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--limit", type=int, default=0, help="only sentences with id < LIMIT")
     parser.add_argument("--no-greedy", action="store_true")
     parser.add_argument("--no-fixed", action="store_true", help="skip fairseq beam, FIXED and FIXED-STREAM")
@@ -70,14 +73,15 @@ def main():
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    models, task = load(args.model_dir, args.checkpoints)
+    models, task = load(args.model_dir, args.checkpoints, args.device)
     d = task.target_dictionary
     sp = spm.SentencePieceProcessor(model_file=os.path.join(args.model_dir, "spm", "spm.model"))
     refs = open(args.refs, encoding="utf-8").read().splitlines()
-    batches = make_batches(task, args.subset, args.batch_size, args.limit)
+    batches = make_batches(task, args.subset, args.batch_size, args.limit, args.device)
     n_sent = sum(len(b["id"]) for b in batches)
-    print("{} sentences, n = {}, {} thread(s), median of {} runs, {}".format(
-        n_sent, args.batch_size, args.threads, args.repeats, time.strftime("%Y-%m-%d")), flush=True)
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "{} thread(s)".format(args.threads)
+    print("{} sentences, n = {}, {}, median of {} runs, {}".format(
+        n_sent, args.batch_size, where, args.repeats, time.strftime("%Y-%m-%d")), flush=True)
     print("| method | k | ε | BLEU | wall clock (s) | timesteps | expansions | exp./step | same tokens as |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
 
@@ -90,14 +94,30 @@ def main():
     def execute():
         # Every round runs each method once, so slow drift of the machine
         # (a shared VM) affects all methods alike; the median is per method.
+        # On a GPU, per-step times need a synchronization per step, which
+        # would slow the run it is taken in: there the step log comes from
+        # an extra, untimed round (on the CPU the last timed round keeps it).
+        cuda = torch.device(args.device).type == "cuda"
+        rounds = args.repeats + (1 if cuda else 0)
         walls = {i: [] for i in range(len(plan))}
         last = {}
-        for rep in range(args.repeats):
+        if cuda:
+            with torch.no_grad():  # CUDA context, kernels and allocator warmed before timing
+                plan[0][3](keep_steps=False)
+        for rep in range(rounds):
+            keep_steps = rep == rounds - 1
+            timed = not (cuda and keep_steps)
             for i, (name, beam, eps, run, stats_of, reference) in enumerate(plan):
+                synchronize(args.device)
                 start = time.perf_counter()
                 with torch.no_grad():
-                    last[i] = run(keep_steps=(rep == args.repeats - 1))
-                walls[i].append(time.perf_counter() - start)
+                    last[i] = run(keep_steps=keep_steps)
+                synchronize(args.device)
+                if timed:
+                    walls[i].append(time.perf_counter() - start)
+                    # Progress on stderr: a run cut short still shows its timings.
+                    print("round {} | {} k={} eps={} | {:.2f} s".format(rep + 1, name, beam, eps or "-",
+                                                                    walls[i][-1]), file=sys.stderr, flush=True)
         for i, (name, beam, eps, run, stats_of, reference) in enumerate(plan):
             out, stats = last[i]
             report(name, beam, eps, out, stats, stats_of, reference, walls[i])
@@ -151,17 +171,22 @@ def main():
             measure("fixed-stream", beam, "1/6", ours(beam, "fairseq", None, (1 / 6, "sentences")), summary,
                     reference=("fixed", beam, None))
         measure("var-batch", beam, None, ours(beam, "stay", var), summary)
-        runs = [("var-stream", eps, "sentences", "shortest") for eps in args.eps]
-        runs += [("var-fifo", eps, "sentences", "fifo") for eps in args.eps]
-        runs += [("var-stream (rows)", eps, "rows", "shortest") for eps in args.rows_eps]
-        for name, eps, unit, order in runs:
-            measure(name, beam, eps, ours(beam, "stay", var, (float(Fraction(eps)), unit, order)), summary,
+        runs = [("var-stream", eps, "sentences", "shortest", None) for eps in args.eps]
+        runs += [("var-fifo", eps, "sentences", "fifo", None) for eps in args.eps]
+        runs += [("var-stream (rows)", eps, "rows", "shortest", None) for eps in args.rows_eps]
+        # The paper's capacity setting (§4.2): at most n·k candidates per step.
+        runs += [("var-stream (rows, cap nk)", eps, "rows", "shortest", args.batch_size * beam)
+                 for eps in args.rows_eps]
+        for name, eps, unit, order, capacity in runs:
+            stream = (float(Fraction(eps)), unit, order, capacity)
+            measure(name, beam, eps, ours(beam, "stay", var, stream), summary,
                     reference=("var-batch", beam, None))
 
     execute()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sentences": n_sent, "batch_size": args.batch_size, "threads": args.threads,
+                       "device": where,
                        "repeats": args.repeats, "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
     if args.plots:
         plot(step_logs, args.plots)
@@ -179,7 +204,7 @@ def plot(step_logs, directory):
 
     os.makedirs(directory, exist_ok=True)
     chosen = {key: steps for key, steps in step_logs.items()
-              if key[0] in ("var-batch", "var-stream", "var-fifo", "var-stream (rows)")
+              if key[0] in ("var-batch", "var-stream", "var-fifo", "var-stream (rows)", "var-stream (rows, cap nk)")
               and key[2] in (None, "1/6")}
     for beam in sorted({key[1] for key in chosen}):
         fig, ax = plt.subplots(figsize=(6, 4))
