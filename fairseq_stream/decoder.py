@@ -291,18 +291,20 @@ class BeamDecoder:
             sel.fresh, torch.full_like(sel.parent, step + 1), c.done_len.gather(1, sel.parent)
         ).masked_fill(~sel.done, 0)
 
-        for s in finished_now.nonzero().flatten().tolist():
-            sid = int(c.ids[s])
-            if bool(c.empty[s]):
-                # Empty sources get an empty hypothesis (fairseq would
-                # translate the lone EOS into something).
-                hyps = [self._empty_hypo(device)]
-            elif stay:
-                hyps = self._collect_stay(s, sel, new_done_len[s], tokens, scores, k)
-            else:
-                hyps = c.finalized.pop(sid, [])
-            order = torch.sort(torch.tensor([float(h["score"]) for h in hyps]), descending=True)[1]
-            finished[sid] = [hyps[i] for i in order]
+        ending = finished_now.nonzero().flatten()
+        if ending.numel():
+            collected = self._collect_stay(ending, sel, new_done_len, tokens, scores, k) if stay else None
+            for e, (sid, empty) in enumerate(zip(c.ids[ending].tolist(), c.empty[ending].tolist())):
+                if empty:
+                    # Empty sources get an empty hypothesis (fairseq would
+                    # translate the lone EOS into something).
+                    hyps = [self._empty_hypo(device)]
+                elif stay:
+                    hyps = collected[e]
+                else:
+                    hyps = c.finalized.pop(sid, [])
+                order = torch.sort(torch.tensor([float(h["score"]) for h in hyps]), descending=True)[1]
+                finished[sid] = [hyps[i] for i in order]
 
         # Build the next beam: slot j of sentence s continues slot parent[s, j].
         flat_parent = (sel.parent + torch.arange(S, device=device).unsqueeze(1) * k).view(-1)
@@ -352,12 +354,15 @@ class BeamDecoder:
         """Store the EOS hypotheses ``select_fairseq`` finalized, at most k per sentence."""
         if sel.eos_sentence.numel() == 0:
             return
-        rows = (sel.eos_sentence * k + sel.eos_slot).tolist()
-        for s, row, score in zip(sel.eos_sentence.tolist(), rows, sel.eos_score.tolist()):
-            hyps = finalized.setdefault(int(sent_ids[s]), [])
-            if len(hyps) < k:
-                hyps.append(self._hypo(row, step, score, tokens, scores))
-            best_finished[s] = max(float(best_finished[s]), score)
+        rows = sel.eos_sentence * k + sel.eos_slot
+        lengths = torch.full_like(rows, step + 1)
+        hyps = self._hypotheses(rows, lengths, sel.eos_score, tokens, scores)
+        ids = sent_ids.tolist()
+        for s, hyp in zip(sel.eos_sentence.tolist(), hyps):
+            kept = finalized.setdefault(ids[s], [])
+            if len(kept) < k:
+                kept.append(hyp)
+        best_finished.scatter_reduce_(0, sel.eos_sentence, sel.eos_score.to(best_finished.dtype), reduce="amax")
 
     @staticmethod
     def _done_scores(done_len, scores, S, k):
@@ -365,25 +370,48 @@ class BeamDecoder:
         last = scores.view(S, k, -1).gather(2, (done_len - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
         return last.masked_fill(done_len.eq(0), -math.inf)
 
-    def _hypo(self, row, step, score, tokens, scores):
-        hyp_tokens = tokens[row, 1 : step + 2].clone()
-        hyp_tokens[step] = self.eos
-        pos = scores[row, : step + 1].clone()
-        pos[step] = score
-        pos[1:] = pos[1:] - pos[:-1]
-        # float32 arithmetic, as fairseq's, so scores and their ranking match bitwise.
-        score = torch.tensor(score, dtype=torch.float32)
+    def _hypotheses(self, rows: Tensor, lengths: Tensor, final: Tensor, tokens: Tensor, scores: Tensor):
+        """fairseq hypotheses for the prefixes in ``rows`` ending with EOS, all in one go.
+
+        Args:
+            rows: (P,) rows of ``tokens``/``scores`` holding the prefixes.
+            lengths: (P,) each hypothesis' length, its EOS included.
+            final: (P,) each one's cumulative score, its EOS included.
+
+        A handful of tensor operations for all P hypotheses: built one by one
+        they cost several kernel launches and host syncs each, which on a GPU
+        was a fifth of a var-batch pass (docs/BENCHMARKS.md).
+        """
+        if rows.numel() == 0:
+            return []
+        lens = lengths.tolist()
+        width = max(lens)
+        last = (lengths - 1).unsqueeze(1)
+        hyp_tokens = tokens.index_select(0, rows)[:, 1 : width + 1].clone()
+        hyp_tokens.scatter_(1, last, self.eos)
+        pos = scores.index_select(0, rows)[:, :width].clone()
+        pos.scatter_(1, last, final.to(pos.dtype).unsqueeze(1))
+        pos[:, 1:] = pos[:, 1:] - pos[:, :-1]
+        # float32 on the CPU, divided per length as fairseq's ``eos_scores /=
+        # (step + 1) ** len_penalty``, so scores and their ranking match bitwise.
+        normalized = final.float().cpu()
         if self.normalize_scores:
-            score /= (step + 1) ** self.len_penalty
-        return {
-            "tokens": hyp_tokens,
-            "score": score,
-            # No attention history is kept: nothing reads it without
-            # --print-alignment, which these searches refuse.
-            "attention": torch.empty(0),
-            "alignment": torch.empty(0),
-            "positional_scores": pos,
-        }
+            by_length = torch.tensor(lens)
+            for length in set(lens):
+                same = by_length == length
+                normalized[same] = normalized[same] / (length ** self.len_penalty)
+        # No attention history is kept: nothing reads it without
+        # --print-alignment, which these searches refuse.
+        return [
+            {
+                "tokens": hyp_tokens[p, :length],
+                "score": torch.tensor(score, dtype=torch.float32),
+                "attention": torch.empty(0),
+                "alignment": torch.empty(0),
+                "positional_scores": pos[p, :length],
+            }
+            for p, (length, score) in enumerate(zip(lens, normalized.tolist()))
+        ]
 
     def _empty_hypo(self, device):
         return {
@@ -394,17 +422,13 @@ class BeamDecoder:
             "positional_scores": torch.zeros(1, device=device),
         }
 
-    def _collect_stay(self, s, sel, done_len, tokens, scores, k):
-        """The finished entries of sentence ``s``'s final beam, as fairseq hypotheses."""
-        hyps = []
-        for j in sel.done[s].nonzero().flatten().tolist():
-            row = s * k + int(sel.parent[s, j])
-            step = int(done_len[j]) - 1
-            row_tokens, row_scores = tokens[row].clone(), scores[row].clone()
-            if sel.fresh[s, j]:
-                # Finished at this very step: its EOS and score are not in the rows yet.
-                row_tokens[step + 1] = self.eos
-                row_scores[step] = sel.score[s, j]
-            hyps.append(self._hypo(0, step, float(sel.score[s, j]),
-                                   row_tokens.unsqueeze(0), row_scores.unsqueeze(0)))
-        return hyps
+    def _collect_stay(self, ending: Tensor, sel, done_len: Tensor, tokens: Tensor, scores: Tensor, k: int):
+        """For each sentence in ``ending``, the finished entries of its final beam as fairseq hypotheses."""
+        owner, slot = sel.done[ending].nonzero(as_tuple=True)
+        sentence = ending[owner]
+        hyps = self._hypotheses(sentence * k + sel.parent[sentence, slot], done_len[sentence, slot],
+                                sel.score[sentence, slot], tokens, scores)
+        collected = [[] for _ in range(ending.numel())]
+        for e, hyp in zip(owner.tolist(), hyps):
+            collected[e].append(hyp)
+        return collected
