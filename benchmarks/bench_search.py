@@ -123,13 +123,18 @@ def bleu(outputs, task, sp, refs):
     return sacrebleu.corpus_bleu(hyps, [[refs[i] for i in ids]]).score
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir")
+def add_input_arguments(parser):
+    """The model, input and beam arguments every benchmark here takes."""
+    parser.add_argument("model_dir", help="what scripts/train_multi30k.sh writes (spm/, data-bin/, transformer/)")
     parser.add_argument("--checkpoints", default="transformer/checkpoint_best.pt")
     parser.add_argument("--refs", required=True, help="raw reference text, one line per sentence")
     parser.add_argument("--subset", default="test")
     parser.add_argument("--beams", type=int, nargs="+", default=[5, 50])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_input_arguments(parser)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)

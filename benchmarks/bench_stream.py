@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench_search import RowCounter, bleu, load, make_batches, synchronize  # noqa: E402
+from bench_search import RowCounter, add_input_arguments, bleu, load, make_batches, synchronize  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from fairseq_stream.decoder import BeamDecoder  # noqa: E402
@@ -53,11 +53,7 @@ def decode_stream(decoder, batches, pool_size, eps, unit, order="shortest", capa
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir")
-    parser.add_argument("--checkpoints", default="transformer/checkpoint_best.pt")
-    parser.add_argument("--refs", required=True, help="raw reference text, one line per sentence")
-    parser.add_argument("--subset", default="test")
-    parser.add_argument("--beams", type=int, nargs="+", default=[5, 50])
+    add_input_arguments(parser)
     parser.add_argument("--eps", nargs="+", default=["1/12", "1/6", "1/4"])
     parser.add_argument("--rows-eps", nargs="*", default=["1/6"],
                         help="ε values for VAR-STREAM with ε counting live rows (none: skip)")
@@ -206,37 +202,35 @@ def plot(step_logs, directory):
     chosen = {key: steps for key, steps in step_logs.items()
               if key[0] in ("var-batch", "var-stream", "var-fifo", "var-stream (rows)", "var-stream (rows, cap nk)")
               and key[2] in (None, "1/6")}
+
+    def figure(beam, size, xlabel, ylabel, title, name, series):
+        fig, ax = plt.subplots(figsize=size)
+        for (method, k, eps), steps in sorted(chosen.items(), key=lambda kv: kv[0][0]):
+            if k == beam:
+                ax.plot(*series(steps), label=method, linewidth=0.8 if size[0] > 6 else 1.5)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title.format(beam))
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(directory, name.format(beam)), dpi=120)
+        plt.close(fig)
+
+    def by_length(steps):
+        times = {}
+        for length, _, sec in steps:
+            times.setdefault(length, []).append(sec)
+        lengths = sorted(times)
+        return lengths, [1000 * statistics.median(times[x]) for x in lengths]
+
+    def over_run(steps):
+        return range(len(steps)), [rows for _, rows, _ in steps]
+
     for beam in sorted({key[1] for key in chosen}):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for (name, k, eps), steps in sorted(chosen.items(), key=lambda kv: kv[0][0]):
-            if k != beam:
-                continue
-            by_len = {}
-            for length, _, sec in steps:
-                by_len.setdefault(length, []).append(sec)
-            lengths = sorted(by_len)
-            ax.plot(lengths, [1000 * statistics.median(by_len[x]) for x in lengths], label=name)
-        ax.set_xlabel("current prefix length $l_t$")
-        ax.set_ylabel("median decoder-step time (ms)")
-        ax.set_title("Step time by length, k={}".format(beam))
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(directory, "step_time_by_length_k{}.png".format(beam)), dpi=120)
-        plt.close(fig)
-
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for (name, k, eps), steps in sorted(chosen.items(), key=lambda kv: kv[0][0]):
-            if k != beam:
-                continue
-            ax.plot(range(len(steps)), [rows for _, rows, _ in steps], label=name, linewidth=0.8)
-        ax.set_xlabel("decoder call")
-        ax.set_ylabel("rows (hypotheses expanded)")
-        ax.set_title("Rows per decoder call, k={}".format(beam))
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(directory, "rows_per_step_k{}.png".format(beam)), dpi=120)
-        plt.close(fig)
-
+        figure(beam, (6, 4), "current prefix length $l_t$", "median decoder-step time (ms)",
+               "Step time by length, k={}", "step_time_by_length_k{}.png", by_length)
+        figure(beam, (7, 4), "decoder call", "rows (hypotheses expanded)",
+               "Rows per decoder call, k={}", "rows_per_step_k{}.png", over_run)
 
 if __name__ == "__main__":
     main()
