@@ -203,11 +203,11 @@ def plot(step_logs, directory):
               if key[0] in ("var-batch", "var-stream", "var-fifo", "var-stream (rows)", "var-stream (rows, cap nk)")
               and key[2] in (None, "1/6")}
 
-    def figure(beam, size, xlabel, ylabel, title, name, series):
+    def figure(beam, size, linewidth, xlabel, ylabel, title, name, series):
         fig, ax = plt.subplots(figsize=size)
         for (method, k, eps), steps in sorted(chosen.items(), key=lambda kv: kv[0][0]):
             if k == beam:
-                ax.plot(*series(steps), label=method, linewidth=0.8 if size[0] > 6 else 1.5)
+                ax.plot(*series(steps), label=method, linewidth=linewidth)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(title.format(beam))
@@ -227,10 +227,11 @@ def plot(step_logs, directory):
         return range(len(steps)), [rows for _, rows, _ in steps]
 
     for beam in sorted({key[1] for key in chosen}):
-        figure(beam, (6, 4), "current prefix length $l_t$", "median decoder-step time (ms)",
+        figure(beam, (6, 4), 1.5, "current prefix length $l_t$", "median decoder-step time (ms)",
                "Step time by length, k={}", "step_time_by_length_k{}.png", by_length)
-        figure(beam, (7, 4), "decoder call", "rows (hypotheses expanded)",
+        figure(beam, (7, 4), 0.8, "decoder call", "rows (hypotheses expanded)",
                "Rows per decoder call, k={}", "rows_per_step_k{}.png", over_run)
+
 
 if __name__ == "__main__":
     main()

@@ -80,5 +80,6 @@ def main():
         busy = sum(e.self_device_time_total for e in prof.key_averages()) / 1e6
         print("GPU busy in kernels: {:.2f} s of a {:.2f} s pass".format(busy, wall))
 
+
 if __name__ == "__main__":
     main()

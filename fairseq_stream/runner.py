@@ -172,8 +172,10 @@ class ModelRunner:
         """One state holding the rows of ``states`` in order; all must be at the same length."""
         if len(states) == 1:
             return states[0]
-        if any(s.incremental_states[0] for s in states) and not all(s.incremental_states[0] for s in states):
-            raise ValueError("joining decoder states of different steps")
+        for i in range(len(self.model.models)):
+            started = [bool(s.incremental_states[i]) for s in states]
+            if any(started) and not all(started):
+                raise ValueError("joining decoder states of different steps")
         encoder_outs, incremental_states = self._join(states)
         return RowState(
             encoder_outs=encoder_outs,
