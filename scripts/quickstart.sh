@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The README's first command: set up .venv, build the toy checkpoints, and
-# translate the built-in example with the plugin loaded, printing the
-# translations and fairseq's sacreBLEU line.
+# decode the same built-in toy input (the 200-sentence valid set) with
+# fairseq's beam search, with var-stream and with greedy, printing BLEU, wall
+# clock and the speedup over beam side by side (scripts/compare_searches.py).
 #   bash scripts/quickstart.sh [TOY_DIR]     (default: toy/)
+# A second run skips the set-up (stamp in .venv) and the training (TOY_DIR/DONE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -14,11 +16,9 @@ if [ ! -f "$TOY/DONE" ]; then
   echo "fairseq-stream: training the toy checkpoints into $TOY/ (about a minute each)"
   mkdir -p "$TOY"
   bash scripts/train_toy.sh "$TOY" > "$TOY/train.log" 2>&1 || { tail -30 "$TOY/train.log"; exit 1; }
+else
+  echo "fairseq-stream: toy checkpoints found in $TOY/ (delete $TOY/DONE to retrain)"
 fi
 
-echo "fairseq-stream: translating $TOY/raw/test.src with --search beam"
-fairseq-generate "$TOY/data-bin" --path "$TOY/transformer/checkpoint_best.pt" \
-  --user-dir fairseq_stream --search beam --beam 5 --gen-subset test \
-  --batch-size 16 --scoring sacrebleu --cpu --log-format simple 2> "$TOY/generate.log" \
-  | tee "$TOY/generate.out" | grep -E '^(S|H)-|^Generate'
-grep -h "Translated" "$TOY/generate.log" | sed 's/^.*| //'
+echo "fairseq-stream: decoding with --search beam, var-stream and greedy (3 rounds of fairseq-generate, about a minute)"
+"$VENV/bin/python" scripts/compare_searches.py "$TOY"

@@ -2,6 +2,10 @@
 # Create the project's virtual environment (.venv, or $FAIRSEQ_STREAM_VENV) with
 # torch, fairseq-fixed and fairseq-stream installed. Idempotent: a stamp holding
 # the hash of setup.py skips the work when nothing changed.
+#
+# pip's and setuptools' output (including setuptools' "Editable installation"
+# warning) goes to $VENV/setup.log; it is shown, as its last lines, only when a
+# step fails, and the script then exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${FAIRSEQ_STREAM_VENV:-.venv}
@@ -11,20 +15,33 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 
-# pip's site configuration lists local wheel folders that may be missing; its
-# warnings about them are noise here.
-quiet_pip() {
+mkdir -p "$VENV"
+log="$VENV/setup.log"
+: > "$log"
+
+# step CMD...: run CMD with its output appended to the log; if it fails, print
+# the command and the log's tail and stop.
+step() {
+  echo "+ $*" >> "$log"
   local rc=0
-  "$VENV/bin/pip" "$@" > >(grep -v '^WARNING: Location' >&2) 2>&1 || rc=$?
-  return $rc
+  "$@" >> "$log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    {
+      echo "fairseq-stream: setup failed (exit $rc): $*"
+      echo "---- last 40 lines of $log ----"
+      tail -n 40 "$log"
+      echo "---- end of $log ----"
+    } >&2
+    exit "$rc"
+  fi
 }
 
 echo "fairseq-stream: setting up $VENV (first time: torch, then fairseq-fixed built from source, ~4 min)"
-python3 -m venv "$VENV"
-quiet_pip install -q --upgrade pip wheel setuptools
+step python3 -m venv "$VENV"
+step "$VENV/bin/pip" install --upgrade pip wheel setuptools
 # torch first and pinned: a looser requirement would pull a multi-GB CUDA build.
-quiet_pip install -q torch==2.13.0 numpy==2.4.6 cython
+step "$VENV/bin/pip" install torch==2.13.0 numpy==2.4.6 cython
 # fairseq-fixed compiles against the torch and numpy above (no build isolation).
-quiet_pip install -q --no-build-isolation -e '.[test]'
+step "$VENV/bin/pip" install --no-build-isolation -e '.[test]'
 echo "$want" > "$stamp"
-echo "fairseq-stream: environment ready in $VENV"
+echo "fairseq-stream: environment ready in $VENV (build log: $log)"
