@@ -5,6 +5,9 @@ FIXED-STREAM, VAR-BATCH, VAR-STREAM and VAR-STR-FIFO (for each ε, ε counting
 sentences as in the paper) and VAR-STREAM with ε counting live rows, with and
 without the paper's capacity of n·k candidates per step, decode the same
 fairseq batches of the same model on one device (``--device cpu|cuda``).
+VAR-STREAM runs with each ``--max-wait`` latency guard (by default the
+plugin's default and none), so the table states what the guard costs; "peak
+lag" is the most decoder calls any sentence was passed over.
 Wall clock is the median of ``--repeats`` full passes, taken in interleaved
 rounds (each round runs every method once). Every streamed
 run is checked against its batch counterpart: the best hypothesis of every
@@ -35,7 +38,7 @@ from bench_search import RowCounter, add_input_arguments, bleu, load, make_batch
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from fairseq_stream.decoder import BeamDecoder  # noqa: E402
-from fairseq_stream.schedule.pool import StreamPool  # noqa: E402
+from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, StreamPool  # noqa: E402
 from fairseq_stream.search.pruning import Pruning  # noqa: E402
 
 
@@ -46,8 +49,10 @@ def decode_batch(generator, models, batches):
     return out
 
 
-def decode_stream(decoder, batches, pool_size, eps, unit, order="shortest", capacity=None):
-    pool = StreamPool(decoder, pool_size, eps=eps, refill_unit=unit, order=order, capacity=capacity)
+def decode_stream(decoder, batches, pool_size, eps, unit, order="shortest", capacity=None,
+                  max_wait=DEFAULT_MAX_WAIT):
+    pool = StreamPool(decoder, pool_size, eps=eps, refill_unit=unit, order=order, capacity=capacity,
+                      max_wait=max_wait)
     return dict(pool.run(decoder.open(s["net_input"], ids=s["id"]) for s in batches))
 
 
@@ -57,6 +62,9 @@ def main():
     parser.add_argument("--eps", nargs="+", default=["1/12", "1/6", "1/4"])
     parser.add_argument("--rows-eps", nargs="*", default=["1/6"],
                         help="ε values for VAR-STREAM with ε counting live rows (none: skip)")
+    parser.add_argument("--max-wait", type=int, nargs="+", default=[DEFAULT_MAX_WAIT, 0],
+                        help="latency guards (--stream-max-wait) to run var-stream with, each ε; the other "
+                        "streamed methods use the first (default: the plugin's default and 0, no guard)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64, help="n: batch size and pool size")
     parser.add_argument("--threads", type=int, default=1)
@@ -78,8 +86,8 @@ def main():
     where = torch.cuda.get_device_name() if args.device == "cuda" else "{} thread(s)".format(args.threads)
     print("{} sentences, n = {}, {}, median of {} runs, {}".format(
         n_sent, args.batch_size, where, args.repeats, time.strftime("%Y-%m-%d")), flush=True)
-    print("| method | k | ε | BLEU | wall clock (s) | timesteps | expansions | exp./step | same tokens as |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    print("| method | k | ε | BLEU | wall clock (s) | timesteps | expansions | exp./step | peak lag | same tokens as |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
 
     rows, outputs, step_logs = [], {}, {}
     plan = []  # (name, beam, eps, run, reference), measured in interleaved rounds
@@ -134,11 +142,11 @@ def main():
             "wall_s": round(statistics.median(walls), 2), "walls": [round(w, 2) for w in walls],
             "timesteps": s["timesteps"], "expansions": s["expansions"],
             "expansions_per_step": round(s["expansions_per_step"], 1), "same_tokens": same,
-            "refills": s.get("refills", 0),
+            "refills": s.get("refills", 0), "peak_lag": s.get("peak_lag", 0),
         }
         rows.append(row)
         print("| {method} | {k} | {eps} | {bleu:.2f} | {wall_s:.2f} | {timesteps} | {expansions} | "
-              "{expansions_per_step} | {same_tokens} |".format(**row), flush=True)
+              "{expansions_per_step} | {peak_lag} | {same_tokens} |".format(**row), flush=True)
 
     def ours(beam, finalize, pruning, stream=None):
         def run(keep_steps):
@@ -167,14 +175,17 @@ def main():
             measure("fixed-stream", beam, "1/6", ours(beam, "fairseq", None, (1 / 6, "sentences")), summary,
                     reference=("fixed", beam, None))
         measure("var-batch", beam, None, ours(beam, "stay", var), summary)
-        runs = [("var-stream", eps, "sentences", "shortest", None) for eps in args.eps]
-        runs += [("var-fifo", eps, "sentences", "fifo", None) for eps in args.eps]
-        runs += [("var-stream (rows)", eps, "rows", "shortest", None) for eps in args.rows_eps]
-        # The paper's capacity setting (§4.2): at most n·k candidates per step.
-        runs += [("var-stream (rows, cap nk)", eps, "rows", "shortest", args.batch_size * beam)
+        guard = args.max_wait[0]
+        runs = [(guard_name("var-stream", wait), eps, "sentences", "shortest", None, wait)
+                for wait in args.max_wait for eps in args.eps]
+        runs += [(guard_name("var-fifo", guard), eps, "sentences", "fifo", None, guard) for eps in args.eps]
+        runs += [(guard_name("var-stream (rows)", guard), eps, "rows", "shortest", None, guard)
                  for eps in args.rows_eps]
-        for name, eps, unit, order, capacity in runs:
-            stream = (float(Fraction(eps)), unit, order, capacity)
+        # The paper's capacity setting (§4.2): at most n·k candidates per step.
+        runs += [(guard_name("var-stream (rows, cap nk)", guard), eps, "rows", "shortest",
+                  args.batch_size * beam, guard) for eps in args.rows_eps]
+        for name, eps, unit, order, capacity, wait in runs:
+            stream = (float(Fraction(eps)), unit, order, capacity, wait)
             measure(name, beam, eps, ours(beam, "stay", var, stream), summary,
                     reference=("var-batch", beam, None))
 
@@ -186,6 +197,13 @@ def main():
                        "repeats": args.repeats, "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
     if args.plots:
         plot(step_logs, args.plots)
+
+
+def guard_name(method, max_wait):
+    """A streamed method's name in the table; the plugin's default guard goes unnamed."""
+    if max_wait == DEFAULT_MAX_WAIT:
+        return method
+    return "{}, {}".format(method, "no guard" if max_wait == 0 else "guard {}".format(max_wait))
 
 
 def plot(step_logs, directory):

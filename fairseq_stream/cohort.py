@@ -48,7 +48,7 @@ class Cohort:
     run_rows: Tensor  # slots the decoder runs next, in the runner's row order
     state: RowState
     finalized: Dict[int, List[dict]] = field(default_factory=dict)  # fairseq finalization
-    waited: int = 0  # scheduler steps since this cohort last ran
+    admitted: int = 0  # the pool's decoder-call count when its earliest sentence was admitted
 
     @property
     def size(self) -> int:
@@ -83,7 +83,7 @@ class Cohort:
             run_rows=slot_pos[self.run_rows[run_kept]],
             state=state,
             finalized={i: self.finalized[i] for i in ids.tolist() if i in self.finalized},
-            waited=self.waited,
+            admitted=self.admitted,
         )
 
     @staticmethod
@@ -115,5 +115,5 @@ class Cohort:
             run_rows=torch.cat(run_rows),
             state=state,
             finalized=finalized,
-            waited=max(c.waited for c in cohorts),
+            admitted=min(c.admitted for c in cohorts),
         )

@@ -30,6 +30,8 @@ class DecodeStats:
         self.expansions = 0
         self.wall_s = 0.0
         self.refills = 0  # streaming: times the pool was refilled
+        self.peak_lag = 0  # streaming: most decoder calls a sentence was passed over (latency guard)
+        self.peak_cached = 0  # fairseq-generate's look-ahead: most finished results held for later batches
         self.keep_steps = keep_steps
         self.steps = []
 
@@ -54,6 +56,8 @@ class DecodeStats:
             "expansions_per_step": self.expansions / self.timesteps if self.timesteps else 0.0,
             "wall_s": round(self.wall_s, 6),
             "refills": self.refills,
+            "peak_lag": self.peak_lag,
+            "peak_cached": self.peak_cached,
         }
         if self.keep_steps:
             out["steps"] = [

@@ -20,16 +20,28 @@ Options beyond the paper:
 * ``capacity``: at most this many decoder rows (or rows x prefix length,
   ``capacity_unit="tokens"``) per decoder call; a cohort above it is split and
   the parts are decoded in turn (end of the paper's §3);
-* ``max_wait``: cohorts that have not been expanded for this many decoder
-  calls are expanded next, together in one padded call as FIFO does, whatever
-  their length (the paper's footnote 3): no translation is held back longer
-  by refills (that call may exceed the capacity).
+* ``max_wait`` (the latency guard, after the paper's footnote 3): shortest
+  first lets fresh short sentences go ahead of a long one at every refill,
+  so without a guard a long translation can wait until the input runs out.
+  A sentence's *lag* is the number of decoder calls since it was admitted
+  that did not expand it, not counting the calls that run newly admitted
+  sentences' first step (that step has no decoder state to pad and share a
+  call with; there is one such call per refill, or per part when the
+  capacity splits it). Once a cohort's lag reaches ``max_wait`` it is
+  expanded in each following call, in one padded call with the shortest cohort
+  (as FIFO pads), so no sentence's lag exceeds ``max_wait``. With a
+  capacity, that call holds the most overdue cohorts that fit; only when the
+  overdue sentences alone exceed the capacity can a lag pass ``max_wait``.
+* ``may_read``: a callable asked before an encoded batch is pulled from the
+  input; while it says no and sentences are still decoding, the pool decodes
+  what it has instead of reading ahead (fairseq-generate bounds its cache of
+  finished translations with it).
 
 None of this changes what is decoded, only when: every sentence goes through
 the same search steps as with ``--generator batch``.
 """
 
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -39,6 +51,29 @@ from fairseq_stream.errors import FairseqStreamError
 ORDERS = ("shortest", "fifo")
 REFILL_UNITS = ("sentences", "rows")
 CAPACITY_UNITS = ("rows", "tokens")
+# The latency guard's default, in decoder calls; its cost is measured by the
+# streaming benchmark (docs/BENCHMARKS.md, "The latency guard").
+DEFAULT_MAX_WAIT = 64
+
+
+def check_pool_options(pool_size: int, eps: float, refill_unit: str = "sentences",
+                       capacity: Optional[int] = None, capacity_unit: str = "rows",
+                       max_wait: int = DEFAULT_MAX_WAIT, order: str = "shortest"):
+    """Raise a one-line :class:`FairseqStreamError` for an invalid pool setting."""
+    if pool_size < 1:
+        raise FairseqStreamError("--stream-pool must be at least 1, got {}".format(pool_size))
+    if not (0.0 < eps <= 1.0):
+        raise FairseqStreamError("--stream-eps must be in (0, 1], got {}".format(eps))
+    if refill_unit not in REFILL_UNITS:
+        raise FairseqStreamError("--stream-refill-unit must be one of {}".format(", ".join(REFILL_UNITS)))
+    if capacity_unit not in CAPACITY_UNITS:
+        raise FairseqStreamError("--stream-capacity-unit must be one of {}".format(", ".join(CAPACITY_UNITS)))
+    if capacity is not None and capacity < 1:
+        raise FairseqStreamError("--stream-capacity must be at least 1, got {}".format(capacity))
+    if order not in ORDERS:
+        raise FairseqStreamError("order must be one of {}".format(", ".join(ORDERS)))
+    if max_wait < 0:
+        raise FairseqStreamError("--stream-max-wait must be >= 0, got {}".format(max_wait))
 
 
 class StreamPool:
@@ -57,27 +92,15 @@ class StreamPool:
             until n·k are live; variable-width beams then fill each step).
         capacity: most rows (or tokens) per decoder call; None for no limit.
         capacity_unit: ``rows`` or ``tokens`` (rows x prefix length).
-        max_wait: expand a cohort that waited this many steps (0: never force).
+        max_wait: expand a cohort in every call once its lag reaches this many
+            decoder calls (0: no guard).
         order: ``shortest`` (VAR-STREAM) or ``fifo`` (VAR-STR-FIFO).
     """
 
     def __init__(self, decoder, pool_size: int, eps: float = 1 / 6, refill_unit: str = "sentences",
-                 capacity: Optional[int] = None, capacity_unit: str = "rows", max_wait: int = 0,
-                 order: str = "shortest"):
-        if pool_size < 1:
-            raise FairseqStreamError("--stream-pool must be at least 1, got {}".format(pool_size))
-        if not (0.0 < eps <= 1.0):
-            raise FairseqStreamError("--stream-eps must be in (0, 1], got {}".format(eps))
-        if refill_unit not in REFILL_UNITS:
-            raise FairseqStreamError("--stream-refill-unit must be one of {}".format(", ".join(REFILL_UNITS)))
-        if capacity_unit not in CAPACITY_UNITS:
-            raise FairseqStreamError("--stream-capacity-unit must be one of {}".format(", ".join(CAPACITY_UNITS)))
-        if capacity is not None and capacity < 1:
-            raise FairseqStreamError("--stream-capacity must be at least 1, got {}".format(capacity))
-        if order not in ORDERS:
-            raise FairseqStreamError("order must be one of {}".format(", ".join(ORDERS)))
-        if max_wait < 0:
-            raise FairseqStreamError("--stream-max-wait must be >= 0, got {}".format(max_wait))
+                 capacity: Optional[int] = None, capacity_unit: str = "rows",
+                 max_wait: int = DEFAULT_MAX_WAIT, order: str = "shortest"):
+        check_pool_options(pool_size, eps, refill_unit, capacity, capacity_unit, max_wait, order)
         self.decoder = decoder
         self.runner = decoder.runner
         self.pool_size = pool_size
@@ -88,16 +111,19 @@ class StreamPool:
         self.max_wait = max_wait
         self.order = order
         self.peak_sentences = 0  # most sentences held at once, encoded ones waiting included
-        self.peak_wait = 0  # longest any cohort went without being expanded, in decoder calls
+        self.clock = 0  # decoder calls made so far, lone first steps not counted (see max_wait)
 
     # -- public --------------------------------------------------------------
 
-    def run(self, batches: Iterable[Cohort]) -> Iterator[Tuple[int, List[dict]]]:
+    def run(self, batches: Iterable[Cohort], may_read: Optional[Callable[[], bool]] = None
+            ) -> Iterator[Tuple[int, List[dict]]]:
         """Yield ``(sentence id, hypotheses)`` as sentences finish; each id exactly once.
 
         Args:
             batches: encoded batches, each a cohort at step 0 (see
                 :meth:`BeamDecoder.open`), pulled only when the pool refills.
+            may_read: asked before pulling a batch; False holds the input back
+                while the pool still has sentences to decode.
         """
         source = iter(batches)
         staging: List[Cohort] = []
@@ -106,21 +132,23 @@ class StreamPool:
         stats = self.decoder.stats
         while True:
             if not exhausted and self._should_refill(cohorts):
-                exhausted = self._refill(source, staging, cohorts)
-                stats.refills += 1
+                hold = may_read is not None and bool(cohorts) and not may_read()
+                exhausted, admitted = self._refill(source, staging, cohorts, hold)
+                if admitted:
+                    stats.refills += 1
                 held = sum(c.size for c in cohorts) + sum(c.size for c in staging)
                 self.peak_sentences = max(self.peak_sentences, held)
             if not cohorts:
                 if exhausted and not staging:
                     return
                 continue
+            stats.peak_lag = max([stats.peak_lag] + [self._lag(c) for c in cohorts])
             chosen = self._choose_fifo(cohorts) if self.order == "fifo" else self._choose(cohorts)
-            for c in cohorts:
-                c.waited += 1
-            for c in chosen:
-                self.peak_wait = max(self.peak_wait, c.waited - 1)
-                c.waited = 0
-            for sid, hyps in self.decoder.advance_together(chosen).items():
+            lone_first_step = chosen[0].step == 0
+            finished = self.decoder.advance_together(chosen)
+            if not lone_first_step:
+                self.clock += 1
+            for sid, hyps in finished.items():
                 yield sid, hyps
             cohorts = [c for c in cohorts if c.size]
             cohorts = self._join_equal_lengths(cohorts)
@@ -141,8 +169,11 @@ class StreamPool:
     def _should_refill(self, cohorts) -> bool:
         return self._active(cohorts) <= self.eps * self._limit()
 
-    def _refill(self, source, staging: List[Cohort], cohorts: List[Cohort]) -> bool:
-        """Admit sentences until the pool is full; True once the source is exhausted."""
+    def _refill(self, source, staging: List[Cohort], cohorts: List[Cohort], hold: bool = False):
+        """Admit sentences until the pool is full (``hold``: only from ``staging``).
+
+        Returns (the source is exhausted and nothing is staged, sentences admitted).
+        """
         need = self._limit() - self._active(cohorts)
         # A new sentence runs one row (k when the search keeps every slot).
         per_sentence = self.decoder.beam_size if self.decoder.dense and self.refill_unit == "rows" else 1
@@ -151,6 +182,8 @@ class StreamPool:
         exhausted = False
         while need > 0:
             if not staging:
+                if hold:
+                    break
                 batch = next(source, None)
                 if batch is None:
                     exhausted = True
@@ -169,19 +202,36 @@ class StreamPool:
                 admitted.append(head.select(self.runner, idx[:need]))
                 staging[0] = head.select(self.runner, idx[need:])
                 need = 0
+        for c in admitted:
+            c.admitted = self.clock
         if admitted:
             cohorts.extend(admitted)
             cohorts[:] = self._join_equal_lengths(cohorts)
-        return exhausted and not staging
+        return exhausted and not staging, sum(c.size for c in admitted)
+
+    def _lag(self, c: Cohort) -> int:
+        """Decoder calls since ``c``'s earliest sentence was admitted that did not expand it.
+
+        Its first step ran in a lone first-step call, which the clock does not
+        count; each later step ran in a counted call.
+        """
+        return self.clock - c.admitted - max(c.step - 1, 0)
+
+    def _overdue(self, c: Cohort) -> bool:
+        return bool(self.max_wait) and c.step > 0 and self._lag(c) >= self.max_wait
 
     def _choose(self, cohorts: List[Cohort]) -> List[Cohort]:
-        """The cohorts for the next call: the shortest (split to capacity), or all overdue ones."""
-        overdue = [c for c in cohorts if self.max_wait and c.waited >= self.max_wait and c.step > 0]
-        if overdue:
-            # One padded call over every overdue cohort (as FIFO does), so no
-            # cohort waits longer than --stream-max-wait.
-            return overdue
-        return [self._choose_among(cohorts, min(cohorts, key=lambda c: c.step))]
+        """The cohorts for the next call: the shortest (split to capacity), or the overdue ones and it."""
+        shortest = min(cohorts, key=lambda c: c.step)
+        overdue = self._overdue_first(cohorts) if shortest.step > 0 else []
+        if not overdue:
+            # (A first step has no decoder state to pad and share: it runs on its own.)
+            return [self._choose_among(cohorts, shortest)]
+        # One padded call over the overdue cohorts and the shortest (as FIFO
+        # does), so an overdue cohort is passed over no more.
+        if not any(c is shortest for c in overdue):
+            overdue.append(shortest)
+        return self._fill(cohorts, overdue)
 
     def _choose_among(self, cohorts: List[Cohort], chosen: Cohort) -> Cohort:
         """``chosen``, or its first sentences up to the capacity (the rest stay in ``cohorts``)."""
@@ -200,26 +250,30 @@ class StreamPool:
         return first
 
     def _choose_fifo(self, cohorts: List[Cohort]) -> List[Cohort]:
-        """Cohorts for one padded call: longest prefixes first, up to the capacity."""
+        """Cohorts for one padded call: the overdue ones, then the longest prefixes, up to the capacity."""
         starting = [c for c in cohorts if c.step == 0]
         if starting:
             return [self._choose_among(cohorts, starting[0])]
-        overdue = self.max_wait and max(c.waited for c in cohorts) >= self.max_wait
-        ordered = sorted(cohorts, key=lambda c: (-(c.waited >= self.max_wait) if overdue else 0, -c.step))
+        overdue = self._overdue_first(cohorts)
+        rest = sorted((c for c in cohorts if not any(c is o for o in overdue)), key=lambda c: -c.step)
+        return self._fill(cohorts, overdue + rest)
+
+    def _overdue_first(self, cohorts: List[Cohort]) -> List[Cohort]:
+        """The overdue cohorts, the longest passed over first."""
+        return sorted((c for c in cohorts if self._overdue(c)), key=lambda c: -self._lag(c))
+
+    def _fill(self, cohorts: List[Cohort], ordered: List[Cohort]) -> List[Cohort]:
+        """The first of ``ordered`` that fit in one call's capacity (a lone one above it is split)."""
         if self.capacity is None:
             return ordered
-        chosen, rows = [], 0
-        longest = max(c.step for c in ordered[:1])
+        chosen, rows, longest = [], 0, 0
         for c in ordered:
-            longest = max(longest, c.step)
-            if chosen and self._cost(rows + c.rows, longest) > self.capacity:
+            if chosen and self._cost(rows + c.rows, max(longest, c.step)) > self.capacity:
                 break
             chosen.append(c)
-            rows += c.rows
+            rows, longest = rows + c.rows, max(longest, c.step)
         if len(chosen) == 1:
-            # One cohort above the capacity is split as in the shortest-first order.
-            first = self._choose_among(cohorts, chosen[0])
-            return [first]
+            return [self._choose_among(cohorts, chosen[0])]
         return chosen
 
     def _cost(self, rows, step):

@@ -28,9 +28,12 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.registry import register_generator
-from fairseq_stream.schedule.pool import StreamPool
+from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, StreamPool, check_pool_options
 
 logger = logging.getLogger(__name__)
+
+# Read-ahead results kept per pool sentence before fairseq-generate's look-ahead pauses.
+CACHED_PER_POOL_SENTENCE = 4
 
 RefillUnit = ChoiceEnum(["sentences", "rows"])
 CapacityUnit = ChoiceEnum(["rows", "tokens"])
@@ -66,9 +69,15 @@ class StreamOptions(FairseqDataclass):
                   "(rows x current prefix length, which bounds self-attention work)"},
     )
     stream_max_wait: int = field(
-        default=0,
-        metadata={"help": "latency guard: expand a group of sentences that has waited this many "
-                  "decoder steps, whatever its length (0: off)"},
+        default=DEFAULT_MAX_WAIT,
+        metadata={"help": "latency guard: once a sentence has been passed over this many decoder "
+                  "calls since it entered the pool, it is expanded in every call, whatever its "
+                  "length (0: off)"},
+    )
+    stream_max_cached: Optional[int] = field(
+        default=None,
+        metadata={"help": "fairseq-generate: stop reading later batches while more than this many "
+                  "finished translations wait for an earlier batch to finish (default: 4 x the pool)"},
     )
     stream_within_batch: bool = field(
         default=False,
@@ -107,6 +116,29 @@ def parse_eps(text) -> float:
     return value
 
 
+def pool_settings(options, order: str = "shortest") -> dict:
+    """The :class:`StreamPool` keyword arguments of stream ``options``, checked (one-line errors).
+
+    ``options`` is a :class:`StreamOptions` or anything with its fields (the
+    parsed command line); the pool size is not among the arguments.
+    """
+    if options.stream_pool is not None and options.stream_pool < 1:
+        raise FairseqStreamError("--stream-pool must be at least 1, got {}".format(options.stream_pool))
+    max_cached = getattr(options, "stream_max_cached", None)
+    if max_cached is not None and max_cached < 0:
+        raise FairseqStreamError("--stream-max-cached must be >= 0, got {}".format(max_cached))
+    settings = dict(
+        eps=parse_eps(options.stream_eps),
+        refill_unit=str(options.stream_refill_unit),
+        capacity=options.stream_capacity,
+        capacity_unit=str(options.stream_capacity_unit),
+        max_wait=options.stream_max_wait,
+        order=order,
+    )
+    check_pool_options(options.stream_pool or 1, **settings)
+    return settings
+
+
 class StreamGenerator:
     """A fairseq generator that decodes through a :class:`StreamPool`.
 
@@ -123,17 +155,9 @@ class StreamGenerator:
                  order: str = "shortest"):
         self.decoder = decoder
         self.stats = decoder.stats
+        self.pool_args = pool_settings(options, order)
         self.pool_size = options.stream_pool or batch_size
-        self.pool_args = dict(
-            eps=parse_eps(options.stream_eps),
-            refill_unit=str(options.stream_refill_unit),
-            capacity=options.stream_capacity,
-            capacity_unit=str(options.stream_capacity_unit),
-            max_wait=options.stream_max_wait,
-            order=order,
-        )
-        # Check the options now rather than at the first batch.
-        StreamPool(decoder, self.pool_size or 1, **self.pool_args)
+        self.max_cached = getattr(options, "stream_max_cached", None)
         self._batches = None if options.stream_within_batch else batches
         self._lookahead = None  # None: not decided yet
         self._stream = None
@@ -201,7 +225,11 @@ class StreamGenerator:
                 net_input = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["net_input"].items()}
                 yield self.decoder.open(net_input, ids=batch["id"].to(device), bos_token=bos_token)
 
-        self._stream = self.pool(first["id"].numel()).run(cohorts())
+        pool = self.pool(first["id"].numel())
+        limit = self.max_cached if self.max_cached is not None else CACHED_PER_POOL_SENTENCE * pool.pool_size
+        # Reading ahead only pays while the pool has room; past the limit the
+        # pool decodes what it holds, so memory follows the pool, not the input.
+        self._stream = pool.run(cohorts(), may_read=lambda: len(self._results) < limit)
         return True
 
     def _answer(self, wanted):
@@ -213,6 +241,7 @@ class StreamGenerator:
                     "the look-ahead iterator never produced sentence(s) {} (use --stream-within-batch)"
                     .format(missing[:5]))
             self._results[item[0]] = item[1]
+            self.stats.peak_cached = max(self.stats.peak_cached, len(self._results))
         return [self._results.pop(i) for i in wanted]
 
 
