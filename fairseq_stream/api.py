@@ -21,6 +21,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Union
 import torch
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.text_input import check_sentence
 
 
 @dataclass
@@ -49,7 +50,8 @@ class Translator:
         bpe, tokenizer, sentencepiece_model, bpe_codes: fairseq's
             ``--bpe``/``--tokenizer`` options (default: the checkpoint's).
         cpu: keep the models on the CPU even if CUDA is available.
-        trust_checkpoint: load with the full unpickler (trusted files only).
+        trust_checkpoint: load these files with the full unpickler (trusted
+            files only); applies to this load alone.
         options: further search or stream options by their dataclass name,
             e.g. ``prune_ap=2.0``, ``stream_eps="1/4"``, ``lenpen=1.2``
             (generation options such as ``lenpen`` and ``max_len_b`` too).
@@ -66,19 +68,25 @@ class Translator:
         from fairseq.data import encoders
         from fairseq.dataclass.configs import GenerationConfig
 
-        from fairseq_stream.checkpoint import trust_checkpoints
+        from fairseq_stream.checkpoint import trusted_checkpoints
         from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
         from fairseq_stream.schedule.pool import StreamPool
-        from fairseq_stream.schedule.stream import StreamOptions, parse_eps
+        from fairseq_stream.schedule.stream import StreamOptions, pool_settings
+
+        from fairseq_stream.search.common import check_beam
 
         paths = [paths] if isinstance(paths, str) else list(paths)
-        if trust_checkpoint:
-            trust_checkpoints(paths)
         if search not in SEARCH_REGISTRY or search == "beam":
             raise FairseqStreamError("search must be one of {} (got {!r})".format(
                 ", ".join(sorted(n for n in SEARCH_REGISTRY if n != "beam")), search))
+        check_beam(beam)
+        if pool is None or pool < 1:
+            raise FairseqStreamError("pool must be at least 1, got {}".format(pool))
+        if batch_size is not None and batch_size < 1:
+            raise FairseqStreamError("batch_size must be at least 1, got {}".format(batch_size))
         overrides = {"data": data} if data else {}
-        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(paths, arg_overrides=overrides)
+        with trusted_checkpoints(paths if trust_checkpoint else []):
+            models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(paths, arg_overrides=overrides)
         use_cuda = torch.cuda.is_available() and not cpu
         for m in models:
             m.eval()
@@ -89,6 +97,7 @@ class Translator:
 
         gen_cfg = GenerationConfig(beam=beam)
         search_cfg = SEARCH_DATACLASS_REGISTRY[search]()
+        search_cfg._name = search  # fairseq sets it when parsing; errors name the search by it
         stream_cfg = StreamOptions()
         for key, value in options.items():
             targets = [c for c in (search_cfg, stream_cfg, gen_cfg) if hasattr(c, key)]
@@ -101,12 +110,7 @@ class Translator:
         self.decoder = getattr(built, "decoder", built)
         self.pool_size = pool
         self.batch_size = batch_size or pool
-        self._pool_args = dict(
-            eps=parse_eps(stream_cfg.stream_eps), refill_unit=str(stream_cfg.stream_refill_unit),
-            capacity=stream_cfg.stream_capacity, capacity_unit=str(stream_cfg.stream_capacity_unit),
-            max_wait=stream_cfg.stream_max_wait,
-        )
-        StreamPool(self.decoder, pool, **self._pool_args)  # check the options now
+        self._pool_args = pool_settings(stream_cfg)
         self._make_pool = lambda: StreamPool(self.decoder, pool, **self._pool_args)
 
         def text_cfg(name, value, **extra):
@@ -149,13 +153,49 @@ class Translator:
         return text
 
     def translate(self, sentences: Iterable[str]) -> Iterator[Translation]:
-        """Yield one :class:`Translation` per input sentence, as each finishes."""
-        numbered = enumerate(sentences)
+        """Yield one :class:`Translation` per input sentence, as each finishes.
+
+        ``sentences`` is any iterable of ``str`` (a list, an open text file, a
+        generator), one sentence each. A single ``str`` is refused rather than
+        translated character by character: pass ``[text]``.
+
+        Raises:
+            FairseqStreamError: an input is not a ``str`` or not valid UTF-8
+                text, reading the input failed, or a sentence is longer than
+                the model's positions; the message names the sentence.
+        """
+        if isinstance(sentences, (str, bytes)):
+            raise FairseqStreamError(
+                "translate() takes an iterable of sentences, not a single {}; pass [text]"
+                .format(type(sentences).__name__))
+        try:
+            items = iter(sentences)
+        except TypeError:
+            raise FairseqStreamError("translate() takes an iterable of sentences, not a {}"
+                                     .format(type(sentences).__name__)) from None
+        return self._translate(items)
+
+    def _translate(self, items: Iterator) -> Iterator[Translation]:
+        def numbered():
+            index = 0
+            while True:
+                try:
+                    sentence = next(items)
+                except StopIteration:
+                    return
+                except (UnicodeDecodeError, OSError) as e:
+                    # A text file decodes in chunks: the bad line is this one or a later one.
+                    raise FairseqStreamError("reading input sentence {} failed: {}: {}".format(
+                        index, type(e).__name__, e)) from None
+                yield index, check_sentence(index, sentence)
+                index += 1
+
+        lines = numbered()
         sources = {}
 
         def batches():
             while True:
-                chunk = list(itertools.islice(numbered, self.batch_size))
+                chunk = list(itertools.islice(lines, self.batch_size))
                 if not chunk:
                     return
                 yield self._encode_batch(chunk, sources)

@@ -9,21 +9,29 @@ fairseq itself still calls ``torch.load`` without an allow-list, so on torch
 We allow exactly the globals fairseq checkpoints need and nothing more. A
 checkpoint that needs anything else is refused with an error naming the
 global; a user who trusts the file opts in explicitly for that file
-(``--trust-checkpoint`` on the command line, ``trust=True`` in Python), which
-loads it with the full unpickler. There is no process-wide switch.
+(``--trust-checkpoint`` on the command line, ``trust_checkpoint=True`` in
+:class:`fairseq_stream.api.Translator`), which loads it with the full
+unpickler. There is no process-wide switch: trust is given to the file as it
+is at that moment (its inode, size and modification time), so a file
+replaced or rewritten at the same path afterwards is checked again, and the
+Python API trusts a file for its own load only.
+
+Files that are not checkpoints (missing, truncated, not a torch file, not a
+fairseq checkpoint) stop with a one-line error naming the file.
 """
 
 import argparse
 import collections
+import contextlib
 import logging
 import os
 import pickle
 import re
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 
-from fairseq_stream.errors import UnsafeCheckpointError
+from fairseq_stream.errors import CheckpointError, UnsafeCheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -40,23 +48,57 @@ FAIRSEQ_SAFE_GLOBALS = (
 
 TRUST_FLAG = "--trust-checkpoint"
 
-_trusted_paths = set()
+# realpath -> the file's identity when it was trusted
+_trusted = {}
 _UNSUPPORTED_GLOBAL = re.compile(r"GLOBAL ([\w\.]+)")
 
 
-def _key(path):
-    return os.path.realpath(path)
+def _identity(path):
+    """What distinguishes this file from a replacement at the same path, or None if unreadable."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def trust_checkpoints(paths: Iterable[str]):
-    """Mark exactly these checkpoint files as trusted (loaded without the allow-list)."""
+    """Trust exactly these checkpoint files, as they are now (loaded without the allow-list)."""
     for path in paths:
-        _trusted_paths.add(_key(path))
+        _trusted[os.path.realpath(path)] = _identity(path)
+
+
+def untrust_checkpoints(paths: Iterable[str]):
+    """Withdraw the trust :func:`trust_checkpoints` gave these files."""
+    for path in paths:
+        _trusted.pop(os.path.realpath(path), None)
+
+
+@contextlib.contextmanager
+def trusted_checkpoints(paths: Sequence[str]):
+    """Trust these files for the loads made inside the ``with`` block only."""
+    paths = list(paths)
+    trust_checkpoints(paths)
+    try:
+        yield
+    finally:
+        untrust_checkpoints(paths)
 
 
 def is_trusted(path):
-    """Whether the user explicitly trusted this checkpoint file."""
-    return _key(path) in _trusted_paths
+    """Whether the user explicitly trusted this checkpoint file, and it is still the same file."""
+    identity = _trusted.get(os.path.realpath(path), False)
+    return identity is not False and identity is not None and identity == _identity(path)
+
+
+def check_readable(path):
+    """Raise a one-line :class:`CheckpointError` if ``path`` is not a readable file."""
+    if not os.path.exists(path):
+        raise CheckpointError("checkpoint {} does not exist".format(path))
+    if os.path.isdir(path):
+        raise CheckpointError("checkpoint {} is a directory, not a checkpoint file".format(path))
+    if not os.access(path, os.R_OK):
+        raise CheckpointError("checkpoint {} is not readable (permission denied)".format(path))
 
 
 def load_state(path, trust=False):
@@ -64,24 +106,60 @@ def load_state(path, trust=False):
 
     Raises:
         UnsafeCheckpointError: the file needs a global outside the allow-list.
+        CheckpointError: the file is missing, unreadable, or not a torch
+            checkpoint (truncated, corrupt, some other kind of file).
     """
+    check_readable(path)
     trusted = trust or is_trusted(path)
+    try:
+        with open(path, "rb") as f:
+            if trusted:
+                logger.warning("loading trusted checkpoint %s with the full unpickler", path)
+                state = torch.load(f, map_location=torch.device("cpu"), weights_only=False)
+            else:
+                with torch.serialization.safe_globals(list(FAIRSEQ_SAFE_GLOBALS)):
+                    state = torch.load(f, map_location=torch.device("cpu"), weights_only=True)
+    except pickle.UnpicklingError as e:
+        match = _UNSUPPORTED_GLOBAL.search(str(e))
+        if match is None:
+            raise CheckpointError(_not_a_checkpoint(path, e)) from None
+        raise UnsafeCheckpointError(
+            "refusing to load checkpoint {}: it contains the pickled global "
+            "'{}', which fairseq checkpoints do not need and which could run "
+            "code when loaded. If you trust this file, pass {} (Python: "
+            "trust_checkpoint=True) to load it anyway.".format(path, match.group(1), TRUST_FLAG)
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError, IndexError, KeyError, TypeError,
+            AttributeError, UnicodeDecodeError) as e:
+        # What torch raises for a truncated zip archive, a text file, or a
+        # pickle of something else depends on the bytes: all mean "not a checkpoint".
+        raise CheckpointError(_not_a_checkpoint(path, e)) from None
+    if not isinstance(state, dict) or "model" not in state or not ("cfg" in state or "args" in state):
+        raise CheckpointError(
+            "{} is a torch file but not a fairseq checkpoint (fairseq checkpoints are dicts with "
+            "'model' and 'cfg' or 'args'; found {})".format(path, _describe(state)))
+    return state
+
+
+def _not_a_checkpoint(path, error):
+    """Why ``torch.load`` failed on ``path``, told from the file's first bytes, not torch's text."""
+    size = os.path.getsize(path)
     with open(path, "rb") as f:
-        if trusted:
-            logger.warning("loading trusted checkpoint %s with the full unpickler", path)
-            return torch.load(f, map_location=torch.device("cpu"), weights_only=False)
-        try:
-            with torch.serialization.safe_globals(list(FAIRSEQ_SAFE_GLOBALS)):
-                return torch.load(f, map_location=torch.device("cpu"), weights_only=True)
-        except pickle.UnpicklingError as e:
-            match = _UNSUPPORTED_GLOBAL.search(str(e))
-            offending = match.group(1) if match else "an unsupported object"
-            raise UnsafeCheckpointError(
-                "refusing to load checkpoint {}: it contains the pickled global "
-                "'{}', which fairseq checkpoints do not need and which could run "
-                "code when loaded. If you trust this file, pass {} (Python: "
-                "trust=True) to load it anyway.".format(path, offending, TRUST_FLAG)
-            ) from None
+        head = f.read(4)
+    if head.startswith(b"PK\x03\x04"):
+        what = "it is a torch zip archive that is truncated or corrupt"
+    elif head[:1] == b"\x80":
+        what = "it is a pickle that is truncated, corrupt or not a torch checkpoint"
+    else:
+        what = "it is not a torch checkpoint file"
+    return "cannot load checkpoint {} ({} bytes): {} ({})".format(
+        path, size, what, type(error).__name__)
+
+
+def _describe(state):
+    if isinstance(state, dict):
+        return "a dict with keys {}".format(sorted(map(str, state))[:6])
+    return "a {}".format(type(state).__name__)
 
 
 def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):

@@ -11,7 +11,11 @@ class FairseqStreamError(RuntimeError):
     """
 
 
-class UnsafeCheckpointError(FairseqStreamError):
+class CheckpointError(FairseqStreamError):
+    """A checkpoint file is missing, unreadable, or not a fairseq checkpoint."""
+
+
+class UnsafeCheckpointError(CheckpointError):
     """A checkpoint holds a pickled global that fairseq checkpoints never need."""
 
 

@@ -14,8 +14,13 @@ fairseq-fixed 0.12.3.1 with Hydra 1.3.2 needs these adjustments (see
 * ``checkpoint_utils.load_checkpoint_to_cpu`` calls ``torch.load`` with no
   allow-list, which fails on torch >= 2.6: we load with exactly the globals
   fairseq needs (``fairseq_stream.checkpoint``);
+* ``checkpoint_utils.load_model_ensemble_and_task`` raises a bare IOError for
+  a missing file: we name the file on one line first;
 * ``options.parse_args_and_arch`` gets the ``--trust-checkpoint`` flag and
-  checks that the chosen search and generator combine.
+  checks that the chosen search and generator combine and that the
+  generation options suit the search (before fairseq asserts on them);
+* ``fairseq_cli.interactive.buffered_read`` decodes input line by line, so
+  that a line that is not UTF-8 is a one-line error naming it.
 """
 
 import functools
@@ -50,6 +55,7 @@ def install():
     _patch_batch_by_size()
     _patch_filter_indices_by_size()
     _patch_checkpoint_loading()
+    _patch_interactive_input()
     from fairseq_stream.errors import install_excepthook
 
     install_excepthook()
@@ -126,7 +132,7 @@ def _patch_parse_args_and_arch():
         args = result[0] if parse_known else result
         error = check_selection(
             getattr(args, "search", None), getattr(args, "generator", None)
-        )
+        ) or check_generation(getattr(args, "search", None), args)
         if error:
             parser.error(error)
         if getattr(args, "trust_checkpoint", False) and getattr(args, "path", None):
@@ -211,6 +217,34 @@ def check_selection(search, generator):
     return None
 
 
+def check_generation(search, args):
+    """A one-line error for generation options the chosen search cannot run, else None.
+
+    Checked right after parsing, before fairseq's own assertions (``--sampling``
+    needs ``--nbest`` = ``--beam``) or the decoder (``--beam 0``) fail deep inside.
+    """
+    from fairseq_stream.errors import FairseqStreamError
+    from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
+    from fairseq_stream.schedule.stream import pool_settings
+    from fairseq_stream.search.common import check_beam, check_generation_options
+
+    if search is None or search not in SEARCH_REGISTRY:
+        return None
+    search_cls = SEARCH_REGISTRY[search]
+    try:
+        if getattr(search_cls, "uses_beam", True):
+            check_beam(getattr(args, "beam", 5))
+        if not getattr(search_cls, "fairseq_generator", False):
+            check_generation_options(search, args)
+        if hasattr(search_cls, "pruning"):  # the thresholds, before any model is loaded
+            search_cls.pruning(SEARCH_DATACLASS_REGISTRY[search].from_namespace(args))
+        if hasattr(args, "stream_eps"):
+            pool_settings(args)
+    except FairseqStreamError as e:
+        return str(e)
+    return None
+
+
 # --- building the decoder -------------------------------------------------
 
 
@@ -292,7 +326,18 @@ def _patch_batch_by_size():
     def batch_by_size(indices, *args, **kwargs):
         if not isinstance(indices, np.ndarray):
             indices = np.fromiter(indices, dtype=np.int64, count=-1)
-        batches = list(original(indices, *args, **kwargs))
+        try:
+            batches = list(original(indices, *args, **kwargs))
+        except AssertionError as e:
+            # fairseq asserts "sentence at index i of size n exceeds max_tokens limit of m!"
+            if "max_tokens" not in str(e):
+                raise
+            from fairseq_stream.errors import FairseqStreamError
+
+            raise FairseqStreamError(
+                "an input is longer than --max-tokens allows (fairseq: {}); raise --max-tokens to "
+                "the longest input's length or more, or give --batch-size instead".format(
+                    str(e).strip().rstrip("!."))) from None
         covered = sum(len(b) for b in batches)
         if covered < len(indices):
             # fairseq-fixed drops a last batch whose size is not a multiple of
@@ -343,12 +388,57 @@ def _patch_filter_indices_by_size():
     FairseqTask.filter_indices_by_size = filter_indices_by_size
 
 
+def _patch_interactive_input():
+    """fairseq-interactive reads its input line by line as UTF-8, naming a line that is not."""
+    from fairseq_cli import interactive
+
+    original = interactive.buffered_read
+    if getattr(original, "_fairseq_stream", False):
+        return
+    from fairseq_stream.text_input import read_lines
+
+    @functools.wraps(original)
+    def buffered_read(input, buffer_size):
+        buffer = []
+        for line in read_lines(input):
+            buffer.append(line.strip())
+            if len(buffer) >= buffer_size:
+                yield buffer
+                buffer = []
+        if buffer:
+            yield buffer
+
+    buffered_read._fairseq_stream = True
+    interactive.buffered_read = buffered_read
+
+
 # --- checkpoints ----------------------------------------------------------
 
 
 def _patch_checkpoint_loading():
     from fairseq import checkpoint_utils
 
-    from fairseq_stream.checkpoint import load_checkpoint_to_cpu
+    from fairseq_stream.checkpoint import check_readable, load_checkpoint_to_cpu
 
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    original = checkpoint_utils.load_model_ensemble_and_task
+    if getattr(original, "_fairseq_stream", False):
+        return
+
+    @functools.wraps(original)
+    def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True,
+                                     suffix="", num_shards=1, state=None):
+        # fairseq raises a bare IOError (a traceback) for a missing file: say
+        # which file is wrong, on one line, before anything is loaded.
+        if state is None:
+            for filename in filenames:
+                for shard in range(max(num_shards, 1)):
+                    name = checkpoint_utils.get_maybe_sharded_checkpoint_filename(
+                        filename, suffix, shard, num_shards)
+                    if "://" not in name:
+                        check_readable(name)
+        return original(filenames, arg_overrides=arg_overrides, task=task, strict=strict,
+                        suffix=suffix, num_shards=num_shards, state=state)
+
+    load_model_ensemble_and_task._fairseq_stream = True
+    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task

@@ -1,5 +1,6 @@
 """Shared fixtures: toy checkpoints trained once per machine and cached, CLI runners."""
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -61,29 +62,39 @@ def tool_env():
 
 @pytest.fixture(scope="session")
 def toy():
-    """The toy checkpoints; trained on first use (deterministic), then reused from the cache."""
+    """The toy checkpoints; trained on first use (deterministic), then reused from the cache.
+
+    Test workers (pytest-xdist) and parallel runs share the cache: a file lock
+    lets the first one train while the others wait for it.
+    """
     target = _toy_cache_dir()
-    if not (target / "DONE").exists():
-        work = target.with_name(target.name + ".tmp{}".format(os.getpid()))
-        shutil.rmtree(work, ignore_errors=True)
-        subprocess.run(
-            ["bash", str(REPO / "scripts" / "train_toy.sh"), str(work)],
-            check=True,
-            env=tool_env(),
-            stdout=subprocess.DEVNULL,
-        )
-        shutil.rmtree(target, ignore_errors=True)
-        work.rename(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "DONE").exists():
+            work = target.with_name(target.name + ".tmp{}".format(os.getpid()))
+            shutil.rmtree(work, ignore_errors=True)
+            subprocess.run(
+                ["bash", str(REPO / "scripts" / "train_toy.sh"), str(work)],
+                check=True,
+                env=tool_env(),
+                stdout=subprocess.DEVNULL,
+            )
+            shutil.rmtree(target, ignore_errors=True)
+            work.rename(target)
     return Toy(target)
 
 
-def run_tool(argv, cwd=REPO, check=True, input=None):
-    """Run a command-line tool from this venv; return the CompletedProcess (text)."""
+def run_tool(argv, cwd=REPO, check=True, input=None, env=None):
+    """Run a command-line tool from this venv; return the CompletedProcess (text).
+
+    ``env`` adds to (or overrides) :func:`tool_env`.
+    """
     argv = [str(a) for a in argv]
     if not os.path.isabs(argv[0]) and (BIN / argv[0]).exists():
         argv[0] = str(BIN / argv[0])
     proc = subprocess.run(
-        argv, cwd=cwd, env=tool_env(), capture_output=True, text=True, input=input
+        argv, cwd=cwd, env=dict(tool_env(), **(env or {})), capture_output=True, text=True, input=input
     )
     if check and proc.returncode != 0:
         raise AssertionError(
@@ -139,3 +150,27 @@ def loaded(toy):
         return cache[name]
 
     return load
+
+
+def parse_generate_args(argv):
+    """fairseq-generate's command line parsed in this process, as the tool parses it (plugin included).
+
+    Raises SystemExit where the tool would exit (argparse's one-line errors go to stderr).
+    """
+    from fairseq import options
+
+    parser = options.get_generation_parser()
+    return options.parse_args_and_arch(parser, input_args=[str(a) for a in argv])
+
+
+def generate_in_process(argv):
+    """Run fairseq-generate's ``main`` in this process; its output goes to ``sys.stdout`` (use capsys).
+
+    The same code path as the command line tool without paying ~3 s of
+    imports per run; the tests of the tool's own process behaviour (exit
+    codes, one-line errors, the wrappers) still run it as a subprocess.
+    """
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli.generate import main
+
+    return main(convert_namespace_to_omegaconf(parse_generate_args(argv)))

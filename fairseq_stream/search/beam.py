@@ -23,6 +23,7 @@ class FairseqBeam:
 
     generators = ("batch",)
     default_generator = "batch"
+    fairseq_generator = True  # every fairseq generation option applies as usual
 
     @classmethod
     def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):

@@ -35,6 +35,12 @@ UNSUPPORTED_GENERATION = (
 )
 
 
+def check_beam(beam):
+    """Refuse a beam width below 1 (fairseq's decoder fails deep inside on it)."""
+    if beam is None or int(beam) < 1:
+        raise FairseqStreamError("--beam must be at least 1, got {}".format(beam))
+
+
 def check_generation_options(search_name, gen_cfg):
     """Refuse fairseq generation options this search does not support, naming them."""
     for attr, flag in UNSUPPORTED_GENERATION:
@@ -53,6 +59,7 @@ def build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, 
     from fairseq_stream.decoder import BeamDecoder
 
     check_generation_options(name, gen_cfg)
+    check_beam(beam)
     stats = DecodeStats(keep_steps=bool(getattr(search_cfg, "stats_steps", False)))
     decoder = BeamDecoder(
         models,

@@ -18,6 +18,7 @@ class GreedySearch:
 
     generators = ("batch", "stream", "fifo")
     default_generator = "batch"
+    uses_beam = False  # --beam is ignored
 
     @classmethod
     def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):

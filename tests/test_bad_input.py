@@ -1,0 +1,258 @@
+"""Bad input gets a one-line error naming what is wrong, never a traceback from inside fairseq.
+
+Option errors are checked in-process (fairseq's own parser with the plugin's
+patches, as fairseq-generate runs it); a few subprocess tests check the
+one-line format users see on the command line.
+"""
+
+import os
+import random
+
+import pytest
+import torch
+
+from conftest import parse_generate_args, run_tool
+from fairseq_stream.checkpoint import is_trusted, load_state, trust_checkpoints, untrust_checkpoints
+from fairseq_stream.cli import plugin_dir
+from fairseq_stream.errors import CheckpointError, FairseqStreamError, UnsafeCheckpointError
+
+torch.set_num_threads(1)
+
+
+def full_state(path):
+    """Read a test-owned checkpoint with the full unpickler (to derive variants from it)."""
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def unsafe_copy(toy, path):
+    """The toy transformer with one pickled global outside the allow-list."""
+    import datetime
+
+    state = full_state(toy.transformer)
+    state["extra_state"]["note"] = datetime.date(2020, 1, 1)
+    torch.save(state, path)
+    return path
+
+
+def translator(toy, path, **kwargs):
+    from fairseq_stream.api import Translator
+
+    return Translator([str(path)], data=str(toy.data_bin), **kwargs)
+
+
+def parse_generate(argv, capsys):
+    """fairseq-generate's argument parsing in-process; returns (args or None, the error line or None)."""
+    try:
+        args = parse_generate_args(argv)
+    except SystemExit:
+        err = capsys.readouterr().err.strip().splitlines()
+        return None, err[-1] if err else ""
+    return args, None
+
+
+def one_line_error(proc):
+    """The command failed with a fairseq-stream error as its last stderr line, and no traceback."""
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.stderr.strip().splitlines()[-1]
+
+
+# -- trust is for one file, as it is, for one load ---------------------------------
+
+
+def test_trusting_one_checkpoint_trusts_exactly_that_file(toy, tmp_path):
+    a, b = unsafe_copy(toy, tmp_path / "a.pt"), unsafe_copy(toy, tmp_path / "b.pt")
+    trust_checkpoints([str(a)])
+    try:
+        assert is_trusted(str(a)) and not is_trusted(str(b))
+        assert "extra_state" in load_state(str(a))
+        with pytest.raises(UnsafeCheckpointError):
+            load_state(str(b))
+        # A file replaced at the trusted path is a different file: checked again.
+        os.replace(b, a)
+        assert not is_trusted(str(a))
+        with pytest.raises(UnsafeCheckpointError):
+            load_state(str(a))
+    finally:
+        untrust_checkpoints([str(a)])
+
+
+def test_api_trust_applies_to_that_load_only(toy, tmp_path):
+    path = unsafe_copy(toy, tmp_path / "unsafe.pt")
+    assert translator(toy, path, trust_checkpoint=True, pool=4).task is not None
+    assert not is_trusted(str(path))
+    with pytest.raises(UnsafeCheckpointError) as err:
+        translator(toy, path, pool=4)
+    message = str(err.value)
+    assert "trust_checkpoint=True" in message and "trust=True" not in message.replace("trust_checkpoint=True", "")
+    assert "\n" not in message
+
+
+# -- files that are not checkpoints --------------------------------------------
+
+
+def bad_files(toy, directory):
+    """name -> (path, what the error must say)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = toy.transformer.read_bytes()
+    (directory / "truncated.pt").write_bytes(data[: len(data) // 3])
+    (directory / "text.pt").write_text("this is not a checkpoint\n")
+    (directory / "corrupt.pt").write_bytes(random.Random(0).randbytes(100))
+    torch.save({"weights": torch.zeros(2)}, directory / "not_fairseq.pt")
+    (directory / "a_directory.pt").mkdir(exist_ok=True)
+    return {
+        "truncated": (directory / "truncated.pt", "truncated or corrupt"),
+        "text": (directory / "text.pt", "not a torch checkpoint file"),
+        "corrupt": (directory / "corrupt.pt", "not a torch checkpoint"),
+        "not_fairseq": (directory / "not_fairseq.pt", "not a fairseq checkpoint"),
+        "missing": (directory / "missing.pt", "does not exist"),
+        "directory": (directory / "a_directory.pt", "is a directory"),
+    }
+
+
+@pytest.mark.parametrize("name", ["truncated", "text", "corrupt", "not_fairseq", "missing", "directory"])
+def test_bad_checkpoint_files_are_one_line_errors_naming_the_file(toy, tmp_path, name):
+    path, says = bad_files(toy, tmp_path)[name]
+    with pytest.raises(CheckpointError) as err:
+        translator(toy, path, pool=4)
+    message = str(err.value)
+    assert str(path) in message and says in message and "\n" not in message
+    assert "could run code" not in message  # a broken file is not an unsafe one
+    assert not isinstance(err.value, UnsafeCheckpointError)
+
+
+@pytest.mark.parametrize("tool", ["fairseq-generate", "fairseq-interactive"])
+def test_bad_checkpoint_on_the_command_line(toy, tmp_path, tool):
+    files = bad_files(toy, tmp_path)
+    for name in ("truncated", "missing"):
+        path, says = files[name]
+        args = [tool, toy.data_bin, "--path", path, "--user-dir", "fairseq_stream", "--search", "var-batch", "--cpu"]
+        args += ["--gen-subset", "test"] if tool == "fairseq-generate" else ["--source-lang", "src", "--target-lang", "tgt"]
+        last = one_line_error(run_tool(args, check=False, input="s1 s2\n"))
+        assert last.startswith("fairseq-stream: error:") and str(path) in last and says in last
+
+
+# -- input text ------------------------------------------------------------------
+
+
+def test_interactive_names_the_line_that_is_not_utf8(toy, tmp_path):
+    text = b"s1 s2 s3\ns4 \xff\xfe s5\ns6\n"
+    (tmp_path / "in.txt").write_bytes(text)
+    common = ["fairseq-interactive", toy.data_bin, "--path", toy.transformer, "--source-lang", "src",
+              "--target-lang", "tgt", "--cpu", "--user-dir", "fairseq_stream", "--search", "var-batch",
+              "--buffer-size", "4", "--batch-size", "4"]
+    from_file = run_tool(common + ["--input", tmp_path / "in.txt"], check=False)
+    # On standard input, also under the C locale (where Python passes bad bytes on as surrogates).
+    from_stdin = run_tool(["bash", "-c", 'exec "$@" < "$0"', tmp_path / "in.txt"] + common, check=False,
+                          env={"LC_ALL": "C"})
+    for proc in (from_file, from_stdin):
+        last = one_line_error(proc)
+        assert last.startswith("fairseq-stream: error: input line 2 is not valid UTF-8"), last
+
+
+def test_interactive_reads_lines_as_fairseq_does(toy):
+    """Line ends \\n, \\r\\n and \\r all end a line, as in Python's text mode."""
+    proc = run_tool(["fairseq-interactive", toy.data_bin, "--path", toy.transformer, "--source-lang", "src",
+                     "--target-lang", "tgt", "--cpu", "--user-dir", "fairseq_stream", "--search", "beam"],
+                    input="s1 s2 s3\r\ns4 s5\rs6\n")
+    sources = [l.split("\t")[1] for l in proc.stdout.splitlines() if l.startswith("S-")]
+    assert sources == ["s1 s2 s3", "s4 s5", "s6"]
+
+
+@pytest.fixture(scope="module")
+def api(toy):
+    return translator(toy, toy.transformer, beam=5, pool=4, batch_size=4)
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("s1 s2 s3", "not a single str; pass [text]"),
+    (b"s1 s2", "not a single bytes"),
+    (7, "not a int"),
+    (None, "not a NoneType"),
+    (["s1", b"s2"], "input sentence 1 is a bytes, not a str"),
+    (["s1", None], "input sentence 1 is a NoneType, not a str"),
+    (["s1", "s2", "s3 \udcff s4"], "input sentence 2 is not valid UTF-8 text"),
+])
+def test_api_refuses_what_is_not_a_list_of_sentences(api, bad, says):
+    with pytest.raises(FairseqStreamError) as err:
+        list(api.translate(bad))
+    assert says in str(err.value)
+
+
+def test_api_names_where_reading_a_non_utf8_file_failed(api, tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"s1 s2\ns3 \xff s4\n")
+    with open(path, encoding="utf-8") as f, pytest.raises(FairseqStreamError) as err:
+        list(api.translate(f))
+    assert "reading input sentence" in str(err.value) and "UnicodeDecodeError" in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(beam=0), "--beam must be at least 1, got 0"),
+    (dict(pool=0), "pool must be at least 1, got 0"),
+    (dict(batch_size=-1), "batch_size must be at least 1"),
+    (dict(stream_eps="2"), "--stream-eps must be in (0, 1]"),
+    (dict(sampling=True), "--search var-stream does not support --sampling"),
+    (dict(search="var", sampling=True), "--search var does not support --sampling"),
+])
+def test_api_option_errors_name_the_option(toy, kwargs, says):
+    with pytest.raises(FairseqStreamError) as err:
+        translator(toy, toy.transformer, **kwargs)
+    assert says in str(err.value)
+
+
+# -- command-line options --------------------------------------------------------
+
+
+def generate_args(toy, *extra):
+    return [toy.data_bin, "--path", toy.transformer, "--user-dir", plugin_dir(), "--gen-subset", "test",
+            "--cpu"] + list(extra)
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--search", "fixed", "--beam", "0"], "--beam must be at least 1, got 0"),
+    (["--search", "var-batch", "--beam", "-3"], "--beam must be at least 1, got -3"),
+    (["--search", "beam", "--beam", "0"], "--beam must be at least 1, got 0"),
+    (["--search", "var-stream", "--stream-pool", "0"], "--stream-pool must be at least 1, got 0"),
+    (["--search", "fixed", "--generator", "stream", "--stream-pool", "-1"], "--stream-pool must be at least 1"),
+    (["--search", "var-stream", "--stream-max-wait", "-1"], "--stream-max-wait must be >= 0"),
+    (["--search", "var-stream", "--stream-max-cached", "-1"], "--stream-max-cached must be >= 0"),
+    (["--search", "var-stream", "--stream-eps", "2"], "--stream-eps must be in (0, 1]"),
+    (["--search", "var-stream", "--stream-eps", "a sixth"], "--stream-eps must be a number"),
+    (["--search", "fixed", "--sampling"], "--search fixed does not support --sampling"),
+    (["--search", "var", "--prune-rp", "1.5"], "--prune-rp must be in (0, 1]"),
+    (["--search", "var", "--prune-ap", "-1"], "--prune-ap (delta) must be >= 0"),
+    (["--search", "var", "--prune-mc", "0"], "--prune-mc (M) must be >= 1"),
+    (["--search", "var-stream", "--generator", "stream"], "--search var-stream already runs on --generator stream"),
+    (["--search", "beam", "--generator", "stream"], "--search beam does not combine with --generator stream"),
+    (["--generator", "batch"], "--generator batch needs a --search"),
+])
+def test_option_errors_are_caught_when_parsing(toy, capsys, extra, says):
+    args, error = parse_generate(generate_args(toy, *extra), capsys)
+    assert args is None and error is not None
+    assert ": error: " + says in error, error  # argparse's one line (the program name varies in-process)
+
+
+def test_greedy_ignores_the_beam_option(toy, capsys):
+    args, error = parse_generate(generate_args(toy, "--search", "greedy", "--beam", "0"), capsys)
+    assert error is None and args.search == "greedy"
+
+
+def test_option_errors_are_one_line_on_the_command_line(toy):
+    for extra in (["--search", "var", "--prune-rp", "1.5"], ["--search", "var-stream", "--stream-pool", "0"]):
+        last = one_line_error(run_tool(["fairseq-generate"] + generate_args(toy, *extra), check=False))
+        assert last.startswith("fairseq-generate: error: --")
+
+
+def test_max_tokens_below_a_sentence_is_a_one_line_error(loaded):
+    """fairseq asserts (a traceback) when a sentence is longer than --max-tokens."""
+    _, task = loaded("transformer")
+    with pytest.raises(FairseqStreamError) as err:
+        task.get_batch_iterator(dataset=task.dataset("test"), max_tokens=5).next_epoch_itr(shuffle=False)
+    assert "longer than --max-tokens" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_max_tokens_error_on_the_command_line(toy):
+    last = one_line_error(run_tool(["fairseq-generate"] + generate_args(toy, "--search", "fixed", "--max-tokens", "5"),
+                                   check=False))
+    assert last.startswith("fairseq-stream: error: an input is longer than --max-tokens")
