@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command: set up the environment if needed, then run the test suite.
-# Extra arguments go to pytest (e.g. -k beam, -m slow).
+# Extra arguments go to pytest (e.g. -k beam, -m cuda).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 VENV=${FAIRSEQ_STREAM_VENV:-.venv}
-exec "$VENV/bin/python" -m pytest tests "$@"
+# Two workers (pytest-xdist): most tests wait on one CPU core each, and CI has
+# two. FAIRSEQ_STREAM_TEST_WORKERS=0 runs them in this process (or pass -n 0).
+exec "$VENV/bin/python" -m pytest tests -n "${FAIRSEQ_STREAM_TEST_WORKERS:-2}" "$@"
