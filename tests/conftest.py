@@ -152,6 +152,27 @@ def loaded(toy):
     return load
 
 
+@pytest.fixture(scope="session")
+def exact(loaded):
+    """``exact(name)``: as ``loaded(name)``, float64 copies of the models, for exactness tests.
+
+    fairseq still computes its attention softmax and output log-softmax in
+    float32 whatever the model's dtype: float64 narrows float noise to about
+    1e-7, it does not remove it.
+    """
+    import copy
+
+    cache = {}
+
+    def load(name):
+        if name not in cache:
+            models, task = loaded(name)
+            cache[name] = ([copy.deepcopy(m).double() for m in models], task)
+        return cache[name]
+
+    return load
+
+
 def parse_generate_args(argv):
     """fairseq-generate's command line parsed in this process, as the tool parses it (plugin included).
 

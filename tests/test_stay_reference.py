@@ -17,7 +17,6 @@ returns and BeamDecoder computes with: the reference adds them to float32
 cumulative scores and rounds each sum to float32, as a float32 tensor does.
 """
 
-import copy
 import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -159,20 +158,6 @@ def float64_fairseq(monkeypatch):
                         lambda x, dim, onnx_trace=False: torch.log_softmax(x, dim=dim).float())
 
 
-@pytest.fixture(scope="module")
-def double(loaded):
-    """``double(name)``: as ``loaded(name)``, float64 copies of the models."""
-    cache = {}
-
-    def load(name):
-        if name not in cache:
-            models, task = loaded(name)
-            cache[name] = ([copy.deepcopy(m).double() for m in models], task)
-        return cache[name]
-
-    return load
-
-
 CASES = {
     "fixed-stay": dict(pruning=Pruning()),
     "var-batch": dict(pruning=Pruning(ap=1.5, mc=5)),
@@ -186,8 +171,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("name", ["transformer", "lstm"])
-def test_stay_search_equals_per_sentence_reference(double, float64_fairseq, name, case):
-    models, task = double(name)
+def test_stay_search_equals_per_sentence_reference(exact, float64_fairseq, name, case):
+    models, task = exact(name)
     opts = dict(CASES[case])
     max_len_a, max_len_b = opts.pop("max_len_a", 0), opts.pop("max_len_b", 200)
     pruning = opts.pop("pruning")

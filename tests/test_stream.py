@@ -89,20 +89,6 @@ def assert_same(ref, ours, exact=True):
 
 
 @pytest.fixture(scope="module")
-def exact(loaded):
-    """``exact(name)``: as ``loaded(name)``, the models in float64 (see the module docstring)."""
-    cache = {}
-
-    def load(name):
-        if name not in cache:
-            models, task = loaded(name)
-            cache[name] = ([copy.deepcopy(m).double() for m in models], task)
-        return cache[name]
-
-    return load
-
-
-@pytest.fixture(scope="module")
 def reference(loaded, exact):
     """``reference(model, search, beam, precision, limit)``: batch decoding of the valid set, computed once."""
     cache = {}
