@@ -72,7 +72,6 @@ class Translator:
         from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
         from fairseq_stream.schedule.pool import StreamPool
         from fairseq_stream.schedule.stream import StreamOptions, pool_settings
-
         from fairseq_stream.search.common import check_beam
 
         paths = [paths] if isinstance(paths, str) else list(paths)

@@ -329,7 +329,7 @@ def _patch_batch_by_size():
         try:
             batches = list(original(indices, *args, **kwargs))
         except AssertionError as e:
-            # fairseq asserts "sentence at index i of size n exceeds max_tokens limit of m!"
+            # fairseq's compiled batching asserts "Sentences lengths should not exceed max_tokens=N"
             if "max_tokens" not in str(e):
                 raise
             from fairseq_stream.errors import FairseqStreamError
