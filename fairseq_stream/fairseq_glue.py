@@ -236,6 +236,10 @@ def check_generation(search, args):
             check_beam(getattr(args, "beam", 5))
         if not getattr(search_cls, "fairseq_generator", False):
             check_generation_options(search, args)
+        elif getattr(args, "sampling", False) and getattr(args, "nbest", 1) != getattr(args, "beam", 5):
+            # fairseq-generate and -interactive assert this (a traceback).
+            raise FairseqStreamError("--sampling needs --nbest equal to --beam (got --nbest {}, --beam {})"
+                                     .format(args.nbest, args.beam))
         if hasattr(search_cls, "pruning"):  # the thresholds, before any model is loaded
             search_cls.pruning(SEARCH_DATACLASS_REGISTRY[search].from_namespace(args))
         if hasattr(args, "stream_eps"):

@@ -220,6 +220,7 @@ def generate_args(toy, *extra):
     (["--search", "var-stream", "--stream-eps", "2"], "--stream-eps must be in (0, 1]"),
     (["--search", "var-stream", "--stream-eps", "a sixth"], "--stream-eps must be a number"),
     (["--search", "fixed", "--sampling"], "--search fixed does not support --sampling"),
+    (["--search", "beam", "--sampling", "--beam", "5"], "--sampling needs --nbest equal to --beam"),
     (["--search", "var", "--prune-rp", "1.5"], "--prune-rp must be in (0, 1]"),
     (["--search", "var", "--prune-ap", "-1"], "--prune-ap (delta) must be >= 0"),
     (["--search", "var", "--prune-mc", "0"], "--prune-mc (M) must be >= 1"),
