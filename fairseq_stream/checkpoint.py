@@ -87,8 +87,8 @@ def trusted_checkpoints(paths: Sequence[str]):
 
 def is_trusted(path):
     """Whether the user explicitly trusted this checkpoint file, and it is still the same file."""
-    identity = _trusted.get(os.path.realpath(path), False)
-    return identity is not False and identity is not None and identity == _identity(path)
+    identity = _trusted.get(os.path.realpath(path))
+    return identity is not None and identity == _identity(path)
 
 
 def check_readable(path):
