@@ -24,6 +24,14 @@ from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.text_input import check_sentence
 
 
+# Stream options of fairseq-generate's that the API has no use for, and why.
+COMMAND_LINE_ONLY = {
+    "stream_pool": "give pool=N",
+    "stream_max_cached": "it bounds fairseq-generate's read-ahead; the API reads its input lazily",
+    "stream_within_batch": "it turns off fairseq-generate's read-ahead; the API reads its input lazily",
+}
+
+
 @dataclass
 class Translation:
     """One input sentence's result."""
@@ -55,6 +63,8 @@ class Translator:
         options: further search or stream options by their dataclass name,
             e.g. ``prune_ap=2.0``, ``stream_eps="1/4"``, ``lenpen=1.2``
             (generation options such as ``lenpen`` and ``max_len_b`` too).
+            All options are checked before the checkpoints are loaded;
+            fairseq-generate's read-ahead options are refused here.
     """
 
     def __init__(self, paths: Union[str, Sequence[str]], data: Optional[str] = None,
@@ -72,7 +82,7 @@ class Translator:
         from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
         from fairseq_stream.schedule.pool import StreamPool
         from fairseq_stream.schedule.stream import StreamOptions, pool_settings
-        from fairseq_stream.search.common import check_beam
+        from fairseq_stream.search.common import check_beam, check_generation_options
 
         paths = [paths] if isinstance(paths, str) else list(paths)
         if search not in SEARCH_REGISTRY or search == "beam":
@@ -83,6 +93,26 @@ class Translator:
             raise FairseqStreamError("pool must be at least 1, got {}".format(pool))
         if batch_size is not None and batch_size < 1:
             raise FairseqStreamError("batch_size must be at least 1, got {}".format(batch_size))
+        # Every option is checked before any model is loaded (a WMT'19
+        # ensemble takes a minute to load).
+        gen_cfg = GenerationConfig(beam=beam)
+        search_cfg = SEARCH_DATACLASS_REGISTRY[search]()
+        search_cfg._name = search  # fairseq sets it when parsing; errors name the search by it
+        stream_cfg = StreamOptions()
+        for key, value in options.items():
+            if key in COMMAND_LINE_ONLY:
+                raise FairseqStreamError("{} has no effect in the Python API: {}".format(key, COMMAND_LINE_ONLY[key]))
+            targets = [c for c in (search_cfg, stream_cfg, gen_cfg) if hasattr(c, key)]
+            if not targets:
+                raise FairseqStreamError("unknown option {!r} for search {}".format(key, search))
+            for target in targets:
+                setattr(target, key, value)
+        search_cls = SEARCH_REGISTRY[search]
+        check_generation_options(search, gen_cfg)
+        if hasattr(search_cls, "pruning"):
+            search_cls.pruning(search_cfg)
+        self._pool_args = pool_settings(stream_cfg)
+
         overrides = {"data": data} if data else {}
         with trusted_checkpoints(paths if trust_checkpoint else []):
             models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(paths, arg_overrides=overrides)
@@ -94,22 +124,10 @@ class Translator:
         self.models, self.task, self.cfg = models, task, cfg
         self.device = torch.device("cuda" if use_cuda else "cpu")
 
-        gen_cfg = GenerationConfig(beam=beam)
-        search_cfg = SEARCH_DATACLASS_REGISTRY[search]()
-        search_cfg._name = search  # fairseq sets it when parsing; errors name the search by it
-        stream_cfg = StreamOptions()
-        for key, value in options.items():
-            targets = [c for c in (search_cfg, stream_cfg, gen_cfg) if hasattr(c, key)]
-            if not targets:
-                raise FairseqStreamError("unknown option {!r} for search {}".format(key, search))
-            for target in targets:
-                setattr(target, key, value)
-        search_cls = SEARCH_REGISTRY[search]
         built = search_cls.build(task, models, gen_cfg, search_cfg, None, lambda: None)
         self.decoder = getattr(built, "decoder", built)
         self.pool_size = pool
         self.batch_size = batch_size or pool
-        self._pool_args = pool_settings(stream_cfg)
         self._make_pool = lambda: StreamPool(self.decoder, pool, **self._pool_args)
 
         def text_cfg(name, value, **extra):

@@ -194,10 +194,16 @@ def test_api_names_where_reading_a_non_utf8_file_failed(api, tmp_path):
     (dict(stream_eps="2"), "--stream-eps must be in (0, 1]"),
     (dict(sampling=True), "--search var-stream does not support --sampling"),
     (dict(search="var", sampling=True), "--search var does not support --sampling"),
+    (dict(search="var", prune_rp=2.0), "--prune-rp must be in (0, 1]"),
+    (dict(stream_max_wait=-1), "--stream-max-wait must be >= 0"),
+    (dict(stream_max_cached=10), "stream_max_cached has no effect in the Python API"),
+    (dict(stream_pool=8), "stream_pool has no effect in the Python API: give pool=N"),
+    (dict(no_such_option=1), "unknown option 'no_such_option'"),
 ])
-def test_api_option_errors_name_the_option(toy, kwargs, says):
+def test_api_option_errors_name_the_option_before_loading(toy, tmp_path, kwargs, says):
+    # The checkpoint does not exist: the option error must come first.
     with pytest.raises(FairseqStreamError) as err:
-        translator(toy, toy.transformer, **kwargs)
+        translator(toy, tmp_path / "missing.pt", **kwargs)
     assert says in str(err.value)
 
 
