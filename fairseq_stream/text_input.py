@@ -23,9 +23,13 @@ def read_lines(path: str) -> Iterator[str]:
     Lines split as Python's text mode splits them (``\\n``, ``\\r\\n`` or ``\\r``).
 
     Raises:
-        FairseqStreamError: a line is not valid UTF-8 (its number is in the message).
+        FairseqStreamError: the file cannot be opened, or a line is not valid
+            UTF-8 (its number is in the message).
     """
-    stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+    try:
+        stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+    except OSError as e:
+        raise FairseqStreamError("cannot read input file {}: {}".format(path, e.strerror or e)) from None
     try:
         for number, raw in enumerate(stream, 1):
             try:

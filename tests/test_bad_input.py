@@ -150,6 +150,14 @@ def test_interactive_names_the_line_that_is_not_utf8(toy, tmp_path):
         assert last.startswith("fairseq-stream: error: input line 2 is not valid UTF-8"), last
 
 
+def test_interactive_names_a_missing_input_file(toy, tmp_path):
+    proc = run_tool(["fairseq-interactive", toy.data_bin, "--path", toy.transformer, "--source-lang", "src",
+                     "--target-lang", "tgt", "--cpu", "--user-dir", "fairseq_stream", "--search", "beam",
+                     "--input", tmp_path / "nope.txt"], check=False)
+    last = one_line_error(proc)
+    assert last.startswith("fairseq-stream: error: cannot read input file") and "nope.txt" in last
+
+
 def test_interactive_reads_lines_as_fairseq_does(toy):
     """Line ends \\n, \\r\\n and \\r all end a line, as in Python's text mode."""
     proc = run_tool(["fairseq-interactive", toy.data_bin, "--path", toy.transformer, "--source-lang", "src",
