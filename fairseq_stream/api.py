@@ -82,13 +82,12 @@ class Translator:
         from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
         from fairseq_stream.schedule.pool import StreamPool
         from fairseq_stream.schedule.stream import StreamOptions, pool_settings
-        from fairseq_stream.search.common import check_beam, check_generation_options
+        from fairseq_stream.search.common import check_search_options
 
         paths = [paths] if isinstance(paths, str) else list(paths)
         if search not in SEARCH_REGISTRY or search == "beam":
             raise FairseqStreamError("search must be one of {} (got {!r})".format(
                 ", ".join(sorted(n for n in SEARCH_REGISTRY if n != "beam")), search))
-        check_beam(beam)
         if pool is None or pool < 1:
             raise FairseqStreamError("pool must be at least 1, got {}".format(pool))
         if batch_size is not None and batch_size < 1:
@@ -108,9 +107,7 @@ class Translator:
             for target in targets:
                 setattr(target, key, value)
         search_cls = SEARCH_REGISTRY[search]
-        check_generation_options(search, gen_cfg)
-        if hasattr(search_cls, "pruning"):
-            search_cls.pruning(search_cfg)
+        check_search_options(search, search_cls, gen_cfg, search_cfg, stream_cfg)
         self._pool_args = pool_settings(stream_cfg)
 
         overrides = {"data": data} if data else {}

@@ -225,25 +225,16 @@ def check_generation(search, args):
     """
     from fairseq_stream.errors import FairseqStreamError
     from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
-    from fairseq_stream.schedule.stream import pool_settings
-    from fairseq_stream.search.common import check_beam, check_generation_options
+    from fairseq_stream.search.common import check_search_options
 
     if search is None or search not in SEARCH_REGISTRY:
         return None
-    search_cls = SEARCH_REGISTRY[search]
     try:
-        if getattr(search_cls, "uses_beam", True):
-            check_beam(getattr(args, "beam", 5))
-        if not getattr(search_cls, "fairseq_generator", False):
-            check_generation_options(search, args)
-        elif getattr(args, "sampling", False) and getattr(args, "nbest", 1) != getattr(args, "beam", 5):
-            # fairseq-generate and -interactive assert this (a traceback).
-            raise FairseqStreamError("--sampling needs --nbest equal to --beam (got --nbest {}, --beam {})"
-                                     .format(args.nbest, args.beam))
-        if hasattr(search_cls, "pruning"):  # the thresholds, before any model is loaded
-            search_cls.pruning(SEARCH_DATACLASS_REGISTRY[search].from_namespace(args))
-        if hasattr(args, "stream_eps"):
-            pool_settings(args)
+        # The parsed command line is flat: it holds the generation, search
+        # and stream options alike.
+        check_search_options(search, SEARCH_REGISTRY[search], args,
+                             SEARCH_DATACLASS_REGISTRY[search].from_namespace(args),
+                             args if hasattr(args, "stream_eps") else None)
     except FairseqStreamError as e:
         return str(e)
     return None

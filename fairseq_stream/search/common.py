@@ -54,6 +54,33 @@ def check_generation_options(search_name, gen_cfg):
         )
 
 
+def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cfg=None):
+    """Check every option of a search before any model is loaded (one-line errors).
+
+    Shared by the command line (right after parsing) and the Python API.
+
+    Args:
+        search_cls: the registry entry of ``search_name``.
+        gen_cfg: fairseq's generation options (``beam``, ``sampling`` ...).
+        search_cfg: the search's own options (pruning thresholds).
+        stream_cfg: the ``--stream-*`` options, where the search streams.
+    """
+    from fairseq_stream.schedule.stream import pool_settings
+
+    if getattr(search_cls, "uses_beam", True):
+        check_beam(getattr(gen_cfg, "beam", 5))
+    if not getattr(search_cls, "fairseq_generator", False):
+        check_generation_options(search_name, gen_cfg)
+    elif getattr(gen_cfg, "sampling", False) and getattr(gen_cfg, "nbest", 1) != getattr(gen_cfg, "beam", 5):
+        # fairseq-generate and -interactive assert this (a traceback).
+        raise FairseqStreamError("--sampling needs --nbest equal to --beam (got --nbest {}, --beam {})"
+                                 .format(gen_cfg.nbest, gen_cfg.beam))
+    if hasattr(search_cls, "pruning"):
+        search_cls.pruning(search_cfg)
+    if stream_cfg is not None:
+        pool_settings(stream_cfg)
+
+
 def build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning):
     """A :class:`~fairseq_stream.decoder.BeamDecoder` configured from fairseq's generation options."""
     from fairseq_stream.decoder import BeamDecoder
