@@ -195,3 +195,23 @@ def generate_in_process(argv):
     from fairseq_cli.generate import main
 
     return main(convert_namespace_to_omegaconf(parse_generate_args(argv)))
+
+
+def full_state(path):
+    """Read a test-owned checkpoint with the full unpickler (to derive variants from it)."""
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def unsafe_copy(toy, path):
+    """The toy transformer saved at ``path`` with one pickled global outside the allow-list."""
+    import datetime
+
+    import torch
+
+    state = full_state(toy.transformer)
+    state["extra_state"]["note"] = datetime.date(2020, 1, 1)  # pickled as GLOBAL datetime.date
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+    return path

@@ -11,27 +11,12 @@ import random
 import pytest
 import torch
 
-from conftest import parse_generate_args, run_tool
+from conftest import parse_generate_args, run_tool, unsafe_copy
 from fairseq_stream.checkpoint import is_trusted, load_state, trust_checkpoints, untrust_checkpoints
 from fairseq_stream.cli import plugin_dir
 from fairseq_stream.errors import CheckpointError, FairseqStreamError, UnsafeCheckpointError
 
 torch.set_num_threads(1)
-
-
-def full_state(path):
-    """Read a test-owned checkpoint with the full unpickler (to derive variants from it)."""
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def unsafe_copy(toy, path):
-    """The toy transformer with one pickled global outside the allow-list."""
-    import datetime
-
-    state = full_state(toy.transformer)
-    state["extra_state"]["note"] = datetime.date(2020, 1, 1)
-    torch.save(state, path)
-    return path
 
 
 def translator(toy, path, **kwargs):

@@ -5,14 +5,9 @@ import datetime
 import pytest
 import torch
 
-from conftest import hypotheses, run_tool
+from conftest import full_state, hypotheses, run_tool, unsafe_copy
 from fairseq_stream.checkpoint import load_checkpoint_to_cpu, load_state
 from fairseq_stream.errors import UnsafeCheckpointError
-
-
-def full_state(path):
-    """Read a test-owned checkpoint with the full unpickler (to derive variants from it)."""
-    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def legacy_copy(src, dst):
@@ -62,17 +57,8 @@ def test_ensemble_of_two_checkpoints_loads(toy):
     assert len(hypotheses(proc.stdout)) == 37
 
 
-def unsafe_copy(toy, directory):
-    directory.mkdir(parents=True, exist_ok=True)
-    state = full_state(toy.transformer)
-    state["extra_state"]["note"] = datetime.date(2020, 1, 1)  # pickled as GLOBAL datetime.date
-    path = directory / "unsafe.pt"
-    torch.save(state, path)
-    return path
-
-
 def test_unsafe_global_is_refused_with_its_name_and_the_opt_in(toy, tmp_path):
-    path = unsafe_copy(toy, tmp_path)
+    path = unsafe_copy(toy, tmp_path / "unsafe.pt")
     with pytest.raises(UnsafeCheckpointError) as err:
         load_state(str(path))
     assert "datetime.date" in str(err.value) and "--trust-checkpoint" in str(err.value)
@@ -86,11 +72,11 @@ def test_unsafe_global_is_refused_with_its_name_and_the_opt_in(toy, tmp_path):
 
 
 def test_trust_flag_loads_exactly_the_named_files(toy, tmp_path):
-    path = unsafe_copy(toy, tmp_path)
+    path = unsafe_copy(toy, tmp_path / "unsafe.pt")
     assert load_state(str(path), trust=True)["extra_state"]["note"] == datetime.date(2020, 1, 1)
     proc = generate(toy, path, "--search", "beam", "--trust-checkpoint")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(hypotheses(proc.stdout)) == 37
     # Trust is not a process-wide switch: another untrusted file is still refused.
     with pytest.raises(UnsafeCheckpointError):
-        load_state(str(unsafe_copy(toy, tmp_path / "other")))
+        load_state(str(unsafe_copy(toy, tmp_path / "other" / "unsafe.pt")))
