@@ -43,6 +43,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--runner", choices=("fairseq", "lean"), default="fairseq")
     parser.add_argument("--kernels", action="store_true", help="CUDA: also total the GPU's kernel time")
     args = parser.parse_args()
 
@@ -53,7 +54,7 @@ def main():
 
     def run():
         dec = BeamDecoder(models, task.target_dictionary, beam_size=args.beam, finalize="stay",
-                          pruning=Pruning(ap=1.5, mc=5))
+                          pruning=Pruning(ap=1.5, mc=5), runner=args.runner)
         with torch.no_grad():
             if stream is None:
                 decode_batch(dec, models, batches)

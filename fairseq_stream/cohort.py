@@ -16,7 +16,6 @@ from typing import Dict, List
 import torch
 from torch import Tensor
 
-from fairseq_stream.runner import ModelRunner, RowState
 
 
 def _pad_to(t: Tensor, sizes: Dict[int, int], value) -> Tensor:
@@ -46,7 +45,7 @@ class Cohort:
     empty: Tensor  # (S,) empty source
     best_finished: Tensor  # (S,)
     run_rows: Tensor  # slots the decoder runs next, in the runner's row order
-    state: RowState
+    state: object  # the runner's state of the run rows
     finalized: Dict[int, List[dict]] = field(default_factory=dict)  # fairseq finalization
     admitted: int = 0  # the pool's decoder-call count when its earliest sentence was admitted
 
@@ -59,7 +58,7 @@ class Cohort:
         """Decoder rows the next step would run."""
         return self.run_rows.numel()
 
-    def select(self, runner: ModelRunner, keep: Tensor) -> "Cohort":
+    def select(self, runner, keep: Tensor) -> "Cohort":
         """A new cohort with the sentences at positions ``keep`` (sorted), state included."""
         k = self.k
         slots = (keep.unsqueeze(1) * k + torch.arange(k, device=keep.device)).view(-1)
@@ -67,13 +66,7 @@ class Cohort:
         slot_pos[slots] = torch.arange(slots.numel(), device=keep.device)
         run_kept = slot_pos[self.run_rows].ge(0)
         runner_rows = run_kept.nonzero().flatten()
-        # Copy the buffer dicts: reorder replaces tensors in them, and the
-        # other part of a split still needs the originals.
-        state = RowState(
-            self.state.encoder_outs, self.state.row_sentence,
-            [{key: dict(buf) for key, buf in s.items()} for s in self.state.incremental_states],
-        )
-        runner.reorder(state, runner_rows)
+        state = runner.take(self.state, runner_rows)
         ids = self.ids[keep]
         return Cohort(
             k=k, pad=self.pad, step=self.step, ids=ids,
@@ -87,7 +80,7 @@ class Cohort:
         )
 
     @staticmethod
-    def concat(runner: ModelRunner, cohorts: List["Cohort"]) -> "Cohort":
+    def concat(runner, cohorts: List["Cohort"]) -> "Cohort":
         """Join cohorts at the same step into one (sentences in the given order)."""
         if len(cohorts) == 1:
             return cohorts[0]

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.runner import ModelRunner
+from fairseq_stream.runners import build_runner
 from fairseq_stream.search.pruning import Pruning
 from fairseq_stream.search.selection import select_fairseq, select_stay
 from fairseq_stream.stats import DecodeStats
@@ -55,6 +55,8 @@ class BeamDecoder:
         max_len_a, max_len_b, min_len, normalize_scores, len_penalty,
         unk_penalty, temperature, no_repeat_ngram_size: as fairseq's
             ``SequenceGenerator``.
+        runner: ``fairseq`` (the reference), ``lean`` or ``auto``; see
+            :func:`fairseq_stream.runners.build_runner`.
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class BeamDecoder:
         unk_penalty: float = 0.0,
         temperature: float = 1.0,
         no_repeat_ngram_size: int = 0,
+        runner: str = "fairseq",
     ):
         if finalize not in FINALIZE_MODES:
             raise FairseqStreamError(
@@ -80,7 +83,12 @@ class BeamDecoder:
             )
         if temperature <= 0:
             raise FairseqStreamError("--temperature must be greater than 0")
-        self.runner = ModelRunner(models, temperature=temperature)
+        # fairseq's exact arithmetic: every slot is a decoder row, as in SequenceGenerator.
+        self.dense = finalize == "fairseq" and not (pruning is not None and pruning.active)
+        self.runner = build_runner(runner, models, temperature=temperature, keep_fairseq=self.dense)
+        # Scores accumulate in the models' precision where it is float64
+        # (exactness tests), in float32 otherwise (fairseq's log-softmax dtype).
+        self.score_dtype = torch.float64 if self.runner.dtype == torch.float64 else torch.float32
         self.tgt_dict = tgt_dict
         self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
         self.vocab_size = len(tgt_dict)
@@ -101,11 +109,9 @@ class BeamDecoder:
             from fairseq.ngram_repeat_block import NGramRepeatBlock
 
             self.repeat_ngram_blocker = NGramRepeatBlock(no_repeat_ngram_size)
-        # fairseq's exact arithmetic: every slot is a decoder row, as in SequenceGenerator.
-        self.dense = finalize == "fairseq" and not self.pruning.active
 
     def cuda(self):
-        self.runner.model.cuda()
+        self.runner.cuda()
         return self
 
     @torch.no_grad()
@@ -167,12 +173,12 @@ class BeamDecoder:
         cohort = Cohort(
             k=k, pad=self.pad, step=0, ids=ids.to(device),
             tokens=tokens,
-            scores=torch.zeros(S0 * k, max_steps + 1, device=device),
+            scores=torch.zeros(S0 * k, max_steps + 1, dtype=self.score_dtype, device=device),
             live=live,
             done_len=torch.zeros(S0, k, dtype=torch.long, device=device),
             max_lens=max_lens,
             empty=src_lengths.eq(0),
-            best_finished=torch.full((S0,), -math.inf, device=device),
+            best_finished=torch.full((S0,), -math.inf, dtype=self.score_dtype, device=device),
             run_rows=torch.empty(0, dtype=torch.long, device=device),
             state=state,
         )
@@ -227,6 +233,7 @@ class BeamDecoder:
         # Row r of lprobs is slot run_rows[r]; all slots when dense.
         row_sentence = run_rows // k
 
+        lprobs = lprobs.to(self.score_dtype)
         lprobs[lprobs != lprobs] = -math.inf
         lprobs[:, self.pad] = -math.inf
         lprobs[:, self.unk] -= self.unk_penalty
@@ -392,9 +399,9 @@ class BeamDecoder:
         pos = scores.index_select(0, rows)[:, :width].clone()
         pos.scatter_(1, last, final.to(pos.dtype).unsqueeze(1))
         pos[:, 1:] = pos[:, 1:] - pos[:, :-1]
-        # float32 on the CPU, divided per length as fairseq's ``eos_scores /=
+        # float32 (float64 for float64 models) on the CPU, divided per length as fairseq's ``eos_scores /=
         # (step + 1) ** len_penalty``, so scores and their ranking match bitwise.
-        normalized = final.float().cpu()
+        normalized = final.to(self.score_dtype).cpu()
         if self.normalize_scores:
             by_length = torch.tensor(lens)
             for length in set(lens):
@@ -405,7 +412,7 @@ class BeamDecoder:
         return [
             {
                 "tokens": hyp_tokens[p, :length],
-                "score": torch.tensor(score, dtype=torch.float32),
+                "score": torch.tensor(score, dtype=self.score_dtype),
                 "attention": torch.empty(0),
                 "alignment": torch.empty(0),
                 "positional_scores": pos[p, :length],

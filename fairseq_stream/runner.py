@@ -57,8 +57,19 @@ class ModelRunner:
         ]
         self._owners = None
 
+    name = "fairseq"
+
     def max_decoder_positions(self):
         return self.model.max_decoder_positions()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The models' floating-point type."""
+        return next(self.model.parameters()).dtype
+
+    def cuda(self):
+        self.model.cuda()
+        return self
 
     @torch.no_grad()
     def start(self, net_input, rows_per_sentence: int, sentence_ids: Optional[Tensor] = None) -> RowState:
@@ -121,6 +132,17 @@ class ModelRunner:
             own = type(decoder).reorder_incremental_state
             if own is not FairseqIncrementalDecoder.reorder_incremental_state and inc_state:
                 own(decoder, inc_state, new_order)
+
+    def take(self, state: RowState, rows: Tensor) -> RowState:
+        """A new state holding rows ``rows`` of ``state``; ``state`` itself is left as it was."""
+        # Copy the buffer dicts: reorder replaces tensors in them, and the
+        # caller (a cohort split in two) still needs the originals.
+        taken = RowState(
+            state.encoder_outs, state.row_sentence,
+            [{key: dict(buf) for key, buf in s.items()} for s in state.incremental_states],
+        )
+        self.reorder(taken, rows)
+        return taken
 
     @torch.no_grad()
     def step_mixed(self, states: List[RowState], last_tokens: Tensor, lengths: List[int]):

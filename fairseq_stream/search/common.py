@@ -3,14 +3,19 @@
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.runners import RUNNERS
+
+RunnerChoice = ChoiceEnum(list(RUNNERS))
 from fairseq_stream.stats import DecodeStats, StatsReporter
 
 
 @dataclass
 class DecodeStatsConfig(FairseqDataclass):
+    """Options every search of ours shares: statistics and the model runner."""
+
     stats_file: Optional[str] = field(
         default=None,
         metadata={"help": "write decoding counters (sentences, timesteps, expansions, "
@@ -19,6 +24,15 @@ class DecodeStatsConfig(FairseqDataclass):
     stats_steps: bool = field(
         default=False,
         metadata={"help": "also record every decoder step (length, rows, seconds) in --stats-file"},
+    )
+    # Every search of ours runs on a runner, so the option lives with the
+    # options every search shares.
+    runner: RunnerChoice = field(
+        default="auto",
+        metadata={"help": "model runner: fairseq (fairseq's own decoder calls, the reference), lean "
+                  "(our incremental step for fairseq transformers: preallocated caches, shared "
+                  "encoder keys, fused projections) or auto (lean where every model is a supported "
+                  "transformer, else fairseq; --search fixed --finalize fairseq keeps fairseq)"},
     )
 
 
@@ -75,6 +89,9 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
         # fairseq-generate and -interactive assert this (a traceback).
         raise FairseqStreamError("--sampling needs --nbest equal to --beam (got --nbest {}, --beam {})"
                                  .format(gen_cfg.nbest, gen_cfg.beam))
+    runner = str(getattr(search_cfg, "runner", "auto"))
+    if runner not in RUNNERS:
+        raise FairseqStreamError("--runner must be one of {}, got {}".format(", ".join(RUNNERS), runner))
     if hasattr(search_cls, "pruning"):
         search_cls.pruning(search_cfg)
     if stream_cfg is not None:
@@ -103,6 +120,7 @@ def build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, 
         unk_penalty=getattr(gen_cfg, "unkpen", 0),
         temperature=getattr(gen_cfg, "temperature", 1.0),
         no_repeat_ngram_size=getattr(gen_cfg, "no_repeat_ngram_size", 0),
+        runner=str(getattr(search_cfg, "runner", "auto")),
     )
     decoder.reporter = StatsReporter(name, stats, getattr(search_cfg, "stats_file", None))
     return decoder

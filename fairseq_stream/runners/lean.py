@@ -1,0 +1,537 @@
+"""The lean runner: our own incremental decoder step for fairseq transformers.
+
+fairseq's incremental step pays, per call and per layer, for module dispatch,
+dict look-ups of its incremental state, concatenating every self-attention
+cache to append one position, and (with rows that move across sentences, as
+ours do) a copy of the encoder keys and values for every row. This runner
+reads a ``TransformerModel``'s weights once and runs the step itself:
+
+* self-attention keys and values live in one preallocated tensor per model
+  and group of rows, ``(rows, 2 * layers, heads, capacity, head_dim)``; a
+  step writes one position in place, and rows and capacity double when full;
+* encoder keys and values are computed once per sentence, ``(sentences,
+  heads, source, head_dim)``; a step packs its queries by sentence (a
+  ``(sentences, widest beam)`` layout) so that every row attends to its own
+  sentence's keys without a per-row copy;
+* query, key and value come from one fused projection;
+* attention is torch's ``scaled_dot_product_attention``;
+* a reorder moves only the rows whose parent changed (one contiguous block
+  per row).
+
+A state is a list of *segments*: groups of rows that were started together,
+each with its own caches, encoder keys and prefix length. Joining cohorts
+(the streaming pool) concatenates segment lists without copying, and one
+decoder call over cohorts of different lengths (VAR-STR-FIFO) is a call over
+their segments, each attending over its own length. Projections, layer norms
+and the feed-forward blocks run over all rows at once.
+
+Exactness: the arithmetic is fairseq's, in another order (fused projections,
+the attention kernel): in float64 the n-best lists equal the fairseq
+runner's to about 1e-12 (tests/test_lean_runner.py); in float32 printed
+hypotheses differ on a few sentences of a test set in a thousand
+(benchmarks/bench_step.py measures it).
+"""
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# Segments a state may hold before they are merged into one (each costs an
+# attention call per layer and step).
+MAX_SEGMENTS = 4
+# Initial self-attention capacity in positions; it doubles when reached.
+INITIAL_CAPACITY = 32
+
+
+def unsupported_reason(model) -> Optional[str]:
+    """Why the lean runner cannot run ``model`` (None if it can)."""
+    from fairseq.models.transformer import TransformerDecoderBase
+    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+
+    decoder = getattr(model, "decoder", None)
+    name = type(model).__name__
+    if not isinstance(decoder, TransformerDecoderBase):
+        return "{} is not a fairseq transformer".format(name)
+    if type(decoder).extract_features_scriptable is not TransformerDecoderBase.extract_features_scriptable:
+        return "{}'s decoder has its own forward".format(name)
+    if decoder.adaptive_softmax is not None:
+        return "{} has an adaptive softmax".format(name)
+    if decoder.cross_self_attention:
+        return "{} uses cross-self-attention".format(name)
+    if not isinstance(decoder.output_projection, torch.nn.Linear):
+        return "{} has an unknown output projection".format(name)
+    for layer in decoder.layers:
+        if type(layer).forward is not TransformerDecoderLayerBase.forward:
+            return "{}'s decoder layers have their own forward".format(name)
+        if layer.encoder_attn is None:
+            return "{} has a decoder without encoder attention".format(name)
+        if any(getattr(layer, a, None) is not None for a in ("c_attn", "attn_ln", "ffn_layernorm", "w_resid")):
+            return "{} uses NormFormer scaling".format(name)
+        for attention in (layer.self_attn, layer.encoder_attn):
+            if attention.bias_k is not None or attention.add_zero_attn:
+                return "{} adds bias or zero attention keys".format(name)
+            if getattr(attention, "use_xformers", False):
+                return "{} uses xformers attention".format(name)
+        if not layer.self_attn.qkv_same_dim:
+            return "{} has self-attention of different key dimensions".format(name)
+    return None
+
+
+def _norm(module):
+    """(shape, weight, bias, eps) of a LayerNorm, or None."""
+    if module is None:
+        return None
+    return (module.normalized_shape, module.weight, module.bias, module.eps)
+
+
+def _apply_norm(x, norm):
+    shape, weight, bias, eps = norm
+    return F.layer_norm(x, shape, weight, bias, eps)
+
+
+def _linear(module):
+    return (module.weight, module.bias)
+
+
+class _Layer:
+    """One decoder layer's weights, arranged for the step."""
+
+    def __init__(self, layer):
+        self_attn, cross = layer.self_attn, layer.encoder_attn
+        self.pre_norm = layer.normalize_before
+        self.qkv = (
+            torch.cat([self_attn.q_proj.weight, self_attn.k_proj.weight, self_attn.v_proj.weight]),
+            torch.cat([self_attn.q_proj.bias, self_attn.k_proj.bias, self_attn.v_proj.bias]),
+        )
+        self.self_out = _linear(self_attn.out_proj)
+        self.self_norm = _norm(layer.self_attn_layer_norm)
+        self.scaling = self_attn.scaling
+        self.cross_q = _linear(cross.q_proj)
+        self.cross_kv = (
+            torch.cat([cross.k_proj.weight, cross.v_proj.weight]),
+            torch.cat([cross.k_proj.bias, cross.v_proj.bias]),
+        )
+        self.cross_out = _linear(cross.out_proj)
+        self.cross_norm = _norm(layer.encoder_attn_layer_norm)
+        self.cross_scaling = cross.scaling
+        self.fc1, self.fc2 = _linear(layer.fc1), _linear(layer.fc2)
+        self.activation = layer.activation_fn
+        self.final_norm = _norm(layer.final_layer_norm)
+
+
+class LeanModel:
+    """One fairseq transformer's decoder weights, arranged for the lean step (views of its parameters)."""
+
+    def __init__(self, model):
+        decoder = model.decoder
+        self.model = model
+        self.embed = decoder.embed_tokens.weight
+        self.embed_scale = decoder.embed_scale
+        self.padding_idx = decoder.padding_idx
+        self.project_in = _linear(decoder.project_in_dim) if decoder.project_in_dim is not None else None
+        self.project_out = _linear(decoder.project_out_dim) if decoder.project_out_dim is not None else None
+        self.embed_norm = _norm(decoder.layernorm_embedding)
+        self.final_norm = _norm(decoder.layer_norm)
+        self.output = decoder.output_projection.weight
+        self.output_bias = decoder.output_projection.bias
+        self.layers = [_Layer(layer) for layer in decoder.layers]
+        first = decoder.layers[0].self_attn
+        self.heads, self.head_dim, self.dim = first.num_heads, first.head_dim, first.embed_dim
+        self.positions = self._position_table(decoder)
+
+    @staticmethod
+    def _position_table(decoder):
+        """Every position's embedding, indexed as fairseq does (``padding_idx + prefix length``)."""
+        from fairseq.modules import SinusoidalPositionalEmbedding
+
+        module = decoder.embed_positions
+        if module is None:
+            return None
+        if isinstance(module, SinusoidalPositionalEmbedding):
+            size = module.padding_idx + 2 + decoder.max_positions()
+            return SinusoidalPositionalEmbedding.get_embedding(
+                size, module.embedding_dim, module.padding_idx).to(module.weights)
+        return module.weight
+
+    def encode(self, net_input):
+        """fairseq's encoder, then every layer's encoder keys and values, once per sentence."""
+        out = self.model.encoder.forward_torchscript(net_input)
+        enc = out["encoder_out"][0]  # (T, S, C)
+        T, S = enc.size(0), enc.size(1)
+        keys, values = [], []
+        for layer in self.layers:
+            kv = F.linear(enc, *layer.cross_kv).view(T, S, 2, self.heads, self.head_dim)
+            kv = kv.permute(2, 1, 3, 0, 4)  # (2, S, H, T, hd)
+            keys.append(kv[0].contiguous())
+            values.append(kv[1].contiguous())
+        masks = out.get("encoder_padding_mask") or []
+        mask = None
+        if masks and masks[0] is not None and masks[0].numel() and bool(masks[0].any()):
+            mask = torch.zeros(S, 1, 1, T, dtype=enc.dtype, device=enc.device)
+            mask.masked_fill_(masks[0].view(S, 1, 1, T), -math.inf)
+        return _EncoderKeys(keys, values, mask)
+
+
+def _resized(cache: Tensor, rows: int, positions: int, length: int) -> Tensor:
+    """``cache`` in a new tensor of ``rows`` x ``positions``; only the first ``length`` positions are kept."""
+    new = cache.new_empty(rows, *cache.shape[1:3], positions, cache.size(4))
+    n = min(rows, cache.size(0))
+    new[:n, :, :, :length] = cache[:n, :, :, :length]
+    return new
+
+
+@dataclass
+class _EncoderKeys:
+    """One model's encoder keys and values per layer, ``(sentences, heads, source, head_dim)``."""
+
+    keys: List[Tensor]
+    values: List[Tensor]
+    mask: Optional[Tensor]  # (sentences, 1, 1, source) additive, or None
+
+    @property
+    def sentences(self):
+        return self.keys[0].size(0)
+
+    @property
+    def source_length(self):
+        return self.keys[0].size(2)
+
+    def select(self, sentences: Tensor) -> "_EncoderKeys":
+        return _EncoderKeys(
+            [k.index_select(0, sentences) for k in self.keys],
+            [v.index_select(0, sentences) for v in self.values],
+            self.mask.index_select(0, sentences) if self.mask is not None else None,
+        )
+
+    @staticmethod
+    def concat(parts: List["_EncoderKeys"]) -> "_EncoderKeys":
+        """Join along sentences, padding sources on the right with masked positions."""
+        length = max(p.source_length for p in parts)
+        any_mask = any(p.mask is not None for p in parts) or len({p.source_length for p in parts}) > 1
+
+        def pad(t):
+            extra = length - t.size(2)
+            return F.pad(t, (0, 0, 0, extra)) if extra else t
+
+        mask = None
+        if any_mask:
+            masks = []
+            for p in parts:
+                m = p.mask if p.mask is not None else p.keys[0].new_zeros(p.sentences, 1, 1, p.source_length)
+                masks.append(F.pad(m, (0, length - p.source_length), value=-math.inf))
+            mask = torch.cat(masks)
+        layers = range(len(parts[0].keys))
+        return _EncoderKeys(
+            [torch.cat([pad(p.keys[i]) for p in parts]) for i in layers],
+            [torch.cat([pad(p.values[i]) for p in parts]) for i in layers],
+            mask,
+        )
+
+
+class _Segment:
+    """Rows started together: their caches (one per model), encoder keys and prefix length."""
+
+    def __init__(self, encoder: List[_EncoderKeys], row_sentence: Tensor, caches: List[Tensor], length: int):
+        self.encoder = encoder  # per model; shared (read-only) by segments split from one another
+        self.row_sentence = row_sentence  # (rows,) index into the encoder keys
+        self.caches = caches  # per model (capacity rows, 2 * layers, heads, capacity positions, head_dim)
+        self.length = length  # positions written
+        self.pack = None  # (row -> packed index, widest beam), made when needed
+
+    @property
+    def rows(self):
+        return self.row_sentence.numel()
+
+    def packing(self):
+        """Each row's index in a ``(sentences, widest beam)`` layout, and the widest beam."""
+        if self.pack is None:
+            sentence = self.row_sentence
+            counts = torch.bincount(sentence, minlength=self.encoder[0].sentences)
+            order = torch.argsort(sentence, stable=True)
+            starts = torch.cumsum(counts, 0) - counts
+            position = torch.empty_like(sentence)
+            position[order] = torch.arange(sentence.numel(), device=sentence.device) - starts[sentence[order]]
+            width = max(int(counts.max()), 1) if sentence.numel() else 1
+            self.pack = (sentence * width + position, width)
+        return self.pack
+
+
+@dataclass
+class LeanState:
+    """The lean runner's state of a group of rows: segments, rows in segment order."""
+
+    segments: List[_Segment]
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.segments)
+
+
+class LeanRunner:
+    """Encode sentences, then run single-token decoder steps of fairseq transformers ourselves.
+
+    The same interface as :class:`fairseq_stream.runner.ModelRunner`.
+
+    Args:
+        models: fairseq transformer models (an ensemble of one or more) that
+            :func:`unsupported_reason` accepts.
+        temperature: divides the decoder logits, as fairseq's ``--temperature``.
+    """
+
+    name = "lean"
+
+    def __init__(self, models, temperature: float = 1.0):
+        from fairseq.sequence_generator import EnsembleModel
+
+        self.model = EnsembleModel(list(models))
+        self.model.eval()
+        self.temperature = temperature
+        self._build()
+
+    def _build(self):
+        self.lean = [LeanModel(m) for m in self.model.models]
+
+    def cuda(self):
+        self.model.cuda()
+        self._build()  # the arranged weights are views or copies of the old tensors
+        return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def max_decoder_positions(self):
+        return self.model.max_decoder_positions()
+
+    # -- the interface -----------------------------------------------------
+
+    @torch.no_grad()
+    def start(self, net_input, rows_per_sentence: int, sentence_ids: Optional[Tensor] = None) -> LeanState:
+        """Encode ``net_input``; ``rows_per_sentence`` decoder rows per sentence, nothing decoded yet."""
+        encoder = [m.encode(net_input) for m in self.lean]
+        S = net_input["src_tokens"].size(0)
+        device = net_input["src_tokens"].device
+        row_sentence = torch.arange(S, device=device).repeat_interleave(rows_per_sentence)
+        caches = [self._new_cache(m, row_sentence.numel(), INITIAL_CAPACITY, device) for m in self.lean]
+        return LeanState([_Segment(encoder, row_sentence, caches, 0)])
+
+    @torch.no_grad()
+    def step(self, state: LeanState, tokens: Tensor):
+        """Run one decoder step on all rows of ``state``; ``tokens`` (rows, length) are their prefixes.
+
+        Returns:
+            (lprobs (rows, vocab), None): no attention is kept.
+        """
+        length = tokens.size(1) - 1
+        if any(s.length != length for s in state.segments):
+            raise ValueError("internal: prefixes of {} tokens for a state at another length".format(length + 1))
+        return self._forward(state.segments, tokens[:, -1]), None
+
+    @torch.no_grad()
+    def step_mixed(self, states: List[LeanState], last_tokens: Tensor, lengths: List[int]):
+        """One decoder call over groups whose prefixes differ in length (VAR-STR-FIFO).
+
+        Every segment attends over its own prefix and gets its own positions;
+        no state is joined or padded.
+        """
+        for state, length in zip(states, lengths):
+            if any(s.length != length - 1 for s in state.segments):
+                raise ValueError("internal: a state at another length than its group's")
+        return self._forward([s for st in states for s in st.segments], last_tokens.view(-1)), None
+
+    def reorder(self, state: LeanState, new_order: Tensor):
+        """Make row ``i`` continue old row ``new_order[i]`` (select, copy or drop rows), in place."""
+        parts = self._split(state, new_order)
+        kept = []
+        for segment, order in parts:
+            if order.numel() == 0:
+                continue
+            self._reorder_segment(segment, order)
+            kept.append(segment)
+        state.segments = kept
+
+    def take(self, state: LeanState, rows: Tensor) -> LeanState:
+        """A new state holding rows ``rows`` of ``state``; ``state`` itself is left as it was."""
+        taken = []
+        for segment, order in self._split(state, rows):
+            if order.numel() == 0:
+                continue
+            caches = [cache.index_select(0, order) for cache in segment.caches]
+            taken.append(self._compacted(_Segment(segment.encoder, segment.row_sentence[order],
+                                                  caches, segment.length)))
+        return LeanState(taken)
+
+    def concat(self, states: List[LeanState]) -> LeanState:
+        """One state holding the rows of ``states`` in order; all must be at the same length."""
+        segments = [s for st in states for s in st.segments]
+        if len({s.length for s in segments}) > 1:
+            raise ValueError("joining decoder states of different steps")
+        if len(segments) > MAX_SEGMENTS:
+            segments = [self._merge(segments)]
+        return LeanState(segments)
+
+    # -- internals ---------------------------------------------------------
+
+    def _new_cache(self, lean: LeanModel, rows: int, positions: int, device):
+        # Never read before written: a step writes a position before attending to it.
+        return torch.empty(rows, 2 * len(lean.layers), lean.heads, positions, lean.head_dim,
+                           dtype=lean.embed.dtype, device=device)
+
+    @staticmethod
+    def _split(state: LeanState, order: Tensor):
+        """``order`` (rows of the whole state) as (segment, rows of that segment) pairs.
+
+        Our decoder keeps each sentence's rows in its segment and segments in
+        order; anything else is first merged into one segment.
+        """
+        segments = state.segments
+        if len(segments) == 1:
+            return [(segments[0], order)]
+        sizes = torch.tensor([s.rows for s in segments], device=order.device)
+        ends = torch.cumsum(sizes, 0)
+        owner = torch.bucketize(order, ends, right=True)
+        if order.numel() > 1 and bool((owner[1:] < owner[:-1]).any()):
+            merged = LeanRunner._merge(segments)
+            state.segments = [merged]
+            return [(merged, order)]
+        counts = torch.bincount(owner, minlength=len(segments)).tolist()
+        starts = (ends - sizes).tolist()
+        parts, at = [], 0
+        for segment, count, start in zip(segments, counts, starts):
+            parts.append((segment, order[at: at + count] - start))
+            at += count
+        return parts
+
+    @staticmethod
+    def _merge(segments: List[_Segment]) -> _Segment:
+        """One segment holding the rows of ``segments`` (same length), caches and encoder keys joined."""
+        length = segments[0].length
+        capacity = max(s.caches[0].size(3) for s in segments)
+        caches = []
+        for i in range(len(segments[0].caches)):
+            parts = [_resized(s.caches[i][: s.rows], s.rows, capacity, length) for s in segments]
+            caches.append(torch.cat(parts, dim=0))
+        offsets, sentence = 0, []
+        for s in segments:
+            sentence.append(s.row_sentence + offsets)
+            offsets += s.encoder[0].sentences
+        encoder = [_EncoderKeys.concat([s.encoder[i] for s in segments]) for i in range(len(segments[0].encoder))]
+        return LeanRunner._compacted(_Segment(encoder, torch.cat(sentence), caches, length))
+
+    @staticmethod
+    def _compacted(segment: _Segment) -> _Segment:
+        """Drop encoder keys of sentences that have no row left."""
+        sentences = segment.encoder[0].sentences
+        present = torch.zeros(sentences, dtype=torch.bool, device=segment.row_sentence.device)
+        present[segment.row_sentence] = True
+        kept = present.nonzero().flatten()
+        if kept.numel() < sentences:
+            segment.encoder = [e.select(kept) for e in segment.encoder]
+            remap = torch.cumsum(present, 0) - 1
+            segment.row_sentence = remap[segment.row_sentence]
+        segment.pack = None
+        return segment
+
+    def _reorder_segment(self, segment: _Segment, order: Tensor):
+        rows = order.numel()
+        capacity = segment.caches[0].size(0)
+        if rows > capacity:
+            segment.caches = [_resized(c, max(rows, 2 * capacity), c.size(3), segment.length)
+                              for c in segment.caches]
+        # Move only the rows whose parent is another row; sources are read
+        # (gathered) before any row is overwritten.
+        moved = (order != torch.arange(rows, device=order.device)).nonzero().flatten()
+        if moved.numel() and segment.length:
+            source = order.index_select(0, moved)
+            for cache in segment.caches:
+                cache.index_copy_(0, moved, cache.index_select(0, source))
+        new_sentence = segment.row_sentence.index_select(0, order)
+        if not torch.equal(new_sentence, segment.row_sentence):
+            segment.row_sentence = new_sentence
+            self._compacted(segment)
+
+    def _forward(self, segments: List[_Segment], last_tokens: Tensor) -> Tensor:
+        """One step of every model over the segments' rows; the ensemble's log-probabilities."""
+        bounds, at = [], 0
+        for s in segments:
+            bounds.append((at, at + s.rows))
+            at += s.rows
+        for s in segments:
+            if s.length >= s.caches[0].size(3):
+                s.caches = [_resized(c, c.size(0), 2 * c.size(3), s.length) for c in s.caches]
+        lprobs = [self._model_step(i, lean, segments, bounds, last_tokens) for i, lean in enumerate(self.lean)]
+        for s in segments:
+            s.length += 1
+        if len(lprobs) == 1:
+            return lprobs[0]
+        return torch.logsumexp(torch.stack(lprobs, dim=0), dim=0) - math.log(len(lprobs))
+
+    def _model_step(self, index: int, lean: LeanModel, segments, bounds, last_tokens):
+        H, hd, D = lean.heads, lean.head_dim, lean.dim
+        x = lean.embed_scale * F.embedding(last_tokens, lean.embed)
+        if lean.project_in is not None:
+            x = F.linear(x, *lean.project_in)
+        if lean.positions is not None:
+            index_of = [lean.padding_idx + s.length + 1 for s in segments]
+            if len(set(index_of)) == 1:
+                x = x + lean.positions[index_of[0]]
+            else:
+                rows = torch.cat([torch.full((s.rows,), i, dtype=torch.long, device=x.device)
+                                  for s, i in zip(segments, index_of)])
+                x = x + lean.positions.index_select(0, rows)
+        if lean.embed_norm is not None:
+            x = _apply_norm(x, lean.embed_norm)
+        for l, layer in enumerate(lean.layers):
+            # Self-attention: write this position's key and value, attend over the prefix.
+            residual = x
+            h = _apply_norm(x, layer.self_norm) if layer.pre_norm else x
+            q, k, v = F.linear(h, *layer.qkv).split(D, dim=-1)
+            outs = []
+            for s, (a, b) in zip(segments, bounds):
+                n, L = b - a, s.length
+                cache = s.caches[index]
+                cache[:n, 2 * l, :, L] = k[a:b].view(n, H, hd)
+                cache[:n, 2 * l + 1, :, L] = v[a:b].view(n, H, hd)
+                outs.append(F.scaled_dot_product_attention(
+                    q[a:b].view(n, H, 1, hd), cache[:n, 2 * l, :, : L + 1], cache[:n, 2 * l + 1, :, : L + 1],
+                    scale=layer.scaling).view(n, D))
+            x = residual + F.linear(outs[0] if len(outs) == 1 else torch.cat(outs), *layer.self_out)
+            if not layer.pre_norm:
+                x = _apply_norm(x, layer.self_norm)
+            # Encoder attention: queries packed by sentence, one key set per sentence.
+            residual = x
+            h = _apply_norm(x, layer.cross_norm) if layer.pre_norm else x
+            q = F.linear(h, *layer.cross_q)
+            outs = []
+            for s, (a, b) in zip(segments, bounds):
+                enc = s.encoder[index]
+                where, width = s.packing()
+                packed = q.new_zeros(enc.sentences * width, D)
+                packed[where] = q[a:b]
+                out = F.scaled_dot_product_attention(
+                    packed.view(enc.sentences, width, H, hd).transpose(1, 2),
+                    enc.keys[l], enc.values[l], attn_mask=enc.mask, scale=layer.cross_scaling)
+                outs.append(out.transpose(1, 2).reshape(enc.sentences * width, D)[where])
+            x = residual + F.linear(outs[0] if len(outs) == 1 else torch.cat(outs), *layer.cross_out)
+            if not layer.pre_norm:
+                x = _apply_norm(x, layer.cross_norm)
+            # Feed-forward.
+            residual = x
+            h = _apply_norm(x, layer.final_norm) if layer.pre_norm else x
+            x = residual + F.linear(layer.activation(F.linear(h, *layer.fc1)), *layer.fc2)
+            if not layer.pre_norm:
+                x = _apply_norm(x, layer.final_norm)
+        if lean.final_norm is not None:
+            x = _apply_norm(x, lean.final_norm)
+        if lean.project_out is not None:
+            x = F.linear(x, *lean.project_out)
+        logits = F.linear(x, lean.output, lean.output_bias)
+        if self.temperature != 1.0:
+            logits = logits.div_(self.temperature)
+        # fairseq normalizes in float32 whatever the model's type; float64 stays float64.
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        return torch.log_softmax(logits, dim=-1, dtype=dtype)

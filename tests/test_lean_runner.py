@@ -1,0 +1,207 @@
+"""The lean runner against the fairseq runner (the reference) on real decoding.
+
+Exactness is tested in float64, end to end: the models, fairseq's attention
+softmax and output log-softmax (fairseq takes both in float32 whatever the
+model's type; ``float64_fairseq`` lifts that for these tests) and the search's
+scores. Every search's n-best lists must then be identical in tokens and
+equal in scores and positional scores to 1e-9 (seen: below 1e-13), under
+every scheduler, for the toy transformer, a two-model ensemble, a model of
+the WMT'19 big architecture and a pre-norm model with learned positions (both
+with random weights). In float32 the test set's printed hypotheses are
+compared on the toy models; whole-test-set float32 numbers on the Multi30k
+model are in ``benchmarks/bench_step.py``.
+"""
+
+import argparse
+import copy
+
+import pytest
+import torch
+
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.runners import build_runner
+from fairseq_stream.runners.lean import LeanRunner, unsupported_reason
+from fairseq_stream.schedule.pool import StreamPool
+from fairseq_stream.search.pruning import Pruning
+
+torch.set_num_threads(1)
+
+SEARCHES = {
+    "greedy": dict(beam_size=1),
+    "fixed": dict(beam_size=5, finalize="fairseq"),
+    "fixed-stay": dict(beam_size=5, finalize="stay"),
+    "var-batch": dict(beam_size=5, finalize="stay", pruning=Pruning(ap=1.5, mc=5)),
+}
+SCHEDULERS = {
+    "batch": None,
+    "stream": dict(pool_size=8, eps=1 / 6, order="shortest"),
+    "fifo": dict(pool_size=8, eps=1 / 6, order="fifo"),
+}
+
+
+@pytest.fixture
+def float64_fairseq(monkeypatch):
+    """fairseq's softmax helpers in the input's dtype (fairseq: always float32), for these tests only."""
+    from fairseq import utils
+
+    monkeypatch.setattr(utils, "softmax", lambda x, dim, onnx_trace=False: torch.softmax(x, dim=dim))
+    monkeypatch.setattr(utils, "log_softmax", lambda x, dim, onnx_trace=False: torch.log_softmax(x, dim=dim))
+
+
+def random_transformer(task, arch, **overrides):
+    """A fairseq transformer of architecture ``arch`` for the toy task, random weights (seed 0)."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    args = argparse.Namespace(arch=arch, share_all_embeddings=True, dropout=0.0, **overrides)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    torch.manual_seed(0)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, task).eval()
+
+
+@pytest.fixture(scope="module")
+def models64(exact):
+    """name -> (float64 models, task): real toy checkpoints and random models of other architectures."""
+    cache = {}
+
+    def load(name):
+        if name not in cache:
+            if name in ("transformer", "ensemble"):
+                cache[name] = exact(name)
+            else:
+                _, task = exact("transformer")
+                if name == "wmt19-big":
+                    # The WMT'19 De-En/Ru-En models: transformer_wmt_en_de_big
+                    # (post-norm, 1024 dims, 16 heads, 6+6 layers) with FFN 8192.
+                    model = random_transformer(task, "transformer_wmt_en_de_big",
+                                               encoder_ffn_embed_dim=8192, decoder_ffn_embed_dim=8192)
+                else:  # pre-norm, learned positions, embedding layer norm, no embedding scale
+                    model = random_transformer(
+                        task, "transformer", encoder_embed_dim=64, decoder_embed_dim=64,
+                        encoder_ffn_embed_dim=128, decoder_ffn_embed_dim=128, encoder_layers=2,
+                        decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                        encoder_normalize_before=True, decoder_normalize_before=True,
+                        decoder_learned_pos=True, encoder_learned_pos=True, layernorm_embedding=True,
+                        no_scale_embedding=True, activation_fn="gelu")
+                cache[name] = ([model.double()], task)
+        return cache[name]
+
+    return load
+
+
+def samples(task, size, limit):
+    """fairseq's length-sorted batches of the test set, sentences with id < limit only."""
+    dataset = task.dataset("test")
+    itr = task.get_batch_iterator(dataset=dataset, max_sentences=size,
+                                  required_batch_size_multiple=1).next_epoch_itr(shuffle=False)
+    ids = [i for b in itr for i in b["id"].tolist() if i < limit]
+    return [dataset.collater([dataset[i] for i in ids[j:j + size]]) for j in range(0, len(ids), size)]
+
+
+def decode(dec, models, batches, scheduler):
+    out = {}
+    with torch.no_grad():
+        if scheduler is None:
+            for s in batches:
+                out.update(zip(s["id"].tolist(), dec.generate(models, s)))
+        else:
+            pool = StreamPool(dec, **scheduler)
+            for sid, hyps in pool.run(dec.open(s["net_input"], ids=s["id"]) for s in batches):
+                assert sid not in out
+                out[sid] = hyps
+    return out
+
+
+def differences(ref, ours, tolerance=1e-9):
+    """Sentences whose n-best lists differ in tokens, or in scores by more than ``tolerance``."""
+    assert sorted(ref) == sorted(ours), "not every sentence came out exactly once"
+    bad = []
+    for sid in ref:
+        a, b = ref[sid], ours[sid]
+        same = len(a) == len(b) and all(
+            torch.equal(x["tokens"], y["tokens"])
+            and abs(float(x["score"]) - float(y["score"])) <= tolerance
+            and torch.allclose(x["positional_scores"], y["positional_scores"], rtol=0, atol=tolerance)
+            for x, y in zip(a, b))
+        if not same:
+            bad.append(sid)
+    return bad
+
+
+# Sentences and length limits per model: the random big model is slow and
+# never emits EOS by itself, so it gets a few sentences and short outputs.
+SETTINGS = {
+    "transformer": dict(limit=40, batch=8, max_len_b=200),
+    "ensemble": dict(limit=40, batch=8, max_len_b=200),
+    "prenorm-learned": dict(limit=16, batch=8, max_len_b=12),
+    "wmt19-big": dict(limit=3, batch=3, max_len_b=6),
+}
+_references = {}
+
+
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+@pytest.mark.parametrize("search", sorted(SEARCHES))
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_lean_nbest_equals_fairseq_runner_float64(models64, float64_fairseq, name, search, scheduler):
+    if name == "wmt19-big" and scheduler != "batch":
+        pytest.skip("the big model runs under batch only (its streaming paths are the toy models')")
+    models, task = models64(name)
+    settings = SETTINGS[name]
+    batches = samples(task, settings["batch"], settings["limit"])
+    opts = dict(SEARCHES[search], max_len_a=0, max_len_b=settings["max_len_b"])
+    key = (name, search)
+    if key not in _references:
+        _references[key] = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts),
+                                  models, batches, None)
+    dec = BeamDecoder(models, task.target_dictionary, runner="lean", **opts)
+    assert isinstance(dec.runner, LeanRunner)
+    ours = decode(dec, models, batches, SCHEDULERS[scheduler])
+    assert len(ours) == min(settings["limit"], len(task.dataset("test")))
+    assert differences(_references[key], ours) == []
+
+
+def test_lean_float32_prints_the_same_hypotheses(loaded):
+    """float32, as users run it: the best hypothesis of every toy test sentence, both models, var-stream."""
+    models, task = loaded("ensemble")
+    batches = samples(task, 8, 1000)
+    opts = SEARCHES["var-batch"]
+    ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts), models, batches, None)
+    ours = decode(BeamDecoder(models, task.target_dictionary, runner="lean", **opts), models, batches,
+                  SCHEDULERS["stream"])
+    assert {s: ref[s][0]["tokens"].tolist() for s in ref} == {s: ours[s][0]["tokens"].tolist() for s in ours}
+
+
+def test_auto_picks_lean_for_transformers_and_keeps_fairseq_where_promised(loaded, caplog):
+    from fairseq_stream.runner import ModelRunner
+
+    transformers, _ = loaded("ensemble")
+    lstm, _ = loaded("lstm")
+    assert isinstance(build_runner("auto", transformers), LeanRunner)
+    # --search fixed --finalize fairseq promises fairseq's bits: auto keeps the fairseq runner ...
+    assert isinstance(build_runner("auto", transformers, keep_fairseq=True), ModelRunner)
+    # ... unless lean is asked for.
+    assert isinstance(build_runner("lean", transformers, keep_fairseq=True), LeanRunner)
+    # An architecture the lean runner does not know: the fairseq runner, said in one log line.
+    with caplog.at_level("INFO"):
+        assert isinstance(build_runner("lean", lstm), ModelRunner)
+    assert unsupported_reason(lstm[0]) == "LSTMModel is not a fairseq transformer"
+    assert any("LSTMModel is not a fairseq transformer; using the fairseq runner" in r.getMessage()
+               for r in caplog.records)
+
+
+@pytest.mark.parametrize("max_segments", [1, 4])
+def test_cohort_split_and_join_keep_lean_state_consistent(exact, float64_fairseq, monkeypatch, max_segments):
+    """A pool that splits cohorts to respect a capacity and joins them again: same n-best as batch.
+
+    With one segment at most, every join merges caches and encoder keys of
+    different source lengths into one segment.
+    """
+    from fairseq_stream.runners import lean
+
+    monkeypatch.setattr(lean, "MAX_SEGMENTS", max_segments)
+    models, task = exact("transformer")
+    batches = samples(task, 8, 40)
+    opts = SEARCHES["var-batch"]
+    ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts), models, batches, None)
+    dec = BeamDecoder(models, task.target_dictionary, runner="lean", **opts)
+    ours = decode(dec, models, batches, dict(pool_size=16, eps=1 / 6, order="shortest", capacity=7))
+    assert differences(ref, ours) == []
