@@ -81,7 +81,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["fairseq_stream", "fairseq_stream.*"]),
     install_requires=REQUIREMENTS,
-    extras_require={"test": ["pytest==9.2.0", "pytest-xdist==3.8.0"]},
+    extras_require={"test": ["pytest==9.2.0", "pytest-xdist==3.8.0"], "bench": ["ctranslate2==4.8.5"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     entry_points={
