@@ -188,16 +188,21 @@ def test_auto_picks_lean_for_transformers_and_keeps_fairseq_where_promised(loade
                for r in caplog.records)
 
 
-@pytest.mark.parametrize("max_segments", [1, 4])
-def test_cohort_split_and_join_keep_lean_state_consistent(exact, float64_fairseq, monkeypatch, max_segments):
+@pytest.mark.parametrize("tight", [False, True])
+def test_cohort_split_and_join_keep_lean_state_consistent(exact, float64_fairseq, monkeypatch, tight):
     """A pool that splits cohorts to respect a capacity and joins them again: same n-best as batch.
 
-    With one segment at most, every join merges caches and encoder keys of
-    different source lengths into one segment.
+    ``tight`` makes every state-management path run: every join merges
+    caches and encoder keys of different source lengths into one segment,
+    caches start at 2 positions (they double as prefixes grow) and are
+    compacted as soon as half their slots are free.
     """
     from fairseq_stream.runners import lean
 
-    monkeypatch.setattr(lean, "MAX_SEGMENTS", max_segments)
+    if tight:
+        monkeypatch.setattr(lean, "MAX_SEGMENTS", 1)
+        monkeypatch.setattr(lean, "INITIAL_CAPACITY", 2)
+        monkeypatch.setattr(lean, "COMPACT_ABOVE_SLOTS", 1)
     models, task = exact("transformer")
     batches = samples(task, 8, 40)
     opts = SEARCHES["var-batch"]

@@ -15,8 +15,9 @@ reads a ``TransformerModel``'s weights once and runs the step itself:
   sentence's keys without a per-row copy;
 * query, key and value come from one fused projection;
 * attention is torch's ``scaled_dot_product_attention``;
-* a reorder moves only the rows whose parent changed (one contiguous block
-  per row).
+* rows name their cache slot through an index: a reorder copies only the
+  rows that a parent passes to a second child, and a step attends in slot
+  order.
 
 A state is a list of *segments*: groups of rows that were started together,
 each with its own caches, encoder keys and prefix length. Joining cohorts
@@ -45,6 +46,9 @@ from torch import Tensor
 MAX_SEGMENTS = 4
 # Initial self-attention capacity in positions; it doubles when reached.
 INITIAL_CAPACITY = 32
+# A segment with more than twice as many cache slots as rows, and at least
+# twice this many, is compacted.
+COMPACT_ABOVE_SLOTS = 32
 
 
 def unsupported_reason(model) -> Optional[str]:
@@ -178,7 +182,9 @@ class LeanModel:
 
 def _resized(cache: Tensor, rows: int, positions: int, length: int) -> Tensor:
     """``cache`` in a new tensor of ``rows`` x ``positions``; only the first ``length`` positions are kept."""
-    new = cache.new_empty(rows, *cache.shape[1:3], positions, cache.size(4))
+    # Zeros, not garbage: free slots take part in attention (their results
+    # are dropped), and stray denormals or NaNs would slow it down.
+    new = cache.new_zeros(rows, *cache.shape[1:3], positions, cache.size(4))
     n = min(rows, cache.size(0))
     new[:n, :, :, :length] = cache[:n, :, :, :length]
     return new
@@ -239,12 +245,19 @@ class _Segment:
         self.encoder = encoder  # per model; shared (read-only) by segments split from one another
         self.row_sentence = row_sentence  # (rows,) index into the encoder keys
         self.caches = caches  # per model (capacity rows, 2 * layers, heads, capacity positions, head_dim)
+        self.slot = None  # (rows,) each row's cache slot; None: row i is slot i
         self.length = length  # positions written
         self.pack = None  # (row -> packed index, widest beam), made when needed
 
     @property
     def rows(self):
         return self.row_sentence.numel()
+
+    def slots(self) -> Tensor:
+        """Each row's cache slot."""
+        if self.slot is None:
+            return torch.arange(self.rows, device=self.row_sentence.device)
+        return self.slot
 
     def packing(self):
         """Each row's index in a ``(sentences, widest beam)`` layout, and the widest beam."""
@@ -360,7 +373,8 @@ class LeanRunner:
         for segment, order in self._split(state, rows):
             if order.numel() == 0:
                 continue
-            caches = [cache.index_select(0, order) for cache in segment.caches]
+            slots = segment.slots().index_select(0, order)
+            caches = [cache.index_select(0, slots) for cache in segment.caches]
             taken.append(self._compacted(_Segment(segment.encoder, segment.row_sentence[order],
                                                   caches, segment.length)))
         return LeanState(taken)
@@ -377,8 +391,7 @@ class LeanRunner:
     # -- internals ---------------------------------------------------------
 
     def _new_cache(self, lean: LeanModel, rows: int, positions: int, device):
-        # Never read before written: a step writes a position before attending to it.
-        return torch.empty(rows, 2 * len(lean.layers), lean.heads, positions, lean.head_dim,
+        return torch.zeros(rows, 2 * len(lean.layers), lean.heads, positions, lean.head_dim,
                            dtype=lean.embed.dtype, device=device)
 
     @staticmethod
@@ -413,7 +426,8 @@ class LeanRunner:
         capacity = max(s.caches[0].size(3) for s in segments)
         caches = []
         for i in range(len(segments[0].caches)):
-            parts = [_resized(s.caches[i][: s.rows], s.rows, capacity, length) for s in segments]
+            parts = [_resized(s.caches[i].index_select(0, s.slots()), s.rows, capacity, length)
+                     for s in segments]
             caches.append(torch.cat(parts, dim=0))
         offsets, sentence = 0, []
         for s in segments:
@@ -437,18 +451,36 @@ class LeanRunner:
         return segment
 
     def _reorder_segment(self, segment: _Segment, order: Tensor):
-        rows = order.numel()
+        rows, length = order.numel(), segment.length
+        arange = torch.arange(rows, device=order.device)
+        slot = segment.slots().index_select(0, order)
         capacity = segment.caches[0].size(0)
-        if rows > capacity:
-            segment.caches = [_resized(c, max(rows, 2 * capacity), c.size(3), segment.length)
-                              for c in segment.caches]
-        # Move only the rows whose parent is another row; sources are read
-        # (gathered) before any row is overwritten.
-        moved = (order != torch.arange(rows, device=order.device)).nonzero().flatten()
-        if moved.numel() and segment.length:
-            source = order.index_select(0, moved)
-            for cache in segment.caches:
-                cache.index_copy_(0, moved, cache.index_select(0, source))
+        # A row keeps its parent's slot; a parent's second and later children
+        # get free slots with a copy of its keys and values.
+        first = torch.full((capacity,), rows, dtype=torch.long, device=order.device)
+        first.scatter_reduce_(0, slot, arange, reduce="amin")
+        children = (first.index_select(0, slot) != arange).nonzero().flatten()
+        if children.numel():
+            used = torch.zeros(capacity, dtype=torch.bool, device=order.device)
+            used[slot] = True
+            free = (~used).nonzero().flatten()
+            if free.numel() < children.numel():
+                grown = max(capacity + children.numel() - free.numel(), 2 * capacity)
+                segment.caches = [_resized(c, grown, c.size(3), length) for c in segment.caches]
+                free = torch.cat([free, torch.arange(capacity, grown, device=order.device)])
+                capacity = grown
+            target = free[: children.numel()]
+            if length:
+                source = slot.index_select(0, children)
+                for cache in segment.caches:
+                    cache[target, :, :, :length] = cache[source, :, :, :length]
+            slot = slot.index_put((children,), target)
+        if capacity >= 2 * COMPACT_ABOVE_SLOTS and 2 * rows < capacity:
+            # Most slots are free (sentences ended): attention runs over every
+            # slot, so gather the used ones.
+            segment.caches = [c.index_select(0, slot) for c in segment.caches]
+            slot = arange
+        segment.slot = None if torch.equal(slot, arange) else slot
         new_sentence = segment.row_sentence.index_select(0, order)
         if not torch.equal(new_sentence, segment.row_sentence):
             segment.row_sentence = new_sentence
@@ -494,11 +526,23 @@ class LeanRunner:
             for s, (a, b) in zip(segments, bounds):
                 n, L = b - a, s.length
                 cache = s.caches[index]
-                cache[:n, 2 * l, :, L] = k[a:b].view(n, H, hd)
-                cache[:n, 2 * l + 1, :, L] = v[a:b].view(n, H, hd)
-                outs.append(F.scaled_dot_product_attention(
-                    q[a:b].view(n, H, 1, hd), cache[:n, 2 * l, :, : L + 1], cache[:n, 2 * l + 1, :, : L + 1],
-                    scale=layer.scaling).view(n, D))
+                if s.slot is None:
+                    cache[:n, 2 * l, :, L] = k[a:b].view(n, H, hd)
+                    cache[:n, 2 * l + 1, :, L] = v[a:b].view(n, H, hd)
+                    outs.append(F.scaled_dot_product_attention(
+                        q[a:b].view(n, H, 1, hd), cache[:n, 2 * l, :, : L + 1],
+                        cache[:n, 2 * l + 1, :, : L + 1], scale=layer.scaling).view(n, D))
+                else:
+                    # Attend in slot order (free slots included, their output
+                    # dropped) rather than gathering every row's keys.
+                    cache[s.slot, 2 * l, :, L] = k[a:b].view(n, H, hd)
+                    cache[s.slot, 2 * l + 1, :, L] = v[a:b].view(n, H, hd)
+                    slots = cache.size(0)
+                    query = q.new_zeros(slots, D).index_copy_(0, s.slot, q[a:b])
+                    out = F.scaled_dot_product_attention(
+                        query.view(slots, H, 1, hd), cache[:, 2 * l, :, : L + 1],
+                        cache[:, 2 * l + 1, :, : L + 1], scale=layer.scaling)
+                    outs.append(out.view(slots, D).index_select(0, s.slot))
             x = residual + F.linear(outs[0] if len(outs) == 1 else torch.cat(outs), *layer.self_out)
             if not layer.pre_norm:
                 x = _apply_norm(x, layer.self_norm)
