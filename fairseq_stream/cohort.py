@@ -40,7 +40,9 @@ class Cohort:
     tokens: Tensor  # (S*k, width + 2)
     scores: Tensor  # (S*k, width + 1)
     live: Tensor  # (S, k) unfinished hypotheses to extend
-    done_len: Tensor  # (S, k) length of finished hypotheses on the beam (stay)
+    # (S, k) stay: length of the finished hypotheses on the beam; fairseq: the
+    # lengths of the sentence's finalized hypotheses, in order (0: none yet)
+    done_len: Tensor
     max_lens: Tensor  # (S,)
     empty: Tensor  # (S,) empty source
     best_finished: Tensor  # (S,)

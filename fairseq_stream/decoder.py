@@ -222,7 +222,15 @@ class BeamDecoder:
         return time.perf_counter() - t0
 
     def update(self, c: Cohort, lprobs: Tensor) -> Dict[int, List[Dict[str, Tensor]]]:
-        """The search step of ``c`` given the decoder's output for its run rows (in place)."""
+        """The search step of ``c`` given the decoder's output for its run rows (in place).
+
+        Returns the sentences that finished (id -> hypotheses, best first);
+        they leave the cohort. The step is tensor operations but for one
+        read of a small summary (which sentences end, their ids, how many
+        rows stay live and, under ``--finalize fairseq``, how many hypotheses
+        each finalized): the only host synchronization of a step in which no
+        sentence ends. A step in which some end also reads their hypotheses.
+        """
         device = c.tokens.device
         k, V = self.beam_size, self.vocab_size
         stay = self.finalize == "stay"
@@ -230,146 +238,266 @@ class BeamDecoder:
         tokens, scores = c.tokens, c.scores
         S = c.size
 
-        # Row r of lprobs is slot run_rows[r]; all slots when dense.
-        row_sentence = run_rows // k
-
-        lprobs = lprobs.to(self.score_dtype)
-        lprobs[lprobs != lprobs] = -math.inf
-        lprobs[:, self.pad] = -math.inf
-        lprobs[:, self.unk] -= self.unk_penalty
-        at_max = (step >= max_lens)[row_sentence]
-        if at_max.any():
-            eos_col = lprobs[at_max, self.eos].clone()
-            lprobs[at_max] = -math.inf
-            lprobs[at_max, self.eos] = eos_col
-        if step < self.min_len:
-            lprobs[:, self.eos] = -math.inf
-        if self.repeat_ngram_blocker is not None:
-            rows = run_rows.numel()
-            lprobs = self.repeat_ngram_blocker(tokens[run_rows], lprobs, rows, 1, step)
-
+        lprobs = self._constrain(c, lprobs)
         word_of = None  # candidate index -> word, where candidates are not the whole vocabulary
         per_slot = V  # candidates per beam slot in cand
         if step == 0 and self.dense:
             # All slots hold the same start: extend slot 0 only (as fairseq).
-            cand = local = lprobs.view(S, k, V)[:, 0, :]
-            slot_of = None
+            cand = local = self._nan_to_neg_inf_(lprobs.view(S, k, V)[:, 0, :])
         elif self.dense:
-            local = lprobs.view(S, k * V)
-            cand = (lprobs + scores[:, step - 1 : step]).view(S, k * V)
-            slot_of = None
+            # In place: nothing reads the log-probabilities of single words
+            # here (dense means no pruning heuristic, the only reader).
+            cand = local = self._nan_to_neg_inf_(lprobs.add_(scores[:, step - 1 : step]).view(S, k * V))
         else:
             # Each row's best candidates first: a sentence's best k (2k for
             # fairseq's rule) are among its rows' best k (2k), so selection
-            # then works on (sentences, widest beam x n) instead of x V.
+            # then works on (sentences, k x n) instead of x V. Each row goes
+            # to its own slot (empty slots hold -inf), so that a candidate's
+            # slot is its index // n and no count of live rows is read back.
             n = min(k if stay else 2 * k, V)
             row_scores = lprobs + scores[run_rows, step - 1 : step] if step > 0 else lprobs
-            top_scores, top_words = torch.topk(row_scores, k=n, dim=1)
-            position, width = self._pack_positions(row_sentence, S)
-            packed = top_scores.new_full((S, width, n), -math.inf)
-            packed[row_sentence, position] = top_scores
-            cand = packed.view(S, width * n)
-            words = top_words.new_zeros((S, width, n))
-            words[row_sentence, position] = top_words
-            word_of = words.view(S, width * n)
-            local = lprobs.new_zeros((S, width, n))
-            local[row_sentence, position] = lprobs.gather(1, top_words)
-            local = local.view(S, width * n)
-            slot_of = torch.zeros(S, width, dtype=torch.long, device=device)
-            slot_of[row_sentence, position] = run_rows % k
+            top_scores, top_words = torch.topk(self._nan_to_neg_inf_(row_scores), k=n, dim=1)
+            cand = top_scores.new_full((S * k, n), -math.inf).index_copy_(0, run_rows, top_scores)
+            cand = cand.view(S, k * n)
+            word_of = top_words.new_zeros((S * k, n)).index_copy_(0, run_rows, top_words).view(S, k * n)
+            top_local = self._nan_to_neg_inf_(lprobs.gather(1, top_words))
+            local = top_local.new_zeros((S * k, n)).index_copy_(0, run_rows, top_local).view(S, k * n)
             per_slot = n
 
-        finished: Dict[int, List[Dict[str, Tensor]]] = {}
         if stay:
             sel = select_stay(cand, local, self._done_scores(c.done_len, scores, S, k),
                               k, per_slot, self.eos, self.pad, self.pruning, word_of)
+            finished = sel.finished
+            new_done_len = torch.where(
+                sel.fresh, torch.full_like(sel.parent, step + 1), c.done_len.gather(1, sel.parent)
+            ).masked_fill(~sel.done, 0)
+            n_final = None
         else:
             sel = select_fairseq(cand, local, k, per_slot, self.eos, self.pruning, c.best_finished, word_of)
-            if slot_of is not None:
-                sel.eos_slot = slot_of[sel.eos_sentence, sel.eos_slot]
-            self._finalize_fairseq(sel, step, c.finalized, c.ids, c.best_finished, tokens, scores, k)
-            counts = torch.tensor([len(c.finalized.get(i, ())) for i in c.ids.tolist()], device=device)
-            sel.finished |= counts.ge(k) | max_lens.le(step)
-        if slot_of is not None:
-            carried = sel.done & ~sel.fresh
-            sel.parent = torch.where(carried, sel.parent, slot_of.gather(1, sel.parent.clamp(max=slot_of.size(1) - 1)))
-        finished_now = sel.finished | c.empty
-        new_done_len = torch.where(
-            sel.fresh, torch.full_like(sel.parent, step + 1), c.done_len.gather(1, sel.parent)
-        ).masked_fill(~sel.done, 0)
+            # No finished hypothesis stays on the beam here, so done_len
+            # counts the finalized ones instead: slot j holds the length of
+            # the sentence's j-th (0: none yet). The count travels with the
+            # sentence when cohorts split or join, and tells on the device
+            # (not by a look at the host's lists) when a sentence has its k.
+            n_final = sel.eos_mask.sum(dim=1)
+            had = c.done_len.gt(0).sum(dim=1, keepdim=True)
+            now = (had + n_final.unsqueeze(1)).clamp(max=k)
+            slot = torch.arange(k, device=device)
+            new_done_len = c.done_len.masked_fill(slot.ge(had) & slot.lt(now), step + 1)
+            finished = sel.finished | now.squeeze(1).ge(k) | max_lens.le(step)
+            best = sel.top_score.masked_fill(~sel.eos_mask, -math.inf).amax(dim=1)
+            c.best_finished = torch.maximum(c.best_finished, best.to(c.best_finished.dtype))
+        finished_now = finished | c.empty
 
-        ending = finished_now.nonzero().flatten()
-        if ending.numel():
-            collected = self._collect_stay(ending, sel, new_done_len, tokens, scores, k) if stay else None
-            for e, (sid, empty) in enumerate(zip(c.ids[ending].tolist(), c.empty[ending].tolist())):
-                if empty:
+        # The step's one host read: per sentence, 1 if it ends (+2 for an
+        # empty source) and its id; the finalized counts; the live rows left.
+        live = sel.live
+        parts = [finished_now.long() + c.empty.long() * 2, c.ids.long()]
+        if n_final is not None:
+            parts.append(n_final)
+        if not self.dense:
+            parts.append((live & ~finished_now.unsqueeze(1)).sum().view(1))
+        summary = torch.cat(parts).tolist()
+        ids = summary[S : 2 * S]
+        ending = [s for s in range(S) if summary[s] & 1] if any(summary[:S]) else []
+
+        if n_final is not None:
+            self._finalize_fairseq(sel, step, c.finalized, ids, summary[2 * S : 3 * S], tokens, scores)
+        results: Dict[int, List[Dict[str, Tensor]]] = {}
+        if ending:
+            ending_rows = self._compact(finished_now, len(ending))
+            if stay:
+                collected = self._collect_stay(ending_rows, sel, new_done_len, tokens, scores)
+            else:
+                collected = self._score_finalized([c.finalized.pop(ids[s], []) for s in ending])
+            for s, (hyps, values) in zip(ending, collected):
+                if summary[s] & 2:
                     # Empty sources get an empty hypothesis (fairseq would
                     # translate the lone EOS into something).
-                    hyps = [self._empty_hypo(device)]
-                elif stay:
-                    hyps = collected[e]
-                else:
-                    hyps = c.finalized.pop(sid, [])
-                order = torch.sort(torch.tensor([float(h["score"]) for h in hyps]), descending=True)[1]
-                finished[sid] = [hyps[i] for i in order]
+                    hyps, values = [self._empty_hypo(device)], [0.0]
+                results[ids[s]] = self._best_first(hyps, values)
 
         # Build the next beam: slot j of sentence s continues slot parent[s, j].
         flat_parent = (sel.parent + torch.arange(S, device=device).unsqueeze(1) * k).view(-1)
-        # Only the columns written so far need moving (S * k rows either way).
-        tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, flat_parent)
-        scores[:, :step] = scores[:, :step].index_select(0, flat_parent)
         extended = (sel.live | sel.fresh).view(-1)
-        tokens[extended, step + 1] = sel.token.view(-1)[extended]
-        scores[extended, step] = sel.score.view(-1)[extended]
-        prev_live_row = torch.full((S * k,), -1, dtype=torch.long, device=device)
-        prev_live_row[run_rows] = torch.arange(run_rows.numel(), device=device)
-        live, done_len = sel.live, new_done_len
-
-        keep = ~finished_now
-        if not keep.all():
-            rows_keep = keep.repeat_interleave(k)
-            tokens, scores = tokens[rows_keep], scores[rows_keep]
-            flat_parent = flat_parent[rows_keep]
-            live, done_len = live[keep], done_len[keep]
-            c.ids, c.max_lens, c.empty = c.ids[keep], max_lens[keep], c.empty[keep]
-            c.best_finished = c.best_finished[keep]
+        new_token, new_score = sel.token.view(-1), sel.score.view(-1)
+        done_len = new_done_len
+        if ending:
+            keep = self._compact(~finished_now, S - len(ending))
+            rows_keep = (keep.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
+            flat_parent = flat_parent.index_select(0, rows_keep)
+            # Whole rows in one copy: the columns not written yet are padding in every row.
+            tokens, scores = tokens.index_select(0, flat_parent), scores.index_select(0, flat_parent)
+            extended, new_token, new_score = (t.index_select(0, rows_keep) for t in (extended, new_token, new_score))
+            live, done_len = live.index_select(0, keep), done_len.index_select(0, keep)
+            c.ids, c.max_lens = c.ids.index_select(0, keep), max_lens.index_select(0, keep)
+            c.empty, c.best_finished = c.empty.index_select(0, keep), c.best_finished.index_select(0, keep)
+        else:
+            # Only the columns written so far need moving.
+            tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, flat_parent)
+            scores[:, :step] = scores[:, :step].index_select(0, flat_parent)
+        tokens[:, step + 1] = torch.where(extended, new_token, tokens[:, step + 1])
+        scores[:, step] = torch.where(extended, new_score, scores[:, step])
         c.tokens, c.scores, c.live, c.done_len = tokens, scores, live, done_len
         c.step = step + 1
-        c.run_rows = self._run_rows(live)
+        c.run_rows = self._run_rows(live, None if self.dense else summary[-1])
+        if self.dense:
+            order = flat_parent  # every slot is a runner row
+        else:
+            # The runner holds one row per previous run row.
+            prev_row = torch.full((S * k,), -1, dtype=torch.long, device=device)
+            prev_row.index_copy_(0, run_rows, torch.arange(run_rows.numel(), device=device))
+            order = prev_row.index_select(0, flat_parent.index_select(0, c.run_rows))
         if c.size:
-            # The runner holds one row per previous run row (all slots when dense).
-            self.runner.reorder(c.state, prev_live_row[flat_parent[c.run_rows]])
-        return finished
+            self.runner.reorder(c.state, order)
+        return results
+
+    def _constrain(self, c: Cohort, lprobs: Tensor) -> Tensor:
+        """``lprobs`` in the score type with fairseq's rules applied (pad, --unkpen, lengths, n-grams).
+
+        NaNs are left for the caller, which turns them into -inf on the
+        candidates it builds anyway (one pass over the vocabulary fewer).
+        """
+        step = c.step
+        lprobs = lprobs.to(self.score_dtype)
+        lprobs[:, self.pad] = -math.inf
+        if self.unk_penalty:
+            lprobs[:, self.unk] -= self.unk_penalty
+        if step >= self._shortest_max_len():
+            # Sentences at their maximum length may only end. Adding -inf to
+            # their rows (-0.0, which changes nothing, to the others) and
+            # putting the EOS column back needs no read of which rows those
+            # are, and is faster than a broadcast masked_fill_.
+            at_max = c.max_lens.le(step).index_select(0, c.run_rows // self.beam_size)
+            eos_col = lprobs[:, self.eos].clone()
+            lprobs.add_(torch.full_like(eos_col, -0.0).masked_fill_(at_max, -math.inf).unsqueeze(1))
+            lprobs[:, self.eos] = eos_col
+        if step < self.min_len:
+            lprobs[:, self.eos] = -math.inf
+        if self.repeat_ngram_blocker is not None:
+            rows = c.run_rows.numel()
+            lprobs = self.repeat_ngram_blocker(c.tokens[c.run_rows], lprobs, rows, 1, step)
+        return lprobs
+
+    def _shortest_max_len(self) -> int:
+        """A lower bound on every sentence's maximum length (:meth:`max_lengths`), known on the host.
+
+        Below it no sentence can be at its maximum length, and the step skips
+        the masking of rows, a pass over the vocabulary.
+        """
+        import struct
+
+        a, b = self.max_len_a, self.max_len_b
+        if not a >= 0:
+            return 0
+        try:
+            # max_lengths: (width * a + b) in float32, truncated, and width * a >= 0.
+            floor = int(struct.unpack("f", struct.pack("f", b))[0])
+        except (OverflowError, ValueError, struct.error):
+            return 0
+        return min(floor, self.max_len - 1)
 
     @staticmethod
-    def _pack_positions(row_sentence, S):
-        """Position of each run row among its sentence's run rows, and the widest beam."""
-        counts = torch.bincount(row_sentence, minlength=S)
-        starts = torch.cumsum(counts, 0) - counts
-        position = torch.arange(row_sentence.numel(), device=row_sentence.device) - starts[row_sentence]
-        return position, max(int(counts.max()), 1)
+    def _nan_to_neg_inf_(t: Tensor) -> Tensor:
+        """``t`` with NaN replaced by -inf, in place (as fairseq's ``lprobs[lprobs != lprobs]``, without its sync)."""
+        return t.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
 
-    def _run_rows(self, live):
-        """Rows to run through the decoder: all slots when dense, else the live ones."""
+    @staticmethod
+    def _compact(mask: Tensor, count: int) -> Tensor:
+        """Positions of the ``count`` True entries of ``mask`` (flattened), in order.
+
+        ``mask.nonzero()`` without its host sync: the caller knows ``count``.
+        """
+        mask = mask.reshape(-1)
+        if count == mask.numel():
+            return torch.arange(count, device=mask.device)
+        # Each True entry goes to its rank among them, the others to a spare slot.
+        target = torch.where(mask, torch.cumsum(mask, 0) - 1, count)
+        out = torch.empty(count + 1, dtype=torch.long, device=mask.device)
+        out.scatter_(0, target, torch.arange(mask.numel(), device=mask.device))
+        return out[:count]
+
+    def _run_rows(self, live, n_live: Optional[int] = None):
+        """Rows to run through the decoder: all slots when dense, else the ``n_live`` live ones.
+
+        Without ``n_live`` (a new cohort) the live rows are counted, a host sync.
+        """
         if self.dense:
             return torch.arange(live.numel(), device=live.device)
-        return live.view(-1).nonzero().flatten()
+        if n_live is None:
+            return live.view(-1).nonzero().flatten()
+        return self._compact(live, n_live)
 
     # -- finalization bookkeeping ------------------------------------------
 
-    def _finalize_fairseq(self, sel, step, finalized, sent_ids, best_finished, tokens, scores, k):
-        """Store the EOS hypotheses ``select_fairseq`` finalized, at most k per sentence."""
-        if sel.eos_sentence.numel() == 0:
+    def _finalize_fairseq(self, sel, step, finalized, ids, n_final, tokens, scores):
+        """Store the EOS hypotheses ``select_fairseq`` finalized, at most k per sentence.
+
+        ``ids`` and ``n_final`` (how many each sentence finalized) are the
+        host's copy from the step's read. Nothing is read back here: each
+        hypothesis keeps its cumulative score on the device (``_final``) and
+        is scored when its sentence ends (:meth:`_score_finalized`).
+        """
+        total = sum(n_final)
+        if not total:
             return
-        rows = sel.eos_sentence * k + sel.eos_slot
-        lengths = torch.full_like(rows, step + 1)
-        hyps = self._hypotheses(rows, lengths, sel.eos_score, tokens, scores)
-        ids = sent_ids.tolist()
-        for s, hyp in zip(sel.eos_sentence.tolist(), hyps):
-            kept = finalized.setdefault(ids[s], [])
-            if len(kept) < k:
-                kept.append(hyp)
-        best_finished.scatter_reduce_(0, sel.eos_sentence, sel.eos_score.to(best_finished.dtype), reduce="amax")
+        k = self.beam_size
+        flat = self._compact(sel.eos_mask, total)  # by sentence, then rank
+        rows = (flat // k) * k + sel.top_slot.reshape(-1).index_select(0, flat)
+        final = sel.top_score.reshape(-1).index_select(0, flat)
+        hyps = self._hypotheses(rows, torch.full_like(rows, step + 1), [step + 1] * total, final, tokens, scores)
+        p = 0
+        for s, n in enumerate(n_final):
+            if n:
+                kept = finalized.setdefault(ids[s], [])
+                for q in range(p, p + n):
+                    if len(kept) < k:
+                        hyps[q]["_final"] = final[q]
+                        kept.append(hyps[q])
+                p += n
+
+    def _score_finalized(self, per_sentence):
+        """Score the stored hypotheses of sentences that end (one read for all); [(hyps, scores)]."""
+        pending = [h for hyps in per_sentence for h in hyps]
+        if not pending:
+            return [(hyps, []) for hyps in per_sentence]
+        finals = torch.stack([h.pop("_final") for h in pending]).tolist()
+        values = self._normalize(finals, [h["tokens"].numel() for h in pending])
+        for h, v in zip(pending, values):
+            h["score"] = torch.tensor(v, dtype=self.score_dtype)
+        out, start = [], 0
+        for hyps in per_sentence:
+            out.append((hyps, values[start : start + len(hyps)]))
+            start += len(hyps)
+        return out
+
+    def _normalize(self, finals: List[float], lens: List[int]) -> List[float]:
+        """fairseq's hypothesis scores from cumulative ones, on the host.
+
+        In the score type, divided per length as fairseq's ``eos_scores /=
+        (step + 1) ** len_penalty`` on the CPU, so scores and their ranking
+        match bitwise (a float32 division by a scalar is a float32 division).
+        """
+        import numpy as np
+
+        dtype = np.float64 if self.score_dtype == torch.float64 else np.float32
+        values = np.asarray(finals, dtype=np.float64).astype(dtype)
+        if self.normalize_scores:
+            values = values / np.asarray([n ** self.len_penalty for n in lens], dtype=np.float64).astype(dtype)
+        return values.tolist()
+
+    @staticmethod
+    def _best_first(hyps, values):
+        """``hyps`` sorted by score, best first, as ``torch.sort`` of their float32 scores would."""
+        import numpy as np
+
+        keys = np.asarray(values, dtype=np.float64).astype(np.float32).tolist()
+        if len(set(keys)) == len(keys):
+            # Distinct keys have one order: no need for torch.sort (not stable) to say which.
+            order = sorted(range(len(keys)), key=keys.__getitem__, reverse=True)
+        else:
+            order = torch.sort(torch.tensor(keys), descending=True)[1].tolist()
+        return [hyps[i] for i in order]
 
     @staticmethod
     def _done_scores(done_len, scores, S, k):
@@ -377,47 +505,41 @@ class BeamDecoder:
         last = scores.view(S, k, -1).gather(2, (done_len - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
         return last.masked_fill(done_len.eq(0), -math.inf)
 
-    def _hypotheses(self, rows: Tensor, lengths: Tensor, final: Tensor, tokens: Tensor, scores: Tensor):
-        """fairseq hypotheses for the prefixes in ``rows`` ending with EOS, all in one go.
+    def _hypotheses(self, rows: Tensor, lengths: Tensor, lens: List[int], final: Tensor, tokens: Tensor,
+                    scores: Tensor):
+        """fairseq hypotheses for the prefixes in ``rows`` ending with EOS, all in one go, unscored.
 
         Args:
             rows: (P,) rows of ``tokens``/``scores`` holding the prefixes.
             lengths: (P,) each hypothesis' length, its EOS included.
+            lens: the same lengths on the host.
             final: (P,) each one's cumulative score, its EOS included.
 
-        A handful of tensor operations for all P hypotheses: built one by one
-        they cost several kernel launches and host syncs each, which on a GPU
-        was a fifth of a var-batch pass (docs/BENCHMARKS.md).
+        A handful of tensor operations for all P hypotheses and no host sync:
+        built one by one they cost several kernel launches and host syncs
+        each, which on a GPU was a fifth of a var-batch pass
+        (docs/BENCHMARKS.md). The caller sets ``score``.
         """
-        if rows.numel() == 0:
+        if not lens:
             return []
-        lens = lengths.tolist()
         width = max(lens)
         last = (lengths - 1).unsqueeze(1)
-        hyp_tokens = tokens.index_select(0, rows)[:, 1 : width + 1].clone()
+        hyp_tokens = tokens[:, 1 : width + 1].index_select(0, rows)
         hyp_tokens.scatter_(1, last, self.eos)
-        pos = scores.index_select(0, rows)[:, :width].clone()
+        pos = scores[:, :width].index_select(0, rows)
         pos.scatter_(1, last, final.to(pos.dtype).unsqueeze(1))
         pos[:, 1:] = pos[:, 1:] - pos[:, :-1]
-        # float32 (float64 for float64 models) on the CPU, divided per length as fairseq's ``eos_scores /=
-        # (step + 1) ** len_penalty``, so scores and their ranking match bitwise.
-        normalized = final.to(self.score_dtype).cpu()
-        if self.normalize_scores:
-            by_length = torch.tensor(lens)
-            for length in set(lens):
-                same = by_length == length
-                normalized[same] = normalized[same] / (length ** self.len_penalty)
         # No attention history is kept: nothing reads it without
         # --print-alignment, which these searches refuse.
         return [
             {
                 "tokens": hyp_tokens[p, :length],
-                "score": torch.tensor(score, dtype=self.score_dtype),
+                "score": None,
                 "attention": torch.empty(0),
                 "alignment": torch.empty(0),
                 "positional_scores": pos[p, :length],
             }
-            for p, (length, score) in enumerate(zip(lens, normalized.tolist()))
+            for p, length in enumerate(lens)
         ]
 
     def _empty_hypo(self, device):
@@ -429,13 +551,29 @@ class BeamDecoder:
             "positional_scores": torch.zeros(1, device=device),
         }
 
-    def _collect_stay(self, ending: Tensor, sel, done_len: Tensor, tokens: Tensor, scores: Tensor, k: int):
-        """For each sentence in ``ending``, the finished entries of its final beam as fairseq hypotheses."""
-        owner, slot = sel.done[ending].nonzero(as_tuple=True)
-        sentence = ending[owner]
-        hyps = self._hypotheses(sentence * k + sel.parent[sentence, slot], done_len[sentence, slot],
-                                sel.score[sentence, slot], tokens, scores)
-        collected = [[] for _ in range(ending.numel())]
-        for e, hyp in zip(owner.tolist(), hyps):
-            collected[e].append(hyp)
+    def _collect_stay(self, ending: Tensor, sel, done_len: Tensor, tokens: Tensor, scores: Tensor):
+        """For each sentence in ``ending``, the finished entries of its final beam as fairseq hypotheses.
+
+        Returns [(hypotheses, their scores on the host)], one per sentence;
+        one read for all of them.
+        """
+        k = self.beam_size
+        done = sel.done.index_select(0, ending)
+        length = done_len.index_select(0, ending)
+        final = sel.score.index_select(0, ending)
+        # Lengths and float32 scores are exact in the score type.
+        flags, lens, finals = torch.stack([done.to(final.dtype), length.to(final.dtype), final]).view(3, -1).tolist()
+        picked = [i for i, flag in enumerate(flags) if flag]
+        flat = self._compact(done, len(picked))
+        sentence = ending.index_select(0, flat // k)
+        rows = sentence * k + sel.parent.reshape(-1).index_select(0, sentence * k + flat % k)
+        hyp_lens = [int(lens[i]) for i in picked]
+        hyps = self._hypotheses(rows, length.view(-1).index_select(0, flat), hyp_lens,
+                                final.view(-1).index_select(0, flat), tokens, scores)
+        values = self._normalize([finals[i] for i in picked], hyp_lens)
+        collected = [([], []) for _ in range(ending.numel())]
+        for i, hyp, value in zip(picked, hyps, values):
+            hyp["score"] = torch.tensor(value, dtype=self.score_dtype)
+            collected[i // k][0].append(hyp)
+            collected[i // k][1].append(value)
         return collected

@@ -84,10 +84,15 @@ class Pruning:
             best_local = fresh_local.max(dim=1, keepdim=True).values
             keep &= carried | (local >= best_local + math.log(self.rpl))
         if self.mc is not None:
-            width = int(parents.max().item()) + 1 if parents.numel() else 1
-            same = torch.nn.functional.one_hot(parents.clamp(min=0), width).bool()
-            same &= (~carried & torch.isfinite(scores)).unsqueeze(-1)
-            # Rank of each candidate among those extending the same slot (0 = best).
-            rank = (same.long().cumsum(dim=1) - 1).masked_fill(~same, 0).sum(dim=-1)
-            keep &= carried | (rank < self.mc)
+            # Rank of each candidate among the earlier ones extending the same
+            # slot (0 = best), by pairwise comparison: C is at most 2k, and
+            # unlike one-hot over the slots it needs no slot count read back
+            # from the device.
+            parents = parents.clamp(min=0)
+            eligible = ~carried & torch.isfinite(scores)
+            C = parents.size(1)
+            earlier = torch.ones(C, C, dtype=torch.bool, device=parents.device).tril(-1)
+            same = parents.unsqueeze(2).eq(parents.unsqueeze(1)) & earlier & eligible.unsqueeze(1)
+            rank = same.sum(dim=-1)
+            keep &= carried | ~eligible | (rank < self.mc)
         return keep

@@ -33,7 +33,11 @@ from fairseq_stream.search.pruning import Pruning
 
 @dataclass
 class Step:
-    """The outcome of one selection; all (S, k) unless noted."""
+    """The outcome of one selection; all (S, k) unless noted.
+
+    Nothing in it has been read back to the host: a selection is a few tensor
+    operations with no host synchronization, whatever it finalizes.
+    """
 
     parent: Tensor  # slot each new slot continues (or keeps, for carried finished ones)
     token: Tensor  # word it adds (pad for carried finished ones)
@@ -42,9 +46,28 @@ class Step:
     done: Tensor  # bool: a finished hypothesis on the beam (stay)
     fresh: Tensor  # bool: done, and finished at this very step (stay)
     finished: Tensor  # (S,) bool: the sentence ends now
-    eos_sentence: Optional[Tensor] = None  # (n,) fairseq: sentences of hypotheses to finalize
-    eos_slot: Optional[Tensor] = None  # (n,) their slots
-    eos_score: Optional[Tensor] = None  # (n,) their cumulative scores
+    # fairseq: the best k candidates by rank, and which of them to finalize.
+    eos_mask: Optional[Tensor] = None  # bool: the candidate of this rank ends in EOS and is finalized
+    top_slot: Optional[Tensor] = None  # the slot the candidate of this rank extends
+    top_score: Optional[Tensor] = None  # its cumulative score
+
+    # The finalized hypotheses as flat lists (fairseq). Each reads the mask
+    # back to the host (a sync): for inspection and tests, not the decoder.
+
+    @property
+    def eos_sentence(self) -> Tensor:
+        """(n,) sentence of each hypothesis to finalize, in (sentence, rank) order."""
+        return self.eos_mask.nonzero(as_tuple=True)[0]
+
+    @property
+    def eos_slot(self) -> Tensor:
+        """(n,) the slot each one extends."""
+        return self.top_slot[self.eos_mask]
+
+    @property
+    def eos_score(self) -> Tensor:
+        """(n,) its cumulative score."""
+        return self.top_score[self.eos_mask]
 
 
 def _words(top_idx, vocab, word_of):
@@ -66,9 +89,9 @@ def select_fairseq(cand, local, k, vocab, eos, pruning: Pruning, best_finished=N
     keep = pruning.keep(
         top_scores, local.gather(1, top_idx), beams, torch.zeros_like(is_eos), best_finished
     )
-    fin = is_eos & keep
-    fin[:, k:] = False
-    eos_sentence, eos_rank = fin.nonzero(as_tuple=True)
+    # Finalized: the EOS candidates among the best k that survive pruning.
+    # Kept as an (S, k) mask: listing them would read it back to the host.
+    eos_mask = (is_eos & keep)[:, :k]
 
     # The best k candidates that do not end in EOS (fairseq's active_mask trick).
     order_key = is_eos.long() * n + torch.arange(n, device=cand.device)
@@ -83,9 +106,9 @@ def select_fairseq(cand, local, k, vocab, eos, pruning: Pruning, best_finished=N
         done=none,
         fresh=none,
         finished=~live.any(dim=1),
-        eos_sentence=eos_sentence,
-        eos_slot=beams[eos_sentence, eos_rank],
-        eos_score=top_scores[eos_sentence, eos_rank],
+        eos_mask=eos_mask,
+        top_slot=beams[:, :k],
+        top_score=top_scores[:, :k],
     )
 
 

@@ -1,0 +1,222 @@
+"""Count host synchronizations on the CPU, where there is no device to wait for.
+
+A *host synchronization* is any operation that makes a tensor's value (or a
+shape that depends on its values) visible to Python. On a GPU each one stalls
+the host until the device has caught up, so a search step that does several
+of them cannot run ahead of the device. On the CPU nothing stalls, so these
+counts come from watching the torch calls (a ``TorchFunctionMode``: nothing
+in torch is patched, nothing is left to restore) for the operations that
+would:
+
+* reading values: ``Tensor.item``, ``tolist``, ``numpy``, ``__array__``,
+  ``cpu``, ``to("cpu")``, ``int(t)``, ``float(t)``, ``bool(t)`` (also
+  ``if t.any():``), ``operator.index(t)`` (a tensor used as a Python index),
+  ``x in t``, ``torch.equal``, ``torch.allclose``, ``torch.is_nonzero``,
+  ``torch.tensor(...)`` of a list holding tensors;
+* data-dependent shapes: ``nonzero`` (``torch.nonzero``, ``Tensor.nonzero``,
+  ``torch.argwhere``, one-argument ``torch.where``), boolean-mask indexing
+  (``t[mask]``, ``t[mask] = v``, ``index_put_`` with a mask),
+  ``masked_select``, ``unique``/``unique_consecutive``, ``bincount``, and
+  ``repeat_interleave`` with tensor repeats and no ``output_size``.
+
+Every tensor is a CPU tensor here, so a read of a tensor that would live on
+the host anyway in a GPU run counts too; and operations inside C++ (a kernel
+that synchronizes internally) are not seen. The counts are an upper bound on
+the Python-visible reads, deterministic, and cheap to assert on in tests. On
+a GPU the real check is ``torch.cuda.set_sync_debug_mode("warn")`` (or
+``"error"``), which flags every synchronizing CUDA call.
+
+    with HostSyncCounter() as counter:
+        ...
+    counter.count, counter.events
+
+:func:`count_update_syncs` counts each ``BeamDecoder.update`` call of a
+decoder separately, leaving out the calls it makes to its model runner.
+"""
+
+import contextlib
+from dataclasses import dataclass
+from typing import List
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+# Torch functions and Tensor methods (by name) that always read the device.
+ALWAYS = frozenset((
+    "item", "tolist", "numpy", "__array__", "cpu", "__bool__", "__int__", "__float__", "__index__",
+    "__contains__", "nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount",
+    "equal", "allclose", "is_nonzero",
+))
+
+
+def _has_mask(index) -> bool:
+    """Whether an indexing key holds a boolean tensor (a data-dependent shape)."""
+    if isinstance(index, torch.Tensor):
+        return index.dtype == torch.bool
+    if isinstance(index, (tuple, list)):
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+    return False
+
+
+def _to_cpu(args, kwargs) -> bool:
+    target = kwargs.get("device", args[1] if len(args) > 1 else None)
+    if isinstance(target, torch.Tensor):
+        target = target.device
+    try:
+        return target is not None and torch.device(target).type == "cpu"
+    except (TypeError, RuntimeError):
+        return False  # a dtype: no device change
+
+
+def is_sync(name: str, args, kwargs) -> bool:
+    """Whether the torch call ``name(*args, **kwargs)`` synchronizes the host with the device."""
+    if name in ALWAYS:
+        return True
+    if name in ("__getitem__", "__setitem__", "index_put_", "index_put"):
+        return len(args) > 1 and _has_mask(args[1])
+    if name == "repeat_interleave":
+        # Tensor repeats: the output size is their sum, unless given.
+        repeats = args[1] if len(args) > 1 else kwargs.get("repeats", args[0] if args else None)
+        return kwargs.get("output_size") is None and isinstance(repeats, torch.Tensor)
+    if name == "where":
+        return len(args) + len(kwargs) == 1  # torch.where(cond) is nonzero
+    if name in ("tensor", "as_tensor"):
+        data = args[0] if args else kwargs.get("data")
+        return isinstance(data, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in data)
+    if name == "to":
+        return _to_cpu(args, kwargs)
+    return False
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, counter):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        counter = self.counter
+        if counter.enabled:
+            name = getattr(func, "__name__", "")
+            if is_sync(name, args, kwargs):
+                counter.record(name)
+        # Calls made by func itself do not come back here (the mode is off
+        # inside its own handler): a sync counts once.
+        return func(*args, **kwargs)
+
+
+class HostSyncCounter:
+    """Counts host synchronizations while active (see the module docstring for what counts).
+
+    A context manager (re-entrant): it sees every torch call made inside it
+    through a :class:`~torch.overrides.TorchFunctionMode`, and patches
+    nothing. ``count`` is the total, ``events`` the (operation, ``file:line``
+    of the caller) of each one.
+
+    Args:
+        enabled: count from the start (else only inside :meth:`counting`).
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.count = 0
+        self.events = []
+        self.enabled = enabled
+        self._modes = []
+
+    def record(self, name: str):
+        """Count one sync of operation ``name``."""
+        self.count += 1
+        self.events.append((name, _caller()))
+
+    def __enter__(self):
+        mode = _Mode(self)
+        mode.__enter__()
+        self._modes.append(mode)
+        return self
+
+    def __exit__(self, *exc):
+        self._modes.pop().__exit__(*exc)
+        return False
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Do not count inside this block (e.g. calls into code that is not under test)."""
+        enabled, self.enabled = self.enabled, False
+        try:
+            yield self
+        finally:
+            self.enabled = enabled
+
+    @contextlib.contextmanager
+    def counting(self):
+        """Count inside this block (for a counter made with ``enabled=False``)."""
+        enabled, self.enabled = self.enabled, True
+        try:
+            yield self
+        finally:
+            self.enabled = enabled
+
+
+def _caller() -> str:
+    """``file:line`` of the innermost frame outside torch and this module."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path != __file__ and "/torch/" not in path:
+            return "{}:{}".format(path, frame.f_lineno)
+        frame = frame.f_back
+    return "?"
+
+
+@dataclass
+class UpdateSyncs:
+    """Host synchronizations of one ``BeamDecoder.update`` call."""
+
+    step: int  # the cohort's step when it was called
+    syncs: int
+    finished: int  # sentences that finished in it
+    events: list
+
+
+RUNNER_METHODS = ("start", "step", "step_mixed", "reorder", "take", "concat")
+
+
+@contextlib.contextmanager
+def count_update_syncs(decoder):
+    """Count the host synchronizations of each ``decoder.update`` call made inside the block.
+
+    Yields a list that receives one :class:`UpdateSyncs` per call. Calls the
+    update makes to ``decoder.runner`` (the model) are not counted.
+    """
+    records: List[UpdateSyncs] = []
+    counter = HostSyncCounter()
+    update = decoder.update
+    runner = decoder.runner
+
+    def counted_update(c, lprobs):
+        start, step = len(counter.events), c.step
+        with counter:
+            finished = update(c, lprobs)
+        events = counter.events[start:]
+        records.append(UpdateSyncs(step, len(events), len(finished), events))
+        return finished
+
+    def uncounted(method):
+        def call(*args, **kwargs):
+            with counter.paused():
+                return method(*args, **kwargs)
+
+        return call
+
+    wrapped = [name for name in RUNNER_METHODS if callable(getattr(runner, name, None))]
+    decoder.update = counted_update
+    for name in wrapped:
+        setattr(runner, name, uncounted(getattr(runner, name)))
+    try:
+        yield records
+    finally:
+        del decoder.update
+        for name in wrapped:
+            delattr(runner, name)

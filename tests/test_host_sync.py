@@ -1,0 +1,106 @@
+"""The search step reads the device once per step: host synchronizations counted on the CPU.
+
+``BeamDecoder.update`` may read one small summary back to the host per step
+(which sentences end, how many rows stay live); in a step where no sentence
+ends it must read nothing else, whatever the search. Counted exactly by
+wrapping the torch operations that synchronize on a GPU
+(:mod:`fairseq_stream.host_sync`), so the test is deterministic.
+"""
+
+import pytest
+import torch
+
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.host_sync import HostSyncCounter, count_update_syncs
+from fairseq_stream.schedule.pool import StreamPool
+from fairseq_stream.search.pruning import Pruning
+
+torch.set_num_threads(1)
+
+SEARCHES = {
+    "greedy": dict(beam_size=1),
+    "fixed": dict(beam_size=5, finalize="fairseq"),
+    "fixed-stay": dict(beam_size=5, finalize="stay"),
+    "var-batch": dict(beam_size=5, finalize="stay", pruning=Pruning(ap=1.5, mc=5)),
+    "var-fairseq": dict(beam_size=5, finalize="fairseq", pruning=Pruning(ap=1.5, mc=5)),
+}
+
+
+def batches(task, size=8):
+    dataset = task.dataset("test")
+    return list(task.get_batch_iterator(dataset=dataset, max_sentences=size,
+                                        required_batch_size_multiple=1).next_epoch_itr(shuffle=False))
+
+
+def decode_counted(decoder, models, samples, stream=False):
+    """Decode ``samples``; the output and one record per ``update`` call."""
+    with torch.no_grad(), count_update_syncs(decoder) as records:
+        if stream:
+            pool = StreamPool(decoder, 8, eps=1 / 6, refill_unit="sentences")
+            out = dict(pool.run(decoder.open(s["net_input"], ids=s["id"]) for s in samples))
+        else:
+            out = {}
+            for s in samples:
+                out.update(zip(s["id"].tolist(), decoder.generate(models, s)))
+    return out, records
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["batch", "stream"])
+@pytest.mark.parametrize("search", sorted(SEARCHES))
+def test_a_step_without_ending_sentences_reads_the_device_once(loaded, search, stream):
+    models, task = loaded("transformer")
+    decoder = BeamDecoder(models, task.target_dictionary, **SEARCHES[search])
+    out, records = decode_counted(decoder, models, batches(task), stream=stream)
+    assert len(out) == 37
+    quiet = [r for r in records if not r.finished]
+    ending = [r for r in records if r.finished]
+    assert quiet and ending
+    extra = [(r.step, r.events) for r in quiet if r.syncs > 1]
+    assert not extra, "steps with no sentence ending synchronized more than once: {}".format(extra[:3])
+    # A step where sentences end reads their hypotheses once more, whatever their number.
+    assert max(r.syncs for r in ending) <= 2, [r.events for r in ending if r.syncs > 2][:3]
+
+
+def test_counting_leaves_the_output_unchanged(loaded):
+    models, task = loaded("transformer")
+    make = lambda: BeamDecoder(models, task.target_dictionary, **SEARCHES["var-batch"])
+    counted, _ = decode_counted(make(), models, batches(task))
+    with torch.no_grad():
+        plain = {}
+        for s in batches(task):
+            plain.update(zip(s["id"].tolist(), make().generate(models, s)))
+    assert {i: [h["tokens"].tolist() for h in hyps] for i, hyps in counted.items()} == \
+        {i: [h["tokens"].tolist() for h in hyps] for i, hyps in plain.items()}
+
+
+def test_counter_sees_each_kind_of_sync_and_leaves_torch_as_it_was():
+    t = torch.tensor([0.5, -1.0, 2.0])
+    mask = t > 0
+    with HostSyncCounter() as counter:
+        t.sum().item()
+        if t.any():
+            pass
+        int(t[0]), float(t[1])
+        t.tolist()
+        t.nonzero()
+        torch.nonzero(t)
+        t[mask]
+        t[mask] = 0.0
+        t.masked_select(mask)
+        torch.unique(t)
+        torch.tensor([1, 2]).repeat_interleave(torch.tensor([1, 2]))
+        t.cpu()
+        torch.where(mask)
+        with counter.paused():
+            t.tolist()
+        # Not syncs: shapes known, values stay on the device.
+        t[0], t[torch.tensor([0, 2])], torch.where(mask, t, 0.0), t.topk(2)
+        torch.tensor([1, 2]).repeat_interleave(2)
+        t.masked_fill(mask, 1.0)
+    names = [name for name, _ in counter.events]
+    assert names == ["item", "__bool__", "__int__", "__float__", "tolist", "nonzero", "nonzero", "__getitem__",
+                     "__setitem__", "masked_select", "unique", "repeat_interleave", "cpu", "where"]
+    assert all(where.startswith(__file__) for _, where in counter.events)
+    t.tolist()
+    assert counter.count == len(names)
+    assert not torch._C._is_torch_function_mode_enabled()
