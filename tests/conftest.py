@@ -173,6 +173,36 @@ def exact(loaded):
     return load
 
 
+# Our searches as BeamDecoder options, for tests that run each of them.
+DECODER_OPTIONS = {
+    "greedy": dict(beam_size=1),
+    "fixed": dict(beam_size=5, finalize="fairseq"),
+    "fixed-stay": dict(beam_size=5, finalize="stay"),
+    "var-batch": dict(beam_size=5, finalize="stay", pruning_ap=1.5, pruning_mc=5),
+    "var-fairseq": dict(beam_size=5, finalize="fairseq", pruning_ap=1.5, pruning_mc=5),
+}
+
+
+def decoder_options(search):
+    """``DECODER_OPTIONS[search]`` as BeamDecoder keyword arguments (a fresh Pruning)."""
+    from fairseq_stream.search.pruning import Pruning
+
+    opts = dict(DECODER_OPTIONS[search])
+    ap, mc = opts.pop("pruning_ap", None), opts.pop("pruning_mc", None)
+    if ap is not None or mc is not None:
+        opts["pruning"] = Pruning(ap=ap, mc=mc)
+    return opts
+
+
+def sorted_batches(task, size, limit, subset="test"):
+    """fairseq's length-sorted batches of ``subset``, sentences with id < limit only."""
+    dataset = task.dataset(subset)
+    itr = task.get_batch_iterator(dataset=dataset, max_sentences=size,
+                                  required_batch_size_multiple=1).next_epoch_itr(shuffle=False)
+    ids = [i for b in itr for i in b["id"].tolist() if i < limit]
+    return [dataset.collater([dataset[i] for i in ids[j:j + size]]) for j in range(0, len(ids), size)]
+
+
 def parse_generate_args(argv):
     """fairseq-generate's command line parsed in this process, as the tool parses it (plugin included).
 

@@ -10,20 +10,14 @@ wrapping the torch operations that synchronize on a GPU
 import pytest
 import torch
 
+from conftest import DECODER_OPTIONS, decoder_options
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.host_sync import HostSyncCounter, count_update_syncs
 from fairseq_stream.schedule.pool import StreamPool
-from fairseq_stream.search.pruning import Pruning
 
 torch.set_num_threads(1)
 
-SEARCHES = {
-    "greedy": dict(beam_size=1),
-    "fixed": dict(beam_size=5, finalize="fairseq"),
-    "fixed-stay": dict(beam_size=5, finalize="stay"),
-    "var-batch": dict(beam_size=5, finalize="stay", pruning=Pruning(ap=1.5, mc=5)),
-    "var-fairseq": dict(beam_size=5, finalize="fairseq", pruning=Pruning(ap=1.5, mc=5)),
-}
+SEARCHES = sorted(DECODER_OPTIONS)
 
 
 def batches(task, size=8):
@@ -46,10 +40,10 @@ def decode_counted(decoder, models, samples, stream=False):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["batch", "stream"])
-@pytest.mark.parametrize("search", sorted(SEARCHES))
+@pytest.mark.parametrize("search", SEARCHES)
 def test_a_step_without_ending_sentences_reads_the_device_once(loaded, search, stream):
     models, task = loaded("transformer")
-    decoder = BeamDecoder(models, task.target_dictionary, **SEARCHES[search])
+    decoder = BeamDecoder(models, task.target_dictionary, **decoder_options(search))
     out, records = decode_counted(decoder, models, batches(task), stream=stream)
     assert len(out) == 37
     quiet = [r for r in records if not r.finished]
@@ -63,7 +57,7 @@ def test_a_step_without_ending_sentences_reads_the_device_once(loaded, search, s
 
 def test_counting_leaves_the_output_unchanged(loaded):
     models, task = loaded("transformer")
-    make = lambda: BeamDecoder(models, task.target_dictionary, **SEARCHES["var-batch"])
+    make = lambda: BeamDecoder(models, task.target_dictionary, **decoder_options("var-batch"))
     counted, _ = decode_counted(make(), models, batches(task))
     with torch.no_grad():
         plain = {}

@@ -13,25 +13,19 @@ model are in ``benchmarks/bench_step.py``.
 """
 
 import argparse
-import copy
 
 import pytest
 import torch
 
+from conftest import decoder_options, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.runners import build_runner
 from fairseq_stream.runners.lean import LeanRunner, unsupported_reason
 from fairseq_stream.schedule.pool import StreamPool
-from fairseq_stream.search.pruning import Pruning
 
 torch.set_num_threads(1)
 
-SEARCHES = {
-    "greedy": dict(beam_size=1),
-    "fixed": dict(beam_size=5, finalize="fairseq"),
-    "fixed-stay": dict(beam_size=5, finalize="stay"),
-    "var-batch": dict(beam_size=5, finalize="stay", pruning=Pruning(ap=1.5, mc=5)),
-}
+SEARCHES = ("greedy", "fixed", "fixed-stay", "var-batch")
 SCHEDULERS = {
     "batch": None,
     "stream": dict(pool_size=8, eps=1 / 6, order="shortest"),
@@ -88,15 +82,6 @@ def models64(exact):
     return load
 
 
-def samples(task, size, limit):
-    """fairseq's length-sorted batches of the test set, sentences with id < limit only."""
-    dataset = task.dataset("test")
-    itr = task.get_batch_iterator(dataset=dataset, max_sentences=size,
-                                  required_batch_size_multiple=1).next_epoch_itr(shuffle=False)
-    ids = [i for b in itr for i in b["id"].tolist() if i < limit]
-    return [dataset.collater([dataset[i] for i in ids[j:j + size]]) for j in range(0, len(ids), size)]
-
-
 def decode(dec, models, batches, scheduler):
     out = {}
     with torch.no_grad():
@@ -139,15 +124,15 @@ _references = {}
 
 
 @pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
-@pytest.mark.parametrize("search", sorted(SEARCHES))
+@pytest.mark.parametrize("search", SEARCHES)
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_lean_nbest_equals_fairseq_runner_float64(models64, float64_fairseq, name, search, scheduler):
     if name == "wmt19-big" and scheduler != "batch":
         pytest.skip("the big model runs under batch only (its streaming paths are the toy models')")
     models, task = models64(name)
     settings = SETTINGS[name]
-    batches = samples(task, settings["batch"], settings["limit"])
-    opts = dict(SEARCHES[search], max_len_a=0, max_len_b=settings["max_len_b"])
+    batches = sorted_batches(task, settings["batch"], settings["limit"])
+    opts = dict(decoder_options(search), max_len_a=0, max_len_b=settings["max_len_b"])
     key = (name, search)
     if key not in _references:
         _references[key] = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts),
@@ -162,8 +147,8 @@ def test_lean_nbest_equals_fairseq_runner_float64(models64, float64_fairseq, nam
 def test_lean_float32_prints_the_same_hypotheses(loaded):
     """float32, as users run it: the best hypothesis of every toy test sentence, both models, var-stream."""
     models, task = loaded("ensemble")
-    batches = samples(task, 8, 1000)
-    opts = SEARCHES["var-batch"]
+    batches = sorted_batches(task, 8, 1000)
+    opts = decoder_options("var-batch")
     ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts), models, batches, None)
     ours = decode(BeamDecoder(models, task.target_dictionary, runner="lean", **opts), models, batches,
                   SCHEDULERS["stream"])
@@ -204,8 +189,8 @@ def test_cohort_split_and_join_keep_lean_state_consistent(exact, float64_fairseq
         monkeypatch.setattr(lean, "INITIAL_CAPACITY", 2)
         monkeypatch.setattr(lean, "COMPACT_ABOVE_SLOTS", 1)
     models, task = exact("transformer")
-    batches = samples(task, 8, 40)
-    opts = SEARCHES["var-batch"]
+    batches = sorted_batches(task, 8, 40)
+    opts = decoder_options("var-batch")
     ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts), models, batches, None)
     dec = BeamDecoder(models, task.target_dictionary, runner="lean", **opts)
     ours = decode(dec, models, batches, dict(pool_size=16, eps=1 / 6, order="shortest", capacity=7))

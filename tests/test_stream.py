@@ -25,7 +25,7 @@ import random
 import pytest
 import torch
 
-from conftest import hypotheses, run_tool
+from conftest import hypotheses, run_tool, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.schedule.pool import StreamPool
@@ -42,11 +42,7 @@ SEARCHES = {
 
 def batches(task, size, limit):
     """fairseq's length-sorted batches of the valid set, sentences with id < limit only."""
-    dataset = task.dataset("valid")
-    itr = task.get_batch_iterator(dataset=dataset, max_sentences=size,
-                                  required_batch_size_multiple=1).next_epoch_itr(shuffle=False)
-    ids = [i for b in itr for i in b["id"].tolist() if i < limit]
-    return [dataset.collater([dataset[i] for i in ids[j:j + size]]) for j in range(0, len(ids), size)]
+    return sorted_batches(task, size, limit, subset="valid")
 
 
 def decoder(models, task, search, beam):
