@@ -10,7 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${FAIRSEQ_STREAM_VENV:-.venv}
 stamp="$VENV/.fairseq-stream-installed"
-want=$(cat setup.py scripts/setup_env.sh | sha1sum | cut -c1-16)
+# The compiled kernels' sources count too: a change rebuilds the extension.
+want=$(cat setup.py scripts/setup_env.sh $(find fairseq_stream/ops/csrc -type f 2>/dev/null | sort) \
+  | sha1sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
