@@ -24,9 +24,11 @@ Finalization rules (``--finalize``):
 
 import logging
 import math
+import struct
 import time
 from typing import Dict, List, Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -99,6 +101,7 @@ class BeamDecoder:
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.min_len = min_len
         self.max_len = self.runner.max_decoder_positions()
+        self.shortest_max_len = self._shortest_max_len()
         self.normalize_scores = normalize_scores
         self.len_penalty = len_penalty
         self.unk_penalty = unk_penalty
@@ -363,7 +366,7 @@ class BeamDecoder:
         lprobs[:, self.pad] = -math.inf
         if self.unk_penalty:
             lprobs[:, self.unk] -= self.unk_penalty
-        if step >= self._shortest_max_len():
+        if step >= self.shortest_max_len:
             # Sentences at their maximum length may only end. Adding -inf to
             # their rows (-0.0, which changes nothing, to the others) and
             # putting the EOS column back needs no read of which rows those
@@ -383,10 +386,9 @@ class BeamDecoder:
         """A lower bound on every sentence's maximum length (:meth:`max_lengths`), known on the host.
 
         Below it no sentence can be at its maximum length, and the step skips
-        the masking of rows, a pass over the vocabulary.
+        the masking of rows, a pass over the vocabulary. Computed once, in
+        the constructor: it depends only on the length options.
         """
-        import struct
-
         a, b = self.max_len_a, self.max_len_b
         if not a >= 0:
             return 0
@@ -478,8 +480,6 @@ class BeamDecoder:
         (step + 1) ** len_penalty`` on the CPU, so scores and their ranking
         match bitwise (a float32 division by a scalar is a float32 division).
         """
-        import numpy as np
-
         dtype = np.float64 if self.score_dtype == torch.float64 else np.float32
         values = np.asarray(finals, dtype=np.float64).astype(dtype)
         if self.normalize_scores:
@@ -489,8 +489,6 @@ class BeamDecoder:
     @staticmethod
     def _best_first(hyps, values):
         """``hyps`` sorted by score, best first, as ``torch.sort`` of their float32 scores would."""
-        import numpy as np
-
         keys = np.asarray(values, dtype=np.float64).astype(np.float32).tolist()
         if len(set(keys)) == len(keys):
             # Distinct keys have one order: no need for torch.sort (not stable) to say which.

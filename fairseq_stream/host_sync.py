@@ -138,19 +138,17 @@ class HostSyncCounter:
         self._modes.pop().__exit__(*exc)
         return False
 
-    @contextlib.contextmanager
     def paused(self):
         """Do not count inside this block (e.g. calls into code that is not under test)."""
-        enabled, self.enabled = self.enabled, False
-        try:
-            yield self
-        finally:
-            self.enabled = enabled
+        return self._enabled(False)
 
-    @contextlib.contextmanager
     def counting(self):
         """Count inside this block (for a counter made with ``enabled=False``)."""
-        enabled, self.enabled = self.enabled, True
+        return self._enabled(True)
+
+    @contextlib.contextmanager
+    def _enabled(self, value: bool):
+        enabled, self.enabled = self.enabled, value
         try:
             yield self
         finally:
