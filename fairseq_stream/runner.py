@@ -19,10 +19,16 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 from fairseq.models import FairseqIncrementalDecoder
+from fairseq.models.fairseq_decoder import FairseqDecoder
+from fairseq.models.fairseq_model import BaseFairseqModel
+from fairseq.models.transformer.transformer_base import TransformerModelBase
 from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq.sequence_generator import EnsembleModel
 
 from fairseq_stream import state_merge
+
+# Model-level get_normalized_probs that only hand the output to the decoder's.
+_PLAIN_MODEL_NORMALIZERS = (BaseFairseqModel.get_normalized_probs, TransformerModelBase.get_normalized_probs)
 
 
 @dataclass
@@ -89,20 +95,64 @@ class ModelRunner:
             incremental_states=[{} for _ in self.model.models],
         )
 
+    def logits_unsupported(self) -> Optional[str]:
+        """Why :meth:`step` cannot return logits for these models (None: it can).
+
+        Logits stand for the log-probabilities only where a model normalizes
+        them with fairseq's plain log-softmax; an adaptive softmax or a model
+        with its own normalization needs fairseq's ``get_normalized_probs``.
+        """
+        for model in self.model.models:
+            decoder = getattr(model, "decoder", None)
+            if decoder is None:
+                return "{} has no decoder".format(type(model).__name__)
+            if getattr(decoder, "adaptive_softmax", None) is not None:
+                return "{} uses an adaptive softmax".format(type(decoder).__name__)
+            if getattr(decoder, "onnx_trace", False):
+                return "{} is traced for ONNX".format(type(decoder).__name__)
+            plain = (
+                type(model).get_normalized_probs in _PLAIN_MODEL_NORMALIZERS
+                and type(model).get_normalized_probs_scriptable is BaseFairseqModel.get_normalized_probs_scriptable
+                and type(decoder).get_normalized_probs is FairseqDecoder.get_normalized_probs
+                and type(decoder).get_normalized_probs_scriptable
+                is FairseqDecoder.get_normalized_probs_scriptable
+            )
+            if not plain:
+                return "{} normalizes its output its own way".format(type(model).__name__)
+        return None
+
     @torch.no_grad()
-    def step(self, state: RowState, tokens: Tensor):
+    def step(self, state: RowState, tokens: Tensor, logits: bool = False):
         """Run one decoder step on all rows of ``state``.
 
         Args:
             tokens: (rows, length) target prefixes, all of the same length
                 (fairseq gives every row the position ``padding_idx + length``).
+            logits: return each model's logits instead of the ensemble's
+                log-probabilities (see :meth:`logits_unsupported`).
 
         Returns:
-            (lprobs (rows, vocab), attention (rows, src_len) or None)
+            (lprobs (rows, vocab), attention (rows, src_len) or None); with
+            ``logits``, (a list of one (rows, vocab) tensor per model, in the
+            model's type, before ``--temperature``, None).
         """
-        return self.model.forward_decoder(
-            tokens, state.encoder_outs, state.incremental_states, self.temperature
-        )
+        return self._decode(tokens, state.encoder_outs, state.incremental_states, logits)
+
+    def _decode(self, tokens, encoder_outs, incremental_states, logits: bool):
+        if not logits:
+            return self.model.forward_decoder(tokens, encoder_outs, incremental_states, self.temperature)
+        # EnsembleModel.forward_decoder up to get_normalized_probs, which the
+        # fused output layer replaces.
+        outs = []
+        incremental = self.model.has_incremental_states()
+        for i, model in enumerate(self.model.models):
+            encoder_out = encoder_outs[i] if self.model.has_encoder() else None
+            if incremental:
+                out = model.decoder.forward(tokens, encoder_out=encoder_out, incremental_state=incremental_states[i])
+            else:
+                out = model.decoder.forward(tokens, encoder_out=encoder_out)
+            outs.append(out[0][:, -1, :])
+        return outs, None
 
     def reorder(self, state: RowState, new_order: Tensor):
         """Make row ``i`` continue old row ``new_order[i]`` (select, copy or drop rows), in place."""
@@ -145,7 +195,7 @@ class ModelRunner:
         return taken
 
     @torch.no_grad()
-    def step_mixed(self, states: List[RowState], last_tokens: Tensor, lengths: List[int]):
+    def step_mixed(self, states: List[RowState], last_tokens: Tensor, lengths: List[int], logits: bool = False):
         """One decoder call over groups whose prefixes differ in length (VAR-STR-FIFO).
 
         Every row attends over the longest prefix's positions, its own padded
@@ -156,6 +206,7 @@ class ModelRunner:
             states: one per group, each already past its first step.
             last_tokens: (rows, 1) the last token of every row, groups in order.
             lengths: the prefix length of each group.
+            logits: as :meth:`step`.
 
         Returns:
             as :meth:`step`, rows in group order.
@@ -167,7 +218,7 @@ class ModelRunner:
             for n, length in zip(rows, lengths)
         ])
         with _row_positions(self.model.models, row_lengths):
-            out = self.model.forward_decoder(last_tokens, encoder_outs, joint_states, self.temperature)
+            out = self._decode(last_tokens, encoder_outs, joint_states, logits)
         for i in range(len(self.model.models)):
             state_merge.take_new_step(self._owners[i], joint_states[i],
                                       [s.incremental_states[i] for s in states], rows)

@@ -373,6 +373,11 @@ class LeanRunner:
     def max_decoder_positions(self):
         return self.model.max_decoder_positions()
 
+    @staticmethod
+    def logits_unsupported() -> Optional[str]:
+        """Always None: every model this runner accepts ends in a plain log-softmax."""
+        return None
+
     # -- the interface -----------------------------------------------------
 
     @torch.no_grad()
@@ -386,19 +391,21 @@ class LeanRunner:
         return LeanState([_Segment(encoder, row_sentence, caches, 0)])
 
     @torch.no_grad()
-    def step(self, state: LeanState, tokens: Tensor):
+    def step(self, state: LeanState, tokens: Tensor, logits: bool = False):
         """Run one decoder step on all rows of ``state``; ``tokens`` (rows, length) are their prefixes.
 
         Returns:
-            (lprobs (rows, vocab), None): no attention is kept.
+            (lprobs (rows, vocab), None): no attention is kept. With
+            ``logits``, a list of one (rows, vocab) tensor per model (in the
+            model's type, before ``--temperature``) instead of ``lprobs``.
         """
         length = tokens.size(1) - 1
         if any(s.length != length for s in state.segments):
             raise ValueError("internal: prefixes of {} tokens for a state at another length".format(length + 1))
-        return self._forward(state.segments, tokens[:, -1]), None
+        return self._forward(state.segments, tokens[:, -1], logits), None
 
     @torch.no_grad()
-    def step_mixed(self, states: List[LeanState], last_tokens: Tensor, lengths: List[int]):
+    def step_mixed(self, states: List[LeanState], last_tokens: Tensor, lengths: List[int], logits: bool = False):
         """One decoder call over groups whose prefixes differ in length (VAR-STR-FIFO).
 
         Every segment attends over its own prefix and gets its own positions;
@@ -407,7 +414,7 @@ class LeanRunner:
         for state, length in zip(states, lengths):
             if any(s.length != length - 1 for s in state.segments):
                 raise ValueError("internal: a state at another length than its group's")
-        return self._forward([s for st in states for s in st.segments], last_tokens.view(-1)), None
+        return self._forward([s for st in states for s in st.segments], last_tokens.view(-1), logits), None
 
     def reorder(self, state: LeanState, new_order: Tensor):
         """Make row ``i`` continue old row ``new_order[i]`` (select, copy or drop rows), in place."""
@@ -539,8 +546,8 @@ class LeanRunner:
             segment.row_sentence = new_sentence
             self._compacted(segment)
 
-    def _forward(self, segments: List[_Segment], last_tokens: Tensor) -> Tensor:
-        """One step of every model over the segments' rows; the ensemble's log-probabilities."""
+    def _forward(self, segments: List[_Segment], last_tokens: Tensor, logits: bool = False):
+        """One step of every model over the segments' rows; the ensemble's log-probabilities (or logits)."""
         bounds, at = [], 0
         for s in segments:
             bounds.append((at, at + s.rows))
@@ -548,9 +555,12 @@ class LeanRunner:
         for s in segments:
             if s.length >= s.caches[0].size(3):
                 s.caches = [_resized(c, c.size(1), 2 * c.size(3), s.length) for c in s.caches]
-        lprobs = [self._model_step(i, lean, segments, bounds, last_tokens) for i, lean in enumerate(self.lean)]
+        outs = [self._model_step(i, lean, segments, bounds, last_tokens) for i, lean in enumerate(self.lean)]
         for s in segments:
             s.length += 1
+        if logits:
+            return outs
+        lprobs = [self._normalized(x) for x in outs]
         if len(lprobs) == 1:
             return lprobs[0]
         return torch.logsumexp(torch.stack(lprobs, dim=0), dim=0) - math.log(len(lprobs))
@@ -620,7 +630,10 @@ class LeanRunner:
             x = _apply_norm(x, lean.final_norm)
         if lean.project_out is not None:
             x = F.linear(x, *lean.project_out)
-        logits = F.linear(x, lean.output, lean.output_bias)
+        return F.linear(x, lean.output, lean.output_bias)
+
+    def _normalized(self, logits: Tensor) -> Tensor:
+        """One model's log-probabilities from its logits, as fairseq's runner computes them."""
         if self.temperature != 1.0:
             logits = logits.div_(self.temperature)
         # fairseq normalizes in float32 whatever the model's type; float64 stays float64.
