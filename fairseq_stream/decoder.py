@@ -34,6 +34,8 @@ from torch import Tensor
 
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.ops import topk_log_softmax
+from fairseq_stream.output_choice import check_output_layer, choose_backend
 from fairseq_stream.runners import build_runner
 from fairseq_stream.search.pruning import Pruning
 from fairseq_stream.search.selection import select_fairseq, select_stay
@@ -59,6 +61,12 @@ class BeamDecoder:
             ``SequenceGenerator``.
         runner: ``fairseq`` (the reference), ``lean`` or ``auto``; see
             :func:`fairseq_stream.runners.build_runner`.
+        output_layer: ``torch`` (the reference), ``fused`` or ``auto``; see
+            :mod:`fairseq_stream.output_choice`.
+        keep_reference: ``auto`` runner and output layer stay on the
+            references (fairseq, torch); default: when the search is dense
+            (fixed width, ``--finalize fairseq``), whose promise is bitwise
+            identity with fairseq's SequenceGenerator.
     """
 
     def __init__(
@@ -78,6 +86,8 @@ class BeamDecoder:
         temperature: float = 1.0,
         no_repeat_ngram_size: int = 0,
         runner: str = "fairseq",
+        output_layer: str = "torch",
+        keep_reference: Optional[bool] = None,
     ):
         if finalize not in FINALIZE_MODES:
             raise FairseqStreamError(
@@ -87,7 +97,8 @@ class BeamDecoder:
             raise FairseqStreamError("--temperature must be greater than 0")
         # fairseq's exact arithmetic: every slot is a decoder row, as in SequenceGenerator.
         self.dense = finalize == "fairseq" and not (pruning is not None and pruning.active)
-        self.runner = build_runner(runner, models, temperature=temperature, keep_fairseq=self.dense)
+        self.keep_reference = self.dense if keep_reference is None else keep_reference
+        self.runner = build_runner(runner, models, temperature=temperature, keep_fairseq=self.keep_reference)
         # Scores accumulate in the models' precision where it is float64
         # (exactness tests), in float32 otherwise (fairseq's log-softmax dtype).
         self.score_dtype = torch.float64 if self.runner.dtype == torch.float64 else torch.float32
@@ -105,6 +116,7 @@ class BeamDecoder:
         self.normalize_scores = normalize_scores
         self.len_penalty = len_penalty
         self.unk_penalty = unk_penalty
+        self.temperature = temperature
         self.symbols_to_strip_from_output = {self.eos}
         self._warned_cap = False
         self.repeat_ngram_blocker = None
@@ -112,10 +124,36 @@ class BeamDecoder:
             from fairseq.ngram_repeat_block import NGramRepeatBlock
 
             self.repeat_ngram_blocker = NGramRepeatBlock(no_repeat_ngram_size)
+        self.output_layer = check_output_layer(output_layer)
+        self.no_repeat_ngram_size = no_repeat_ngram_size
+        self.output_backend = self._output_backend()
 
     def cuda(self):
         self.runner.cuda()
+        self.output_backend = self._output_backend()  # the kernel follows the models' device
         return self
+
+    @property
+    def candidates_per_row(self) -> int:
+        """How many candidates each decoder row contributes to its sentence's selection (fused layer).
+
+        A sentence's best k (``stay``) or 2k (``fairseq``) candidates are
+        among its rows' best k (2k). Greedy (k = 1, no pruning) needs only
+        the best: if it ends in EOS the sentence has its one hypothesis and
+        ends, else it is the next token.
+        """
+        k, V = self.beam_size, self.vocab_size
+        if self.finalize == "stay":
+            return min(k, V)
+        if k == 1 and not self.pruning.active:
+            return 1
+        return min(2 * k, V)
+
+    def _output_backend(self) -> str:
+        device = next(self.runner.model.parameters()).device
+        return choose_backend(self.output_layer, self.runner, device, self.candidates_per_row,
+                              keep_reference=self.keep_reference,
+                              no_repeat_ngram_size=self.no_repeat_ngram_size)
 
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
@@ -195,9 +233,10 @@ class BeamDecoder:
         they leave the cohort.
         """
         t0 = time.perf_counter()
-        lprobs, _ = self.runner.step(c.state, c.tokens[c.run_rows, : c.step + 1])
-        self.stats.add_step(c.step + 1, c.rows, self._since(t0, lprobs))
-        return self.update(c, lprobs)
+        # The fused layer takes each model's logits (positional: wrappers in tests pass *args).
+        out, _ = self.runner.step(c.state, c.tokens[c.run_rows, : c.step + 1], self.fused)
+        self.stats.add_step(c.step + 1, c.rows, self._since(t0, out))
+        return self.update(c, out)
 
     def advance_together(self, cohorts: List[Cohort]) -> Dict[int, List[Dict[str, Tensor]]]:
         """One decoder call over cohorts of different lengths (VAR-STR-FIFO), then each one's search step."""
@@ -205,27 +244,38 @@ class BeamDecoder:
             return self.advance(cohorts[0])
         t0 = time.perf_counter()
         last = torch.cat([c.tokens[c.run_rows, c.step] for c in cohorts]).unsqueeze(1)
-        lprobs, _ = self.runner.step_mixed([c.state for c in cohorts], last,
-                                                  [c.step + 1 for c in cohorts])
+        out, _ = self.runner.step_mixed([c.state for c in cohorts], last, [c.step + 1 for c in cohorts],
+                                        self.fused)
         rows = sum(c.rows for c in cohorts)
-        self.stats.add_step(max(c.step for c in cohorts) + 1, rows, self._since(t0, lprobs))
+        self.stats.add_step(max(c.step for c in cohorts) + 1, rows, self._since(t0, out))
         finished, start = {}, 0
         for c in cohorts:
             end = start + c.rows
-            finished.update(self.update(c, lprobs[start:end]))
+            part = [x[start:end] for x in out] if self.fused else out[start:end]
+            finished.update(self.update(c, part))
             start = end
         return finished
 
-    def _since(self, t0: float, out: Tensor) -> float:
-        """Seconds since ``t0`` for the step that produced ``out``."""
+    @property
+    def fused(self) -> bool:
+        """Whether steps go through the fused output layer (the runner then returns logits)."""
+        return self.output_backend != "torch"
+
+    def _since(self, t0: float, out) -> float:
+        """Seconds since ``t0`` for the step that produced ``out`` (a tensor or a list of them)."""
+        if isinstance(out, list):
+            out = out[0]
         # CUDA calls return before the GPU is done; the per-step times kept
         # for plots (Figure 2) would otherwise measure only kernel launches.
         if self.stats.keep_steps and out.is_cuda:
             torch.cuda.synchronize(out.device)
         return time.perf_counter() - t0
 
-    def update(self, c: Cohort, lprobs: Tensor) -> Dict[int, List[Dict[str, Tensor]]]:
+    def update(self, c: Cohort, lprobs) -> Dict[int, List[Dict[str, Tensor]]]:
         """The search step of ``c`` given the decoder's output for its run rows (in place).
+
+        ``lprobs`` is the ensemble's log-probabilities (rows, V), or under the
+        fused output layer the list of each model's logits.
 
         Returns the sentences that finished (id -> hypotheses, best first);
         they leave the cohort. The step is tensor operations but for one
@@ -241,13 +291,16 @@ class BeamDecoder:
         tokens, scores = c.tokens, c.scores
         S = c.size
 
-        lprobs = self._constrain(c, lprobs)
         word_of = None  # candidate index -> word, where candidates are not the whole vocabulary
         per_slot = V  # candidates per beam slot in cand
-        if step == 0 and self.dense:
+        if self.fused:
+            cand, local, word_of, per_slot = self._fused_candidates(c, lprobs)
+        elif step == 0 and self.dense:
+            lprobs = self._constrain(c, lprobs)
             # All slots hold the same start: extend slot 0 only (as fairseq).
             cand = local = self._nan_to_neg_inf_(lprobs.view(S, k, V)[:, 0, :])
         elif self.dense:
+            lprobs = self._constrain(c, lprobs)
             # In place: nothing reads the log-probabilities of single words
             # here (dense means no pruning heuristic, the only reader).
             cand = local = self._nan_to_neg_inf_(lprobs.add_(scores[:, step - 1 : step]).view(S, k * V))
@@ -257,6 +310,7 @@ class BeamDecoder:
             # then works on (sentences, k x n) instead of x V. Each row goes
             # to its own slot (empty slots hold -inf), so that a candidate's
             # slot is its index // n and no count of live rows is read back.
+            lprobs = self._constrain(c, lprobs)
             n = min(k if stay else 2 * k, V)
             row_scores = lprobs + scores[run_rows, step - 1 : step] if step > 0 else lprobs
             top_scores, top_words = torch.topk(self._nan_to_neg_inf_(row_scores), k=n, dim=1)
@@ -354,6 +408,41 @@ class BeamDecoder:
         if c.size:
             self.runner.reorder(c.state, order)
         return results
+
+    def _fused_candidates(self, c: Cohort, logits: List[Tensor]):
+        """``update``'s candidates from the models' logits by the fused output layer.
+
+        The same candidates as the reference path (each row's best n by
+        cumulative score, in one (S, k x n) layout with -inf for rows not
+        run), but the log-softmax, the rules and the top-n are one kernel
+        call over the logits, and only (rows, n) values come back.
+
+        Returns:
+            (cand, local, word_of, per_slot) as ``update`` uses them.
+        """
+        k, S, step, n = self.beam_size, c.size, c.step, self.candidates_per_row
+        rows = c.run_rows
+        if step == 0 and self.dense:
+            # All slots hold the same start: extend slot 0 only (as fairseq).
+            logits = [x[::k] for x in logits]
+            rows = rows[::k]
+        force_eos = None
+        if step >= self.shortest_max_len:
+            force_eos = c.max_lens.le(step).index_select(0, rows // k)
+        out = topk_log_softmax(
+            logits, n, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty,
+            temperature=self.temperature, ban_eos=step < self.min_len, force_eos=force_eos,
+            backend=self.output_backend,
+        )
+        top_local = out.values
+        top_scores = top_local + c.scores[rows, step - 1 : step] if step > 0 else top_local
+        if self.dense and step > 0:  # every slot is a run row, in order
+            return top_scores.view(S, k * n), top_local.view(S, k * n), out.indices.view(S, k * n), n
+        # Each row to its own slot (empty slots hold -inf), as the reference path.
+        cand = top_scores.new_full((S * k, n), -math.inf).index_copy_(0, rows, top_scores)
+        word_of = out.indices.new_zeros((S * k, n)).index_copy_(0, rows, out.indices)
+        local = top_local.new_zeros((S * k, n)).index_copy_(0, rows, top_local)
+        return cand.view(S, k * n), local.view(S, k * n), word_of.view(S, k * n), n
 
     def _constrain(self, c: Cohort, lprobs: Tensor) -> Tensor:
         """``lprobs`` in the score type with fairseq's rules applied (pad, --unkpen, lengths, n-grams).

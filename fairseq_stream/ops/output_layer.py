@@ -96,6 +96,13 @@ def _extension(kind: str):
     return _EXTENSIONS[kind]
 
 
+def missing_reason(kind: str) -> str:
+    """Why the compiled module for ``kind`` is not loaded ("" where it is)."""
+    if _extension(kind) is not None:
+        return ""
+    return _MISSING.get(kind, "not found")
+
+
 def available_backends() -> List[str]:
     """The backends that can run here: always "torch", then "cpu" and "cuda" where built (and usable)."""
     names = ["torch"]

@@ -20,7 +20,8 @@ RUNNERS = ("auto", "fairseq", "lean")
 _said = set()
 
 
-def _say_once(message, *args):
+def say_once(message, *args):
+    """Log ``message % args`` at INFO, once per process (decoders are built per batch by some callers)."""
     key = message % args
     if key not in _said:
         _said.add(key)
@@ -42,7 +43,7 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
         raise FairseqStreamError("--runner must be one of {}, got {}".format(", ".join(RUNNERS), kind))
     if kind == "fairseq" or (kind == "auto" and keep_fairseq):
         if kind == "auto":
-            _say_once("fairseq-stream: using the fairseq runner (--search fixed --finalize fairseq "
+            say_once("fairseq-stream: using the fairseq runner (--search fixed --finalize fairseq "
                       "is bitwise fairseq's; --runner lean to change)")
         return ModelRunner(models, temperature=temperature)
     from fairseq_stream.runners.lean import LeanRunner, unsupported_reason
@@ -50,8 +51,8 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
     members = getattr(models, "models", models)
     reason = next((r for r in map(unsupported_reason, members) if r), None)
     if reason:
-        _say_once("fairseq-stream: --runner %s: %s; using the fairseq runner", kind, reason)
+        say_once("fairseq-stream: --runner %s: %s; using the fairseq runner", kind, reason)
         return ModelRunner(models, temperature=temperature)
-    _say_once("fairseq-stream: using the lean runner (%d model%s)", len(members),
+    say_once("fairseq-stream: using the lean runner (%d model%s)", len(members),
               "" if len(members) == 1 else "s")
     return LeanRunner(members, temperature=temperature)

@@ -6,10 +6,12 @@ from typing import Optional
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.output_choice import OUTPUT_LAYERS, check_output_layer
 from fairseq_stream.runners import RUNNERS
+from fairseq_stream.stats import DecodeStats, StatsReporter
 
 RunnerChoice = ChoiceEnum(list(RUNNERS))
-from fairseq_stream.stats import DecodeStats, StatsReporter
+OutputLayerChoice = ChoiceEnum(list(OUTPUT_LAYERS))
 
 
 @dataclass
@@ -33,6 +35,13 @@ class DecodeStatsConfig(FairseqDataclass):
                   "(our incremental step for fairseq transformers: preallocated caches, shared "
                   "encoder keys, fused projections) or auto (lean where every model is a supported "
                   "transformer, else fairseq; --search fixed --finalize fairseq keeps fairseq)"},
+    )
+    output_layer: OutputLayerChoice = field(
+        default="auto",
+        metadata={"help": "output layer: torch (log-softmax over the vocabulary, then the rules and "
+                  "top-k: the reference), fused (bias + log-softmax + rules + top-k in one compiled "
+                  "kernel pass; an error if no kernel is built) or auto (fused where a kernel is built "
+                  "for the device, else torch; --search fixed --finalize fairseq keeps torch)"},
     )
 
 
@@ -92,14 +101,19 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
     runner = str(getattr(search_cfg, "runner", "auto"))
     if runner not in RUNNERS:
         raise FairseqStreamError("--runner must be one of {}, got {}".format(", ".join(RUNNERS), runner))
+    check_output_layer(getattr(search_cfg, "output_layer", "auto"))
     if hasattr(search_cls, "pruning"):
         search_cls.pruning(search_cfg)
     if stream_cfg is not None:
         pool_settings(stream_cfg)
 
 
-def build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning):
-    """A :class:`~fairseq_stream.decoder.BeamDecoder` configured from fairseq's generation options."""
+def build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning, keep_reference=None):
+    """A :class:`~fairseq_stream.decoder.BeamDecoder` configured from fairseq's generation options.
+
+    ``keep_reference``: as :class:`~fairseq_stream.decoder.BeamDecoder`'s
+    (default: fixed width with ``--finalize fairseq``).
+    """
     from fairseq_stream.decoder import BeamDecoder
 
     check_generation_options(name, gen_cfg)
@@ -121,19 +135,21 @@ def build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, 
         temperature=getattr(gen_cfg, "temperature", 1.0),
         no_repeat_ngram_size=getattr(gen_cfg, "no_repeat_ngram_size", 0),
         runner=str(getattr(search_cfg, "runner", "auto")),
+        output_layer=str(getattr(search_cfg, "output_layer", "auto")),
+        keep_reference=keep_reference,
     )
     decoder.reporter = StatsReporter(name, stats, getattr(search_cfg, "stats_file", None))
     return decoder
 
 
 def build_scheduled(name, task, models, gen_cfg, search_cfg, generator_cfg, default_generator,
-                    beam, finalize, pruning):
+                    beam, finalize, pruning, keep_reference=None):
     """Our decoder for ``name``, on the chosen scheduler (``--generator``, else the search's default).
 
     Stream options come from ``--generator stream``'s group, or from the
     search's own config for presets that include them (``var-stream``).
     """
-    decoder = build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning)
+    decoder = build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning, keep_reference)
     generator = getattr(generator_cfg, "_name", None) or default_generator
     if generator in ("stream", "fifo"):
         from fairseq_stream.schedule.stream import build_stream_generator

@@ -25,4 +25,7 @@ class GreedySearch:
         return build_scheduled(
             "greedy", task, models, gen_cfg, search_cfg, generator_cfg, cls.default_generator,
             beam=1, finalize="fairseq", pruning=Pruning(),
+            # Greedy promises greedy's tokens, not fairseq's bitwise arithmetic:
+            # auto takes the lean runner and the fused output layer.
+            keep_reference=False,
         )
