@@ -173,6 +173,20 @@ def exact(loaded):
     return load
 
 
+@pytest.fixture
+def float64_fairseq(monkeypatch):
+    """fairseq's softmax helpers in the input's dtype (fairseq: always float32), for one test.
+
+    With it the fairseq runner's log-probabilities of float64 models are
+    float64, as the lean runner's and the fused output layer's are.
+    """
+    import torch
+    from fairseq import utils
+
+    monkeypatch.setattr(utils, "softmax", lambda x, dim, onnx_trace=False: torch.softmax(x, dim=dim))
+    monkeypatch.setattr(utils, "log_softmax", lambda x, dim, onnx_trace=False: torch.log_softmax(x, dim=dim))
+
+
 # Our searches as BeamDecoder options, for tests that run each of them.
 DECODER_OPTIONS = {
     "greedy": dict(beam_size=1),
@@ -201,6 +215,42 @@ def sorted_batches(task, size, limit, subset="test"):
                                   required_batch_size_multiple=1).next_epoch_itr(shuffle=False)
     ids = [i for b in itr for i in b["id"].tolist() if i < limit]
     return [dataset.collater([dataset[i] for i in ids[j:j + size]]) for j in range(0, len(ids), size)]
+
+
+def decode(dec, models, batches, scheduler):
+    """{sentence id: n-best} of ``dec`` over ``batches``, by batch (``scheduler`` None) or a StreamPool(**scheduler)."""
+    import torch
+    from fairseq_stream.schedule.pool import StreamPool
+
+    out = {}
+    with torch.no_grad():
+        if scheduler is None:
+            for s in batches:
+                out.update(zip(s["id"].tolist(), dec.generate(models, s)))
+        else:
+            pool = StreamPool(dec, **scheduler)
+            for sid, hyps in pool.run(dec.open(s["net_input"], ids=s["id"]) for s in batches):
+                assert sid not in out
+                out[sid] = hyps
+    return out
+
+
+def differences(ref, ours, tolerance=1e-9):
+    """Sentences whose n-best lists differ in tokens, or in scores by more than ``tolerance``."""
+    import torch
+
+    assert sorted(ref) == sorted(ours), "not every sentence came out exactly once"
+    bad = []
+    for sid in ref:
+        a, b = ref[sid], ours[sid]
+        same = len(a) == len(b) and all(
+            torch.equal(x["tokens"], y["tokens"])
+            and abs(float(x["score"]) - float(y["score"])) <= tolerance
+            and torch.allclose(x["positional_scores"], y["positional_scores"], rtol=0, atol=tolerance)
+            for x, y in zip(a, b))
+        if not same:
+            bad.append(sid)
+    return bad
 
 
 def parse_generate_args(argv):

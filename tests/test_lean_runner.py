@@ -17,11 +17,10 @@ import argparse
 import pytest
 import torch
 
-from conftest import decoder_options, sorted_batches
+from conftest import decode, decoder_options, differences, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.runners import build_runner
 from fairseq_stream.runners.lean import LeanRunner, unsupported_reason
-from fairseq_stream.schedule.pool import StreamPool
 
 torch.set_num_threads(1)
 
@@ -31,15 +30,6 @@ SCHEDULERS = {
     "stream": dict(pool_size=8, eps=1 / 6, order="shortest"),
     "fifo": dict(pool_size=8, eps=1 / 6, order="fifo"),
 }
-
-
-@pytest.fixture
-def float64_fairseq(monkeypatch):
-    """fairseq's softmax helpers in the input's dtype (fairseq: always float32), for these tests only."""
-    from fairseq import utils
-
-    monkeypatch.setattr(utils, "softmax", lambda x, dim, onnx_trace=False: torch.softmax(x, dim=dim))
-    monkeypatch.setattr(utils, "log_softmax", lambda x, dim, onnx_trace=False: torch.log_softmax(x, dim=dim))
 
 
 def random_transformer(task, arch, **overrides):
@@ -80,36 +70,6 @@ def models64(exact):
         return cache[name]
 
     return load
-
-
-def decode(dec, models, batches, scheduler):
-    out = {}
-    with torch.no_grad():
-        if scheduler is None:
-            for s in batches:
-                out.update(zip(s["id"].tolist(), dec.generate(models, s)))
-        else:
-            pool = StreamPool(dec, **scheduler)
-            for sid, hyps in pool.run(dec.open(s["net_input"], ids=s["id"]) for s in batches):
-                assert sid not in out
-                out[sid] = hyps
-    return out
-
-
-def differences(ref, ours, tolerance=1e-9):
-    """Sentences whose n-best lists differ in tokens, or in scores by more than ``tolerance``."""
-    assert sorted(ref) == sorted(ours), "not every sentence came out exactly once"
-    bad = []
-    for sid in ref:
-        a, b = ref[sid], ours[sid]
-        same = len(a) == len(b) and all(
-            torch.equal(x["tokens"], y["tokens"])
-            and abs(float(x["score"]) - float(y["score"])) <= tolerance
-            and torch.allclose(x["positional_scores"], y["positional_scores"], rtol=0, atol=tolerance)
-            for x, y in zip(a, b))
-        if not same:
-            bad.append(sid)
-    return bad
 
 
 # Sentences and length limits per model: the random big model is slow and
