@@ -89,6 +89,7 @@ setup(
             "fairseq-stream-generate = fairseq_stream.cli:generate",
             "fairseq-stream-interactive = fairseq_stream.cli:interactive",
             "fairseq-stream-user-dir = fairseq_stream.cli:print_plugin_dir",
+            "fairseq-stream-bulk = fairseq_stream.bulk:main",
         ]
     },
 )
