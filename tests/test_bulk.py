@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import run_tool
+from conftest import REPO, run_tool
 from fairseq_stream.bulk import chunks
 
 SENTENCES = 70
@@ -74,14 +74,62 @@ def test_one_rank_writes_every_line_in_input_order(toy, corpus, expected, tmp_pa
 
 
 def test_two_ranks_share_the_chunks_and_write_the_same_file(toy, corpus, expected, tmp_path):
-    out = tmp_path / "out.txt"
-    proc = bulk(toy, "translate", "--input", corpus[0], "--output", out, "--format", "scores", ranks=2)
+    one, two = tmp_path / "one.txt", tmp_path / "two.txt"
+    bulk(toy, "translate", "--input", corpus[0], "--output", one, "--format", "scores")
+    proc = bulk(toy, "translate", "--input", corpus[0], "--output", two, "--format", "scores", ranks=2)
     counts = translated(proc)
     assert sorted(counts) == [0, 1] and sum(c[0] for c in counts.values()) == 5
     assert all(c[0] >= 1 for c in counts.values()), "a rank took no chunk: {}".format(counts)
-    rows = [line.split("\t", 1) for line in out.read_text().split("\n")[:-1]]
+    assert two.read_bytes() == one.read_bytes()
+    rows = [line.split("\t", 1) for line in two.read_text().split("\n")[:-1]]
     assert [text for _, text in rows] == [text for text, _ in expected]
     assert [float(s) for s, _ in rows] == pytest.approx([s for _, s in expected], abs=1e-6)
+
+
+def test_fewer_lines_than_ranks(toy, corpus, tmp_path):
+    small = tmp_path / "one_line.txt"
+    small.write_text(corpus[1][0] + "\n")
+    out = tmp_path / "out.txt"
+    proc = bulk(toy, "translate", "--input", small, "--output", out, ranks=2)
+    assert sorted(translated(proc).values()) == [(0, 0), (1, 0)]
+    assert len(out.read_text().split("\n")) == 2 and out.read_text().endswith("\n")
+
+
+def test_a_rank_killed_mid_run_loses_nothing_on_rerun(toy, corpus, tmp_path):
+    """SIGKILL one of two ranks once some chunks are written; torchrun stops the job; a re-run completes it."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import tool_env
+
+    reference = tmp_path / "reference.txt"
+    bulk(toy, "translate", "--input", toy.raw / "valid.src", "--output", reference)
+    out = tmp_path / "out.txt"
+    work = tmp_path / "out.txt.chunks" / "chunks"
+    job = ["-m", "fairseq_stream.bulk", "translate", "--input", str(toy.raw / "valid.src"), "--output", str(out),
+           "--path", str(toy.transformer), "--data", str(toy.data_bin), "--chunk-size", "2", "--cpu",
+           "--pool", "2", "--no-progress-bar"]
+    launcher = subprocess.Popen(["torchrun", "--standalone", "--nproc-per-node", "2"] + job, cwd=str(REPO),
+                                env=tool_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (work.is_dir() and any(work.glob("*.json"))):
+            time.sleep(0.01)
+        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+        assert workers, "no rank was running"
+        os.kill(workers[-1], signal.SIGKILL)
+        assert launcher.wait(timeout=120) != 0
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert not out.exists()
+    written = len(list(work.glob("*.json")))
+    assert 0 < written < 100, "the kill came too late to test anything ({} chunks written)".format(written)
+    proc = run_tool([sys.executable] + job)  # the same job, one process
+    assert translated(proc)[0][1] == written  # every chunk written before the kill is kept
+    assert out.read_bytes() == reference.read_bytes()
 
 
 def test_rerun_redoes_only_missing_corrupt_and_stale_chunks(toy, corpus, expected, tmp_path):

@@ -121,6 +121,7 @@ def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: 
 
     if fmt not in ch.FORMATS:
         raise FairseqStreamError("--format must be one of {}, got {}".format(", ".join(ch.FORMATS), fmt))
+    started = time.perf_counter()
     ranks = Ranks()
     try:
         if ranks.rank == 0:
@@ -136,30 +137,36 @@ def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: 
                                 pool=pool, batch_size=batch_size, bpe=settings.bpe, tokenizer=settings.tokenizer,
                                 sentencepiece_model=settings.sentencepiece_model, bpe_codes=settings.bpe_codes,
                                 cpu=cpu, trust_checkpoint=trust_checkpoint, **settings.options)
+        loaded = time.perf_counter()
         bar = _ProgressBar(ranks, index.lines) if progress and ranks.rank == 0 else None
         try:
-            done, skipped = _work(ranks, index, work_dir, settings_sha, translator)
-            logger.info("fairseq-stream bulk: rank %d translated %d chunk(s), found %d done", ranks.rank, done,
-                        skipped)
+            done, skipped, sentences = _work(ranks, index, work_dir, settings_sha, translator)
+            finished = time.perf_counter()
+            logger.info("fairseq-stream bulk: rank %d translated %d chunk(s), found %d done; %d sentences in "
+                        "%.2f s after %.2f s of start-up", ranks.rank, done, skipped, sentences, finished - loaded,
+                        loaded - started)
             ranks.barrier()  # every chunk is written
         finally:
             if bar is not None:
                 bar.close()
         if ranks.rank != 0:
             return None
+        merging = time.perf_counter()
         ch.merge(index, work_dir, settings_sha, output, fmt)
+        logger.info("fairseq-stream bulk: waited %.2f s for the other ranks, merged %d lines in %.2f s",
+                    merging - finished, index.lines, time.perf_counter() - merging)
         return output
     finally:
         ranks.close()
 
 
 def _work(ranks: Ranks, index: ch.InputIndex, work_dir: str, settings_sha: str, translator):
-    """Take chunks from the shared counter until none is left; (translated, found done)."""
-    done = skipped = 0
+    """Take chunks from the shared counter until none is left; (translated, found done, sentences translated)."""
+    done = skipped = sentences = 0
     while True:
         i = ranks.store.add(NEXT_CHUNK, 1) - 1
         if i >= index.chunks:
-            return done, skipped
+            return done, skipped, sentences
         data, lines = ch.read_chunk(index, i)
         input_sha = ch.sha256(data)
         if ch.chunk_done(work_dir, i, input_sha, settings_sha, len(lines)):
@@ -178,6 +185,7 @@ def _work(ranks: Ranks, index: ch.InputIndex, work_dir: str, settings_sha: str, 
             ranks.store.add(SENTENCES_DONE, pending)
         ch.write_chunk(work_dir, i, input_sha, settings_sha, results)
         done += 1
+        sentences += len(lines)
 
 
 class _ProgressBar:
