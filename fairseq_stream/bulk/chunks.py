@@ -162,6 +162,7 @@ def merge(index: InputIndex, work_dir: str, settings_sha: str, output: str, fmt:
             "{} of {} chunks are not done for this input and these settings (chunk {}{}); run the "
             "translation again with the same options to finish them".format(
                 len(missing), index.chunks, ", ".join(map(str, missing[:5])), ", ..." if len(missing) > 5 else ""))
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     tmp = "{}.tmp.{}".format(output, os.getpid())
     with open(tmp, "w", encoding="utf-8") as out:
         for i in range(index.chunks):

@@ -60,16 +60,22 @@ class JobSettings:
             except OSError:
                 files.append([os.path.abspath(p), None, None])
         values = dict(self.__dict__, paths=files)
+        for name in ("data", "sentencepiece_model", "bpe_codes"):  # the same files, however they are named
+            if values[name]:
+                values[name] = os.path.abspath(values[name])
         return ch.settings_digest(values)
 
 
 class Ranks:
     """This process's place in the job: rank, world size, the shared store, the device."""
 
-    def __init__(self):
+    def __init__(self, use_cuda: bool):
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if use_cuda:
+            # Before the process group: nccl's collectives use the current device.
+            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
         if self.world == 1:
             self.base = dist.HashStore()
             self.store = self.base
@@ -82,7 +88,7 @@ class Ranks:
         self._address = (host, port)
         self.base = dist.TCPStore(host, port, self.world, is_master=(self.rank == 0 and not agent),
                                   timeout=STORE_TIMEOUT, wait_for_workers=False)
-        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+        backend = "nccl" if use_cuda and dist.is_nccl_available() else "gloo"
         dist.init_process_group(backend, store=dist.PrefixStore(self._prefix("pg"), self.base), rank=self.rank,
                                 world_size=self.world, timeout=STORE_TIMEOUT)
         self.store = dist.PrefixStore(self._prefix("work"), self.base)
@@ -122,7 +128,7 @@ def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: 
     if fmt not in ch.FORMATS:
         raise FairseqStreamError("--format must be one of {}, got {}".format(", ".join(ch.FORMATS), fmt))
     started = time.perf_counter()
-    ranks = Ranks()
+    ranks = Ranks(use_cuda=torch.cuda.is_available() and not cpu)
     try:
         if ranks.rank == 0:
             index = ch.index_input(input_path, chunk_size)
@@ -131,8 +137,6 @@ def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: 
         else:
             index = ch.InputIndex.from_json(ranks.store.get(INDEX).decode("utf-8"))
         settings_sha = settings.digest()
-        if torch.cuda.is_available() and not cpu:
-            torch.cuda.set_device(ranks.local_rank % torch.cuda.device_count())
         translator = Translator(settings.paths, data=settings.data, search=settings.search, beam=settings.beam,
                                 pool=pool, batch_size=batch_size, bpe=settings.bpe, tokenizer=settings.tokenizer,
                                 sentencepiece_model=settings.sentencepiece_model, bpe_codes=settings.bpe_codes,
