@@ -105,14 +105,39 @@ class FifoScheduler:
     order = "fifo"
 
 
-def parse_eps(text) -> float:
-    """Parse ``--stream-eps`` (``1/6``, ``0.25``) into a float in (0, 1]."""
+@dataclass
+class TopupOptions(StreamOptions):
+    """The stream options, refilling at ``--topup-threshold`` instead of ``--stream-eps``."""
+
+    topup_threshold: str = field(
+        default="1/2",
+        metadata={"help": "top the batch up from the queue of encoded sentences when at most this "
+                  "fraction of it (--stream-pool, default --batch-size) is still decoding: a fraction "
+                  "(Marian's 1/2) or a decimal in (0, 1]"},
+    )
+
+
+@register_generator("topup", dataclass=TopupOptions)
+class TopupScheduler:
+    """Top-up batching (Marian; Junczys-Dowmunt et al. 2018, Algorithms 4-6).
+
+    One batch of ``--stream-pool`` sentences; every decoder call runs every
+    active sentence (the pool's FIFO order: no shortest first), and when at
+    most ``--topup-threshold`` of the batch is still decoding, finished
+    sentences are replaced from the encoded ones read ahead.
+    """
+
+    order = "fifo"
+
+
+def parse_eps(text, flag: str = "--stream-eps") -> float:
+    """Parse ``--stream-eps`` (``1/6``, ``0.25``), or the option ``flag``, into a float in (0, 1]."""
     try:
         value = float(Fraction(str(text).strip()))
     except (ValueError, ZeroDivisionError):
-        raise FairseqStreamError("--stream-eps must be a number or fraction in (0, 1], got {!r}".format(text))
+        raise FairseqStreamError("{} must be a number or fraction in (0, 1], got {!r}".format(flag, text))
     if not (0.0 < value <= 1.0):
-        raise FairseqStreamError("--stream-eps must be in (0, 1], got {}".format(text))
+        raise FairseqStreamError("{} must be in (0, 1], got {}".format(flag, text))
     return value
 
 
@@ -127,8 +152,16 @@ def pool_settings(options, order: str = "shortest") -> dict:
     max_cached = getattr(options, "stream_max_cached", None)
     if max_cached is not None and max_cached < 0:
         raise FairseqStreamError("--stream-max-cached must be >= 0, got {}".format(max_cached))
+    threshold = getattr(options, "topup_threshold", None)
+    if threshold is None:
+        eps = parse_eps(options.stream_eps)
+    elif str(options.stream_eps) != StreamOptions.stream_eps:
+        raise FairseqStreamError("--generator topup refills at --topup-threshold (default 1/2); --stream-eps "
+                                 "is --generator stream's and fifo's")
+    else:
+        eps = parse_eps(threshold, "--topup-threshold")
     settings = dict(
-        eps=parse_eps(options.stream_eps),
+        eps=eps,
         refill_unit=str(options.stream_refill_unit),
         capacity=options.stream_capacity,
         capacity_unit=str(options.stream_capacity_unit),

@@ -151,10 +151,12 @@ def build_scheduled(name, task, models, gen_cfg, search_cfg, generator_cfg, defa
     """
     decoder = build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning, keep_reference)
     generator = getattr(generator_cfg, "_name", None) or default_generator
-    if generator in ("stream", "fifo"):
+    if generator in ("stream", "fifo", "topup"):
         from fairseq_stream.schedule.stream import build_stream_generator
 
         options = generator_cfg if generator_cfg is not None else search_cfg
-        order = "fifo" if generator == "fifo" else "shortest"
+        # Top-up is the pool in FIFO order (every active sentence in each call)
+        # refilling at its own threshold (TopupOptions).
+        order = "shortest" if generator == "stream" else "fifo"
         return build_stream_generator(decoder, task, models, gen_cfg, options, order=order)
     return decoder

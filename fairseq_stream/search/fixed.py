@@ -25,7 +25,7 @@ class FixedSearchConfig(DecodeStatsConfig):
 class FixedSearch:
     """Fixed-width beam search (``--beam`` k), fairseq-compatible or the streaming paper's rule."""
 
-    generators = ("batch", "stream", "fifo")
+    generators = ("batch", "stream", "fifo", "topup")
     default_generator = "batch"
 
     @classmethod

@@ -16,7 +16,7 @@ class GreedySearchConfig(DecodeStatsConfig):
 class GreedySearch:
     """Pick the most probable next token; a sentence ends at EOS or its maximum length."""
 
-    generators = ("batch", "stream", "fifo")
+    generators = ("batch", "stream", "fifo", "topup")
     default_generator = "batch"
     uses_beam = False  # --beam is ignored
 

@@ -1,0 +1,69 @@
+"""``--generator topup`` (Marian's top-up batching) against ``--generator batch`` on the toy checkpoints.
+
+Top-up is the streaming pool in FIFO order (every active sentence in each
+decoder call) refilled at ``--topup-threshold``. Outputs are compared as the
+streaming tests compare them (tests/test_stream.py): float32 runs must print
+the same best hypotheses; float64 exactness of the pool's FIFO order is
+tested there.
+"""
+
+import pytest
+
+from conftest import generate_in_process, hypotheses, run_tool, sorted_batches
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.schedule.pool import StreamPool
+
+
+def printed(toy, capsys, *args, path=None):
+    generate_in_process([toy.data_bin, "--path", path or toy.transformer, "--user-dir", "fairseq_stream",
+                         "--gen-subset", "test", "--batch-size", "8", "--cpu"] + list(args))
+    return {sid: text for sid, (_, text) in hypotheses(capsys.readouterr().out).items()}
+
+
+@pytest.mark.parametrize("model,search", [
+    ("transformer", ("greedy",)),
+    ("transformer", ("var-batch", "--beam", "50")),
+    ("lstm", ("fixed", "--beam", "5")),
+    ("ensemble", ("fixed", "--beam", "5")),
+])
+def test_topup_prints_what_batch_prints(toy, capsys, model, search):
+    path = {"transformer": toy.transformer, "lstm": toy.lstm,
+            "ensemble": "{}:{}".format(toy.transformer, toy.transformer2)}[model]
+    args = ["--search"] + list(search)
+    ref = printed(toy, capsys, *args, path=path)
+    ours = printed(toy, capsys, *args, "--generator", "topup", "--stream-pool", "8", path=path)
+    assert len(ours) == 37
+    assert ours == ref
+
+
+@pytest.mark.parametrize("threshold", [1 / 2, 1 / 4])
+def test_topup_refills_only_when_the_batch_is_that_empty(loaded, threshold):
+    models, task = loaded("transformer")
+    dec = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", keep_reference=False)
+    pool = StreamPool(dec, 8, eps=threshold, order="fifo")
+    active_at_refill = []
+    refill = pool._refill
+
+    def recording(source, staging, cohorts, hold=False):
+        active_at_refill.append(sum(c.size for c in cohorts))
+        return refill(source, staging, cohorts, hold)
+
+    pool._refill = recording  # records, then the real refill runs
+    batches = sorted_batches(task, 4, 100, "valid")
+    out = dict(pool.run(dec.open(b["net_input"], ids=b["id"]) for b in batches))
+    assert sorted(out) == list(range(100))
+    assert len(active_at_refill) > 10
+    assert max(active_at_refill) <= threshold * 8
+
+
+def test_topup_options_are_checked(toy):
+    common = ["fairseq-generate", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
+              "--gen-subset", "test", "--search", "greedy", "--generator", "topup", "--cpu"]
+    proc = run_tool(common + ["--stream-eps", "1/3"], check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "--generator topup refills at --topup-threshold (default 1/2); --stream-eps is --generator stream's "
+        "and fifo's")
+    proc = run_tool(common + ["--topup-threshold", "3/2"], check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].endswith("--topup-threshold must be in (0, 1], got 3/2")
