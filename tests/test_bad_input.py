@@ -248,7 +248,10 @@ def test_max_tokens_below_a_sentence_is_a_one_line_error(loaded):
     """fairseq asserts (a traceback) when a sentence is longer than --max-tokens."""
     _, task = loaded("transformer")
     with pytest.raises(FairseqStreamError) as err:
-        task.get_batch_iterator(dataset=task.dataset("test"), max_tokens=5).next_epoch_itr(shuffle=False)
+        # The session's task is shared: without disable_iterator_cache fairseq
+        # hands back an iterator another test made, and nothing is batched.
+        task.get_batch_iterator(dataset=task.dataset("test"), max_tokens=5,
+                                disable_iterator_cache=True).next_epoch_itr(shuffle=False)
     assert "longer than --max-tokens" in str(err.value) and "\n" not in str(err.value)
 
 
