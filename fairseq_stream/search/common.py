@@ -149,8 +149,15 @@ def build_scheduled(name, task, models, gen_cfg, search_cfg, generator_cfg, defa
     Stream options come from ``--generator stream``'s group, or from the
     search's own config for presets that include them (``var-stream``).
     """
-    decoder = build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning, keep_reference)
     generator = getattr(generator_cfg, "_name", None) or default_generator
+    if generator != "batch":
+        # Bitwise identity with fairseq is a promise of fairseq's own batches
+        # only: a scheduler changes the calls' composition (float32 results
+        # move in the last bits, as with another --batch-size), and mixing
+        # prefix lengths on the fairseq runner pads every row, which the lean
+        # runner does not.
+        keep_reference = False
+    decoder = build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning, keep_reference)
     if generator in ("stream", "fifo", "topup"):
         from fairseq_stream.schedule.stream import build_stream_generator
 
