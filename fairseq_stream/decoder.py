@@ -311,14 +311,11 @@ class BeamDecoder:
             # to its own slot (empty slots hold -inf), so that a candidate's
             # slot is its index // n and no count of live rows is read back.
             lprobs = self._constrain(c, lprobs)
-            n = min(k if stay else 2 * k, V)
+            n = self.candidates_per_row
             row_scores = lprobs + scores[run_rows, step - 1 : step] if step > 0 else lprobs
             top_scores, top_words = torch.topk(self._nan_to_neg_inf_(row_scores), k=n, dim=1)
-            cand = top_scores.new_full((S * k, n), -math.inf).index_copy_(0, run_rows, top_scores)
-            cand = cand.view(S, k * n)
-            word_of = top_words.new_zeros((S * k, n)).index_copy_(0, run_rows, top_words).view(S, k * n)
             top_local = self._nan_to_neg_inf_(lprobs.gather(1, top_words))
-            local = top_local.new_zeros((S * k, n)).index_copy_(0, run_rows, top_local).view(S, k * n)
+            cand, local, word_of = self._by_slot(S, run_rows, top_scores, top_local, top_words)
             per_slot = n
 
         if stay:
@@ -438,11 +435,19 @@ class BeamDecoder:
         top_scores = top_local + c.scores[rows, step - 1 : step] if step > 0 else top_local
         if self.dense and step > 0:  # every slot is a run row, in order
             return top_scores.view(S, k * n), top_local.view(S, k * n), out.indices.view(S, k * n), n
-        # Each row to its own slot (empty slots hold -inf), as the reference path.
+        return (*self._by_slot(S, rows, top_scores, top_local, out.indices), n)
+
+    def _by_slot(self, S: int, rows: Tensor, top_scores: Tensor, top_local: Tensor, top_words: Tensor):
+        """Each run row's n candidates moved to its beam slot: (cand, local, word_of), each (S, k x n).
+
+        Slots not run hold -inf candidates, so that a candidate's slot is its
+        index // n and no count of live rows is read back.
+        """
+        k, n = self.beam_size, top_scores.size(1)
         cand = top_scores.new_full((S * k, n), -math.inf).index_copy_(0, rows, top_scores)
-        word_of = out.indices.new_zeros((S * k, n)).index_copy_(0, rows, out.indices)
         local = top_local.new_zeros((S * k, n)).index_copy_(0, rows, top_local)
-        return cand.view(S, k * n), local.view(S, k * n), word_of.view(S, k * n), n
+        word_of = top_words.new_zeros((S * k, n)).index_copy_(0, rows, top_words)
+        return cand.view(S, k * n), local.view(S, k * n), word_of.view(S, k * n)
 
     def _constrain(self, c: Cohort, lprobs: Tensor) -> Tensor:
         """``lprobs`` in the score type with fairseq's rules applied (pad, --unkpen, lengths, n-grams).
