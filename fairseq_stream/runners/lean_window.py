@@ -1,0 +1,167 @@
+"""Multi-token incremental decoder calls on the lean runner's weights (for Jacobi decoding).
+
+A Jacobi iteration feeds each row a *window* of tokens: the last verified
+token, then draft guesses for the positions after it. The rows' verified
+prefixes differ in length, so every row has its own start position. One call:
+
+* embeds the window at explicit positions (``padding_idx + 1 + start + j``,
+  as fairseq's incremental step numbers a prefix of ``start + j`` tokens): a
+  draft token is only a token, never key padding, whatever its value;
+* writes the window's self-attention keys and values into each row's
+  preallocated cache at ``start .. start + W - 1`` and attends over the cache
+  with a mask that lets window position ``j`` see positions ``<= start + j``
+  (causal inside the window, the verified prefix reused as it is);
+* returns every window position's logits, one tensor per model.
+
+:meth:`WindowRunner.commit` then extends each row's verified prefix by the
+number of tokens its iteration accepted: the keys and values of those
+positions were computed from verified inputs, so they stay; the rest of the
+window is overwritten by the next call. Nothing is copied to accept tokens.
+
+One row is one sentence (greedy has one hypothesis): encoder keys and values
+are indexed by row, computed once per sentence by :meth:`LeanModel.encode`.
+"""
+
+from dataclasses import dataclass
+from typing import List
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fairseq_stream.runners.lean import LeanRunner, _apply_norm, _attend_source, _EncoderKeys
+
+
+@dataclass
+class WindowState:
+    """Rows decoded by windows: per-model caches, encoder keys, and each row's verified length."""
+
+    encoder: List[_EncoderKeys]  # per model, sentence i = row i
+    caches: List[Tensor]  # per model (2 * layers, rows, heads, capacity, head_dim)
+    lengths: Tensor  # (rows,) verified positions in the cache
+    longest: int  # max(lengths), kept on the host (no read of ``lengths``)
+
+    @property
+    def rows(self) -> int:
+        return self.lengths.numel()
+
+
+class WindowRunner:
+    """Window calls over a :class:`LeanRunner`'s models (an ensemble of any size).
+
+    Args:
+        lean_runner: the runner whose arranged weights (``LeanModel``) are used.
+    """
+
+    def __init__(self, lean_runner: LeanRunner):
+        self.runner = lean_runner
+
+    @property
+    def lean(self):
+        # Read through the runner: ``cuda()`` rebuilds its arranged weights.
+        return self.runner.lean
+
+    @torch.no_grad()
+    def start(self, net_input) -> WindowState:
+        """Encode ``net_input``; one row per sentence, nothing decoded yet."""
+        encoder = [m.encode(net_input) for m in self.lean]
+        rows = net_input["src_tokens"].size(0)
+        device = net_input["src_tokens"].device
+        caches = [self._new_cache(m, rows, 32, device) for m in self.lean]
+        return WindowState(encoder, caches, torch.zeros(rows, dtype=torch.long, device=device), 0)
+
+    @torch.no_grad()
+    def window(self, state: WindowState, tokens: Tensor) -> List[Tensor]:
+        """Every model's logits for each row's window ``tokens`` (rows, W), at the row's own start.
+
+        Returns:
+            one (rows * W, vocab) tensor per model, row-major (row r's
+            position j is entry ``r * W + j``), in the model's type, before
+            ``--temperature``.
+        """
+        rows, width = tokens.shape
+        needed = state.longest + width
+        if needed > state.caches[0].size(3):
+            capacity = max(needed, 2 * state.caches[0].size(3))
+            state.caches = [self._grown(c, capacity, state.longest) for c in state.caches]
+        steps = state.lengths.unsqueeze(1) + torch.arange(width, device=tokens.device)  # (rows, W)
+        visible = torch.arange(needed, device=tokens.device).view(1, 1, 1, needed) <= steps.view(rows, 1, width, 1)
+        return [self._model_window(i, lean, state, tokens, steps, visible, needed)
+                for i, lean in enumerate(self.lean)]
+
+    @staticmethod
+    def commit(state: WindowState, accepted: Tensor, longest: int):
+        """Extend each row's verified prefix by ``accepted`` (rows,) positions; ``longest``: the new max length."""
+        state.lengths += accepted
+        state.longest = longest
+
+    @staticmethod
+    def keep(state: WindowState, rows: Tensor, longest: int) -> WindowState:
+        """A state holding only ``rows`` (finished sentences dropped); ``longest``: their max length."""
+        return WindowState(
+            [e.select(rows) for e in state.encoder],
+            [c.index_select(1, rows) for c in state.caches],
+            state.lengths.index_select(0, rows),
+            longest,
+        )
+
+    # -- internals ---------------------------------------------------------
+
+    @staticmethod
+    def _new_cache(lean, rows: int, positions: int, device):
+        return torch.zeros(2 * len(lean.layers), rows, lean.heads, positions, lean.head_dim,
+                           dtype=lean.embed.dtype, device=device)
+
+    @staticmethod
+    def _grown(cache: Tensor, positions: int, length: int) -> Tensor:
+        new = cache.new_zeros(cache.size(0), cache.size(1), cache.size(2), positions, cache.size(4))
+        new[:, :, :, :length] = cache[:, :, :, :length]
+        return new
+
+    def _model_window(self, index: int, lean, state: WindowState, tokens: Tensor, steps: Tensor,
+                      visible: Tensor, needed: int) -> Tensor:
+        rows, width = tokens.shape
+        H, hd, D = lean.heads, lean.head_dim, lean.dim
+        x = lean.embed_scale * F.embedding(tokens.reshape(-1), lean.embed)
+        if lean.project_in is not None:
+            x = F.linear(x, *lean.project_in)
+        if lean.positions is not None:
+            # Positions past the table (a window reaching beyond a sentence's
+            # maximum length) are clamped: their outputs are never accepted.
+            where = (steps.reshape(-1) + lean.padding_idx + 1).clamp(max=lean.positions.size(0) - 1)
+            x = x + lean.positions.index_select(0, where)
+        if lean.embed_norm is not None:
+            x = _apply_norm(x, lean.embed_norm)
+        cache = state.caches[index]
+        row_index = torch.arange(rows, device=tokens.device).unsqueeze(1)
+        encoder = state.encoder[index]
+        for l, layer in enumerate(lean.layers):
+            residual = x
+            h = _apply_norm(x, layer.self_norm) if layer.pre_norm else x
+            q, k, v = F.linear(h, *layer.qkv).split(D, dim=-1)
+            keys, values = cache[2 * l], cache[2 * l + 1]
+            keys[row_index, :, steps] = k.view(rows, width, H, hd)
+            values[row_index, :, steps] = v.view(rows, width, H, hd)
+            out = F.scaled_dot_product_attention(
+                q.view(rows, width, H, hd).transpose(1, 2), keys[:, :, :needed], values[:, :, :needed],
+                attn_mask=visible, scale=layer.scaling)
+            x = residual + F.linear(out.transpose(1, 2).reshape(rows * width, D), *layer.self_out)
+            if not layer.pre_norm:
+                x = _apply_norm(x, layer.self_norm)
+            residual = x
+            h = _apply_norm(x, layer.cross_norm) if layer.pre_norm else x
+            q = F.linear(h, *layer.cross_q).view(rows, width, H, hd)
+            out = _attend_source(q, encoder.keys[l], encoder.values[l], encoder.mask, layer.cross_scaling)
+            x = residual + F.linear(out.reshape(rows * width, D), *layer.cross_out)
+            if not layer.pre_norm:
+                x = _apply_norm(x, layer.cross_norm)
+            residual = x
+            h = _apply_norm(x, layer.final_norm) if layer.pre_norm else x
+            x = residual + F.linear(layer.activation(F.linear(h, *layer.fc1)), *layer.fc2)
+            if not layer.pre_norm:
+                x = _apply_norm(x, layer.final_norm)
+        if lean.final_norm is not None:
+            x = _apply_norm(x, lean.final_norm)
+        if lean.project_out is not None:
+            x = F.linear(x, *lean.project_out)
+        return F.linear(x, lean.output, lean.output_bias)
