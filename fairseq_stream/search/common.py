@@ -104,6 +104,8 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
     check_output_layer(getattr(search_cfg, "output_layer", "auto"))
     if hasattr(search_cls, "pruning"):
         search_cls.pruning(search_cfg)
+    if hasattr(search_cls, "check"):
+        search_cls.check(search_cfg)
     if stream_cfg is not None:
         pool_settings(stream_cfg)
 

@@ -1,0 +1,313 @@
+"""The Jacobi decoding loop: greedy's tokens, several verified per decoder call.
+
+Greedy decoding solves ``y[t+1] = argmax p(. | y[0..t], x)`` for t = 0, 1, ...
+one equation per decoder call. A Jacobi iteration instead feeds a *window*:
+the last verified token ``y[P]`` and draft guesses ``d[1..W-1]`` for the
+positions after it, in one multi-token call over the cached verified prefix
+(:mod:`fairseq_stream.runners.lean_window`). Output ``g[0]`` is exact (all
+its inputs are verified); ``g[j]`` is exact as long as every draft before it
+was right (``d[i] == g[i-1]`` for i <= j). The iteration accepts all of those
+tokens (the paper accepts one): at least one per call, so never more calls
+than greedy, and exactly greedy's tokens, whatever the drafts hold.
+
+The output layer is greedy's, applied at every window position with that
+position's own rules: PAD never chosen, ``--unkpen``, EOS banned below
+``--min-len`` and forced at the sentence's maximum length (no oracle target
+length: a row ends where greedy would, at its first accepted EOS).
+
+Variants (how wide a row's window is; ``b`` = ``--jacobi-block``):
+
+* ``pj``: the whole rest of the sentence, to its maximum length (Algorithm 1);
+* ``pgj``: the rest of the current block of b positions (blocks at multiples
+  of b, Algorithm 2); a block's last position is a plain greedy step;
+* ``hgj``: b positions from the verified prefix on, up to ``--jacobi-horizon``
+  tokens (default: the whole sentence), greedy steps after it (Algorithm 3:
+  parallel blocks, then autoregressive).
+
+One call serves a whole fairseq batch: each row has its own verified length
+and window start; finished sentences leave the batch. Per iteration the loop
+reads the window's argmax tokens and values back once (the only host sync),
+which it needs anyway to accept tokens and draft the next window.
+"""
+
+import math
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.jacobi.drafts import DRAFTS, NgramPool, next_draft
+from fairseq_stream.ops import topk_log_softmax
+from fairseq_stream.runners.lean import LeanRunner
+from fairseq_stream.runners.lean_window import WindowRunner
+from fairseq_stream.stats import DecodeStats
+
+VARIANTS = ("pj", "pgj", "hgj")
+# The n-gram pool's continuation length for pj, whose window has no block size.
+PJ_DRAFT_SPAN = 8
+
+
+class JacobiStats(DecodeStats):
+    """:class:`DecodeStats` plus Jacobi's counters.
+
+    ``timesteps`` are window calls and ``expansions`` window positions run
+    (rows x width). ``iterations`` counts, per sentence, the calls it took
+    part in; ``greedy_steps`` the calls greedy needs for it (its output
+    length, EOS included); their ratio is the iteration speedup.
+    ``accepted`` is the histogram of tokens accepted per row and iteration.
+    """
+
+    def __init__(self, keep_steps: bool = False):
+        super().__init__(keep_steps)
+        self.iterations = 0
+        self.greedy_steps = 0
+        self.greedy_calls = 0  # greedy's calls per batch: its longest output
+        self.accepted: Dict[int, int] = {}
+
+    def add_accepted(self, counts: List[int]):
+        for m in counts:
+            self.accepted[m] = self.accepted.get(m, 0) + 1
+        self.iterations += len(counts)
+
+    def summary(self) -> dict:
+        out = super().summary()
+        total = sum(m * n for m, n in self.accepted.items())
+        out.update({
+            "iterations": self.iterations,
+            "greedy_steps": self.greedy_steps,
+            "iteration_speedup": self.greedy_steps / self.iterations if self.iterations else 0.0,
+            "greedy_calls": self.greedy_calls,
+            "call_speedup": self.greedy_calls / self.timesteps if self.timesteps else 0.0,
+            "accepted_per_iteration": total / self.iterations if self.iterations else 0.0,
+            "accepted_histogram": {str(m): self.accepted[m] for m in sorted(self.accepted)},
+        })
+        return out
+
+    def log_line(self, name: str) -> str:
+        s = self.summary()
+        return ("{}: {} sentences, {} iterations for {} greedy steps ({:.2f}x), {:.2f} tokens accepted "
+                "per iteration, {} decoder calls for greedy's {}, {:.2f}s in decoding".format(
+                    name, s["sentences"], s["iterations"], s["greedy_steps"], s["iteration_speedup"],
+                    s["accepted_per_iteration"], s["timesteps"], s["greedy_calls"], s["wall_s"]))
+
+
+class _Row:
+    """One sentence being decoded: its verified tokens, their log-probabilities and its draft."""
+
+    __slots__ = ("index", "tokens", "lprobs", "draft", "max_len", "iterations", "trace")
+
+    def __init__(self, index: int, bos: int, max_len: int, draft: List[int], trace: Optional[list]):
+        self.index = index
+        self.tokens = [bos]  # tokens[0] is BOS; tokens[P] the last verified one
+        self.lprobs: List[float] = []
+        self.draft = draft
+        self.max_len = max_len
+        self.iterations = 0
+        self.trace = trace
+
+
+class JacobiDecoder:
+    """A fairseq generator (``generate(models, sample)``) giving greedy's output by Jacobi iteration.
+
+    Args:
+        greedy: the greedy :class:`~fairseq_stream.decoder.BeamDecoder` this
+            decoder reproduces (beam 1, on the lean runner): its length rules,
+            output layer and score arithmetic are used as they are.
+        variant: ``pj``, ``pgj`` or ``hgj``.
+        block: b, the window of ``pgj`` and ``hgj`` (>= 1; 1 is greedy).
+        draft: ``pad`` (the paper: PAD, then each iteration's guesses) or
+            ``ngram`` (first an n-gram pool of the run's outputs).
+        horizon: ``hgj`` decodes by windows up to this many tokens, by
+            greedy steps after (None: the whole sentence).
+        trace_ids: sentence ids whose every iteration is recorded (DDGviz).
+    """
+
+    def __init__(self, greedy, variant: str = "hgj", block: int = 3, draft: str = "ngram",
+                 horizon: Optional[int] = None, trace_ids=()):
+        if variant not in VARIANTS:
+            raise FairseqStreamError("--jacobi-variant must be one of {}, got {}".format(", ".join(VARIANTS), variant))
+        if draft not in DRAFTS:
+            raise FairseqStreamError("--jacobi-draft must be one of {}, got {}".format(", ".join(DRAFTS), draft))
+        if block is None or int(block) < 1:
+            raise FairseqStreamError("--jacobi-block must be at least 1, got {}".format(block))
+        if horizon is not None and int(horizon) < 0:
+            raise FairseqStreamError("--jacobi-horizon must be at least 0, got {}".format(horizon))
+        if not isinstance(greedy.runner, LeanRunner):
+            raise FairseqStreamError(
+                "--search jacobi runs fairseq transformers on the lean runner only (this model: {}); "
+                "use --search greedy".format(_why_not_lean(greedy)))
+        if greedy.repeat_ngram_blocker is not None:
+            raise FairseqStreamError("--search jacobi does not support --no-repeat-ngram-size "
+                                     "(use --search greedy)")
+        self.greedy = greedy
+        self.variant, self.block, self.draft_kind = variant, int(block), draft
+        self.horizon = None if horizon is None else int(horizon)
+        self.windows = WindowRunner(greedy.runner)
+        self.eos, self.pad, self.unk = greedy.eos, greedy.pad, greedy.unk
+        span = PJ_DRAFT_SPAN if variant == "pj" else max(1, self.block - 1)
+        self.pool = NgramPool(span) if draft == "ngram" else None
+        self.trace_ids = set(int(i) for i in trace_ids)
+        self.traces: Dict[int, dict] = {}
+        old = greedy.stats
+        self.stats = JacobiStats(keep_steps=old.keep_steps)
+        greedy.stats = self.stats
+        self.reporter = getattr(greedy, "reporter", None)
+        if self.reporter is not None:
+            self.reporter.stats = self.stats
+
+    def cuda(self):
+        self.greedy.cuda()
+        return self
+
+    @property
+    def output_backend(self) -> str:
+        """The output layer greedy uses (and so this decoder): "torch", "cpu" or "cuda"."""
+        return self.greedy.output_backend
+
+    # -- windows -----------------------------------------------------------
+
+    def width(self, verified: int, max_len: int) -> int:
+        """The window a row with ``verified`` tokens after BOS runs (1 = a greedy step)."""
+        remaining = max_len - verified + 1  # steps verified .. max_len (EOS forced at max_len)
+        if self.variant == "pj":
+            return remaining
+        if self.variant == "pgj":
+            return min(self.block - verified % self.block, remaining)
+        if self.horizon is not None and verified >= self.horizon:
+            return 1
+        return min(self.block, remaining)
+
+    # -- fairseq's generator interface ---------------------------------------
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
+        """Translate a fairseq sample; one list with greedy's hypothesis per sentence, in sample order."""
+        self.greedy.check_call(prefix_tokens, constraints)
+        start = time.perf_counter()
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        ids = sample.get("id")
+        ids = ids.tolist() if ids is not None else list(range(src_tokens.size(0)))
+        results = self.decode(net_input, ids, bos_token)
+        self.stats.add_sentences(len(results), time.perf_counter() - start)
+        return results
+
+    def decode(self, net_input, ids: List[int], bos_token=None) -> List[List[Dict[str, Tensor]]]:
+        """Greedy's hypothesis (a one-entry list) for every sentence of ``net_input``, in its order."""
+        greedy = self.greedy
+        src_tokens = net_input["src_tokens"]
+        device = src_tokens.device
+        S = src_tokens.size(0)
+        empty = ((src_tokens.ne(self.eos) & src_tokens.ne(self.pad)).long().sum(dim=1).eq(0)).tolist()
+        max_lens = greedy.max_lengths(src_tokens).tolist()
+        bos = self.eos if bos_token is None else int(bos_token)
+        results: List[Optional[list]] = [None] * S
+        rows = []
+        for i in range(S):
+            if empty[i]:
+                # Greedy gives an empty source an empty hypothesis (fairseq would fail on it).
+                results[i] = [greedy._empty_hypo(device)]
+                continue
+            trace = [] if ids[i] in self.trace_ids else None
+            row = _Row(i, bos, max_lens[i], [], trace)
+            row.draft = next_draft([], self.pool, row.tokens, self._draft_room(row), self.pad)
+            rows.append(row)
+        state = None
+        if rows:
+            state = self.windows.start(net_input)
+            if len(rows) < S:
+                state = self.windows.keep(state, torch.tensor([r.index for r in rows], device=device), 0)
+        longest_output = 0
+        while rows:
+            rows, state, done = self._iterate(rows, state, device)
+            for row in done:
+                results[row.index] = [self._hypothesis(row, device)]
+                longest_output = max(longest_output, len(row.tokens) - 1)
+                if self.pool is not None:
+                    self.pool.add_output(row.tokens)
+                if row.trace is not None:
+                    self.traces[ids[row.index]] = {"iterations": row.trace, "tokens": row.tokens[1:]}
+        self.stats.greedy_calls += longest_output
+        return results
+
+    def _iterate(self, rows: List[_Row], state, device):
+        """One window call over ``rows``; returns (rows still decoding, their state, rows finished)."""
+        t0 = time.perf_counter()
+        widths = [self.width(len(r.tokens) - 1, r.max_len) for r in rows]
+        W = max(widths)
+        window = [[r.tokens[-1]] + (r.draft + [self.pad] * W)[: W - 1] for r in rows]
+        tokens = torch.tensor(window, dtype=torch.long, device=device)
+        logits = self.windows.window(state, tokens)
+        steps = state.lengths.unsqueeze(1) + torch.arange(W, device=device)
+        max_lens = torch.tensor([r.max_len for r in rows], device=device).unsqueeze(1)
+        greedy = self.greedy
+        out = topk_log_softmax(
+            logits, 1, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=greedy.unk_penalty,
+            temperature=greedy.temperature, ban_eos=steps.lt(greedy.min_len).view(-1),
+            force_eos=steps.ge(max_lens).view(-1), backend=greedy.output_backend)
+        # The one read of the iteration: every window position's argmax and its log-probability.
+        words, values = out.indices.view(len(rows), W).tolist(), out.values.view(len(rows), W).tolist()
+        accepted, keep, done = [], [], []
+        for i, r in enumerate(rows):
+            g, width = words[i], widths[i]
+            m = 1
+            while m < width and window[i][m] == g[m - 1] and g[m - 1] != self.eos:
+                m += 1
+            if r.trace is not None:
+                r.trace.append({"start": len(r.tokens) - 1, "width": width, "accepted": m,
+                                "tokens": g[:width], "lprobs": values[i][:width]})
+            r.tokens.extend(g[:m])
+            r.lprobs.extend(values[i][:m])
+            r.iterations += 1
+            accepted.append(m)
+            if g[m - 1] == self.eos:
+                done.append(r)
+                continue
+            keep.append(i)
+            r.draft = next_draft(g[m:width], self.pool, r.tokens[-3:], self._draft_room(r), self.pad)
+        self.stats.add_accepted(accepted)
+        self.stats.add_step(W, len(rows) * W, time.perf_counter() - t0)
+        for r in done:
+            self.stats.greedy_steps += len(r.tokens) - 1
+        # A row's cache holds every verified token but the last (the next window's input).
+        self.windows.commit(state, torch.tensor(accepted, device=device), max(len(r.tokens) - 1 for r in rows))
+        if done:
+            survivors = [rows[i] for i in keep]
+            if survivors:
+                longest = max(len(r.tokens) - 1 for r in survivors)
+                state = self.windows.keep(state, torch.tensor(keep, device=device), longest)
+            return survivors, state, done
+        return rows, state, done
+
+    def _draft_room(self, row: _Row) -> int:
+        """How many draft tokens the row's next window can take."""
+        return max(0, self.width(len(row.tokens) - 1, row.max_len) - 1)
+
+    def _hypothesis(self, row: _Row, device) -> Dict[str, Tensor]:
+        """fairseq's hypothesis dict for a finished row, scored as greedy scores it."""
+        greedy = self.greedy
+        dtype = np.float64 if greedy.score_dtype == torch.float64 else np.float32
+        # Greedy accumulates in the score type, step by step, and takes positional
+        # scores as differences of the running sums: the same here.
+        cumulative = np.cumsum(np.asarray(row.lprobs, dtype=dtype), dtype=dtype)
+        positional = np.diff(cumulative, prepend=dtype(0)).astype(dtype)
+        tokens = row.tokens[1:]
+        score = greedy._normalize([float(cumulative[-1])], [len(tokens)])[0]
+        return {
+            "tokens": torch.tensor(tokens, dtype=torch.long, device=device),
+            "score": torch.tensor(score, dtype=greedy.score_dtype),
+            "attention": torch.empty(0),
+            "alignment": torch.empty(0),
+            "positional_scores": torch.from_numpy(positional).to(device),
+        }
+
+
+def _why_not_lean(greedy) -> str:
+    from fairseq_stream.runners.lean import unsupported_reason
+
+    members = greedy.runner.model.models
+    reason = next((r for r in map(unsupported_reason, members) if r), None)
+    return reason or "--runner fairseq was asked for"

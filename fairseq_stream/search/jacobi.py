@@ -1,0 +1,70 @@
+"""``--search jacobi``: greedy's output by Jacobi parallel decoding (Santilli et al. 2023).
+
+The loop is :mod:`fairseq_stream.jacobi.decoder`; this entry reads the
+options and builds it on a greedy decoder (whose rules it reproduces).
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq.dataclass import ChoiceEnum
+
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.jacobi.decoder import VARIANTS
+from fairseq_stream.jacobi.drafts import DRAFTS
+from fairseq_stream.registry import register_search
+from fairseq_stream.search.common import DecodeStatsConfig, build_beam_decoder
+from fairseq_stream.search.pruning import Pruning
+
+
+@dataclass
+class JacobiSearchConfig(DecodeStatsConfig):
+    jacobi_variant: ChoiceEnum(list(VARIANTS)) = field(
+        default="hgj",
+        metadata={"help": "pj: refine the whole rest of the sentence at once; pgj: blocks of "
+                  "--jacobi-block positions; hgj: a window of --jacobi-block positions after the "
+                  "verified prefix, greedy steps after --jacobi-horizon tokens"},
+    )
+    jacobi_block: int = field(
+        default=3, metadata={"help": "b: the window of pgj and hgj, in positions (1 is greedy)"}
+    )
+    jacobi_draft: ChoiceEnum(list(DRAFTS)) = field(
+        default="ngram",
+        metadata={"help": "what fills a window after its verified token: pad (the paper: PAD, then "
+                  "the previous iteration's guesses) or ngram (first the continuation of the last "
+                  "two tokens in the sentences decoded so far, then the guesses)"},
+    )
+    jacobi_horizon: Optional[int] = field(
+        default=None,
+        metadata={"help": "hgj: decode by windows up to this many tokens, by greedy steps after "
+                  "(default: the whole sentence)"},
+    )
+
+
+@register_search("jacobi", dataclass=JacobiSearchConfig)
+class JacobiSearch:
+    """Jacobi decoding (PJ, PGJ, HGJ): exactly greedy's tokens in fewer sequential decoder calls."""
+
+    generators = ("batch",)
+    default_generator = "batch"
+    uses_beam = False  # --beam is ignored: greedy
+
+    @classmethod
+    def check(cls, search_cfg):
+        """One-line errors for option values argparse lets through."""
+        block = getattr(search_cfg, "jacobi_block", 3)
+        if block is None or int(block) < 1:
+            raise FairseqStreamError("--jacobi-block must be at least 1, got {}".format(block))
+        horizon = getattr(search_cfg, "jacobi_horizon", None)
+        if horizon is not None and int(horizon) < 0:
+            raise FairseqStreamError("--jacobi-horizon must be at least 0, got {}".format(horizon))
+
+    @classmethod
+    def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
+        from fairseq_stream.jacobi.decoder import JacobiDecoder
+
+        cls.check(search_cfg)
+        greedy = build_beam_decoder("jacobi", task, models, gen_cfg, search_cfg, beam=1, finalize="fairseq",
+                                    pruning=Pruning(), keep_reference=False)
+        return JacobiDecoder(greedy, variant=str(search_cfg.jacobi_variant), block=search_cfg.jacobi_block,
+                             draft=str(search_cfg.jacobi_draft), horizon=search_cfg.jacobi_horizon)
