@@ -215,7 +215,14 @@ class Translator:
                 yield self._encode_batch(chunk, sources)
 
         with torch.no_grad():
-            for index, hyps in self._make_pool().run(batches()):
+            if hasattr(self.decoder, "open"):
+                finished = self._make_pool().run(self.decoder.open(net_input, ids=ids) for net_input, ids in batches())
+            else:
+                # A search that decodes whole batches (jacobi): fairseq's generate() per batch.
+                finished = (pair for net_input, ids in batches()
+                            for pair in zip(ids.tolist(), self.decoder.generate(self.models, {
+                                "net_input": net_input, "id": ids})))
+            for index, hyps in finished:
                 best = hyps[0]
                 yield Translation(index=index, source=sources.pop(index), text=self.decode(best["tokens"]),
                                   score=float(best["score"]), hypotheses=hyps)
@@ -236,4 +243,4 @@ class Translator:
         net_input = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in sample["net_input"].items()}
         # The collater sorts by source length; its "id" maps rows back to the chunk.
         ids = torch.tensor([chunk[i][0] for i in sample["id"].tolist()], device=self.device)
-        return self.decoder.open(net_input, ids=ids)
+        return net_input, ids

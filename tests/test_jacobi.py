@@ -1,0 +1,163 @@
+"""Jacobi decoding (``--search jacobi``) against greedy, the reference, on real decoding.
+
+Exactness is tested in float64 (the window call's arithmetic is greedy's in
+another order: multi-token GEMMs, a masked attention), where every variant,
+draft and block size must give greedy's tokens on the toy sets, with every
+output-layer rule in play at every window position (an unk bonus, a
+temperature, EOS banned below --min-len and forced at short maximum
+lengths). In float32 the toy sets' printed hypotheses must equal greedy's and
+fairseq's ``--beam 1``; the Multi30k test set is checked by
+``benchmarks/bench_jacobi.py`` as it times.
+"""
+
+import json
+import random
+
+import pytest
+import torch
+
+from conftest import differences, hypotheses, run_plain_fairseq_generate, run_tool, sorted_batches
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.jacobi.decoder import JacobiDecoder
+from fairseq_stream.jacobi.drafts import NgramPool, next_draft
+
+torch.set_num_threads(1)
+
+RULES = dict(unk_penalty=-6.0, temperature=0.8, min_len=3, max_len_a=0.5, max_len_b=2)
+SETTINGS = [("pj", 3, "pad"), ("pgj", 3, "pad"), ("pgj", 5, "ngram"), ("hgj", 3, "pad"), ("hgj", 3, "ngram"),
+            ("hgj", 1, "ngram")]
+
+
+def greedy_decoder(models, task, **opts):
+    return BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", output_layer="auto",
+                       keep_reference=False, **opts)
+
+
+def run(dec, models, batches):
+    out = {}
+    with torch.no_grad():
+        for s in batches:
+            out.update(zip(s["id"].tolist(), dec.generate(models, s)))
+    return out
+
+
+@pytest.mark.parametrize("rules", [False, True], ids=["plain", "rules"])
+@pytest.mark.parametrize("variant,block,draft", SETTINGS)
+@pytest.mark.parametrize("name", ["transformer", "ensemble"])
+def test_jacobi_gives_greedys_output_float64(exact, name, variant, block, draft, rules):
+    models, task = exact(name)
+    opts = RULES if rules else {}
+    batches = sorted_batches(task, 8, 1000)
+    expected = run(greedy_decoder(models, task, **opts), models, batches)
+    dec = JacobiDecoder(greedy_decoder(models, task, **opts), variant, block, draft)
+    ours = run(dec, models, batches)
+    assert differences(expected, ours, tolerance=1e-9) == []
+    stats = dec.stats.summary()
+    assert stats["greedy_steps"] == sum(len(h[0]["tokens"]) for h in expected.values())
+    assert stats["iterations"] <= stats["greedy_steps"]
+    assert sum(stats["accepted_histogram"].values()) == stats["iterations"]
+
+
+def test_property_random_sources_and_blocks_float64(exact):
+    """Random token sequences as sources, random batch and block sizes, every variant: greedy's output."""
+    models, task = exact("transformer")
+    d = task.source_dictionary
+    rng = random.Random(0)
+    words = list(range(d.nspecial, len(d)))
+    for trial in range(6):
+        sources = [torch.tensor([rng.choice(words) for _ in range(rng.randint(1, 12))] + [d.eos()])
+                   for _ in range(rng.randint(1, 6))]
+        dataset = task.build_dataset_for_inference(sources, [s.numel() for s in sources])
+        sample = dataset.collater([dataset[i] for i in range(len(sources))])
+        variant = rng.choice(["pj", "pgj", "hgj"])
+        block, draft = rng.randint(1, 6), rng.choice(["pad", "ngram"])
+        expected = run(greedy_decoder(models, task), models, [sample])
+        ours = run(JacobiDecoder(greedy_decoder(models, task), variant, block, draft), models, [sample])
+        assert differences(expected, ours, tolerance=1e-9) == [], (trial, variant, block, draft)
+
+
+def test_jacobi_float32_prints_greedys_hypotheses(loaded):
+    models, task = loaded("transformer")
+    batches = sorted_batches(task, 16, 1000, subset="valid")
+    expected = run(greedy_decoder(models, task), models, batches)
+    for variant, block, draft in [("hgj", 3, "ngram"), ("pgj", 5, "pad"), ("pj", 1, "pad")]:
+        ours = run(JacobiDecoder(greedy_decoder(models, task), variant, block, draft), models, batches)
+        assert all(torch.equal(expected[s][0]["tokens"], ours[s][0]["tokens"]) for s in expected)
+        assert max(abs(float(expected[s][0]["score"]) - float(ours[s][0]["score"])) for s in expected) < 1e-5
+
+
+def test_command_line_equals_fairseq_beam_1_and_writes_counters(toy, tmp_path):
+    stats_file = tmp_path / "stats.json"
+    common = [toy.data_bin, "--path", toy.transformer, "--gen-subset", "valid", "--batch-size", "16", "--cpu"]
+    proc = run_tool(["fairseq-generate"] + common + [
+        "--user-dir", "fairseq_stream", "--search", "jacobi", "--jacobi-variant", "hgj", "--jacobi-block", "4",
+        "--jacobi-draft", "ngram", "--stats-file", stats_file])
+    ours = hypotheses(proc.stdout)
+    reference = hypotheses(run_plain_fairseq_generate(common + ["--beam", "1"]).stdout)
+    assert len(ours) == 200
+    assert {s: t for s, (_, t) in ours.items()} == {s: t for s, (_, t) in reference.items()}
+    stats = json.loads(stats_file.read_text())  # written when the process ends
+    assert stats["sentences"] == 200
+    assert stats["iteration_speedup"] >= 1.0 and stats["accepted_per_iteration"] >= 1.0
+    assert set(stats["accepted_histogram"]) <= {"1", "2", "3", "4"}
+    assert "tokens accepted per iteration" in proc.stderr
+
+
+@pytest.mark.parametrize("extra,says", [
+    (["--jacobi-block", "0"], "--jacobi-block must be at least 1, got 0"),
+    (["--jacobi-variant", "xj"], "invalid choice"),
+    (["--generator", "stream"], "--search jacobi does not combine with --generator stream"),
+])
+def test_option_errors_are_one_line(toy, extra, says):
+    proc = run_tool(["fairseq-generate", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
+                     "--search", "jacobi", "--cpu"] + extra, check=False)
+    assert proc.returncode != 0
+    assert says in proc.stderr.strip().splitlines()[-1]
+
+
+def test_lstm_is_a_one_line_error_naming_greedy(loaded):
+    models, task = loaded("lstm")
+    with pytest.raises(FairseqStreamError) as err:
+        JacobiDecoder(BeamDecoder(models, task.target_dictionary, beam_size=1, runner="auto",
+                                  keep_reference=False))
+    assert "use --search greedy" in str(err.value) and "not a fairseq transformer" in str(err.value)
+
+
+def test_api_translates_with_jacobi(toy):
+    from fairseq_stream.api import Translator
+
+    lines = (toy.raw / "test.src").read_text().splitlines()[:6]
+    greedy = Translator([str(toy.transformer)], data=str(toy.data_bin), search="greedy", cpu=True)
+    jacobi = Translator([str(toy.transformer)], data=str(toy.data_bin), search="jacobi", cpu=True,
+                        jacobi_block=4)
+    want = {t.index: t.text for t in greedy.translate(lines)}
+    got = {t.index: t.text for t in jacobi.translate(lines)}
+    assert got == want and sorted(got) == list(range(6))
+
+
+def test_ngram_pool_drafts_the_most_frequent_continuation():
+    pool = NgramPool(span=2)
+    pool.add_output([2, 5, 6, 7, 2])
+    pool.add_output([2, 5, 6, 8, 2])
+    pool.add_output([2, 9, 6, 8, 2])
+    assert pool.lookup([5, 6]) == (8, 2)  # seen once each: the newest
+    assert pool.lookup([9, 6]) == (8, 2)
+    assert pool.lookup([1, 6]) == (8, 2)  # unknown pair: the one-token context (8 twice, 7 once)
+    assert pool.lookup([4]) == ()
+    assert next_draft([11, 12, 13], pool, [5, 6], 4, pad=1) == [8, 2, 13, 1]
+    assert next_draft([11], None, [5, 6], 3, pad=1) == [11, 1, 1]
+
+
+def test_ddgviz_writes_a_picture_and_its_json(toy, tmp_path):
+    src = toy.raw / "test.src"
+    proc = run_tool(["python", "-m", "fairseq_stream.jacobi.ddgviz", "--path", toy.transformer,
+                     "--data", toy.data_bin, "--input", src, "--sentences", "0", "4", "--out", tmp_path, "--cpu"])
+    assert "iterations" in proc.stdout
+    for line in (0, 4):
+        graph = json.loads((tmp_path / "{}.json".format(line)).read_text())
+        assert (tmp_path / "{}.png".format(line)).stat().st_size > 1000
+        n = len(graph["tokens"])
+        assert len(graph["first"]) == n and all(len(row) == n for row in graph["holds"])
+        assert graph["holds"][-1] == [1] * n  # every position holds its token at the end
+        assert all(0 <= i < len(graph["holds"]) for i in graph["first"])
