@@ -65,16 +65,17 @@ def test_property_random_sources_and_blocks_float64(exact):
     d = task.source_dictionary
     rng = random.Random(0)
     words = list(range(d.nspecial, len(d)))
-    for trial in range(6):
+    for trial in range(8):
         sources = [torch.tensor([rng.choice(words) for _ in range(rng.randint(1, 12))] + [d.eos()])
                    for _ in range(rng.randint(1, 6))]
         dataset = task.build_dataset_for_inference(sources, [s.numel() for s in sources])
         sample = dataset.collater([dataset[i] for i in range(len(sources))])
         variant = rng.choice(["pj", "pgj", "hgj"])
         block, draft = rng.randint(1, 6), rng.choice(["pad", "ngram"])
+        horizon = rng.choice([None, 0, 3])  # hgj: greedy steps after this many tokens
         expected = run(greedy_decoder(models, task), models, [sample])
-        ours = run(JacobiDecoder(greedy_decoder(models, task), variant, block, draft), models, [sample])
-        assert differences(expected, ours, tolerance=1e-9) == [], (trial, variant, block, draft)
+        ours = run(JacobiDecoder(greedy_decoder(models, task), variant, block, draft, horizon), models, [sample])
+        assert differences(expected, ours, tolerance=1e-9) == [], (trial, variant, block, draft, horizon)
 
 
 def test_jacobi_float32_prints_greedys_hypotheses(loaded):

@@ -1,0 +1,136 @@
+"""Jacobi decoding against greedy: latency (batch 1) and throughput (batches 16, 64), side by side.
+
+One process, one model, the same fairseq batches for every method. Greedy is
+our ``--search greedy`` on the same runner (lean) and output layer; each
+Jacobi setting (pj; pgj b=3, 5; hgj b=3; each with PAD and n-gram drafts) is
+checked token for token against it as it runs (a changed token is reported
+and fails the run), and BLEU is computed for both.
+
+Per setting: wall clock and its speedup over greedy, iteration speedup
+(greedy's steps / the sentence's iterations, summed over sentences),
+decoder-call speedup (greedy's calls per batch / Jacobi's), accepted tokens
+per iteration, BLEU. Then the issue's targets as ratios.
+
+    python benchmarks/bench_jacobi.py /work/m30k/probe --refs /work/shared/data/multi30k/test_2016_flickr.en \\
+        [--threads 1] [--batch-sizes 1 16 64] [--limit-latency 200] [--limit 1000] \\
+        [--max-len-a 1.2 --max-len-b 10] [--device cpu|cuda] [--json FILE]
+
+The length limit is the WMT examples' (``--max-len-a 1.2 --max-len-b 10``),
+not fairseq's default 200 tokens: PJ refines every position up to the
+maximum length in each iteration, and a 200-position window would measure
+only that choice.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+SETTINGS = [("pj", 0, "pad"), ("pj", 0, "ngram"), ("pgj", 3, "pad"), ("pgj", 3, "ngram"), ("pgj", 5, "pad"),
+            ("pgj", 5, "ngram"), ("hgj", 3, "pad"), ("hgj", 3, "ngram"), ("hgj", 2, "ngram")]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_dir")
+    parser.add_argument("--checkpoints", default="transformer/checkpoint_best.pt")
+    parser.add_argument("--refs", required=True)
+    parser.add_argument("--subset", default="test")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--limit-latency", type=int, default=200, help="sentences decoded at batch 1")
+    parser.add_argument("--limit", type=int, default=1000, help="sentences decoded at larger batches")
+    parser.add_argument("--max-len-a", type=float, default=1.2)
+    parser.add_argument("--max-len-b", type=int, default=10)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+
+    import sentencepiece as spm
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from bench_output_layer import cpu_name
+    from bench_search import bleu, load, make_batches, synchronize
+    from fairseq_stream.decoder import BeamDecoder
+    from fairseq_stream.jacobi.decoder import JacobiDecoder
+
+    models, task = load(args.model_dir, args.checkpoints, args.device)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(args.model_dir, "spm", "spm.model"))
+    with open(args.refs, encoding="utf-8") as f:
+        refs = f.read().splitlines()
+
+    def greedy():
+        dec = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", output_layer="auto",
+                          keep_reference=False, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+        return dec.cuda() if args.device == "cuda" else dec
+
+    def run(dec, batches):
+        out = {}
+        synchronize(args.device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            for s in batches:
+                for sid, hyps in zip(s["id"].tolist(), dec.generate(models, s)):
+                    out[sid] = hyps[0]["tokens"]
+        synchronize(args.device)
+        return out, time.perf_counter() - start
+
+    device = torch.cuda.get_device_name() if args.device == "cuda" else cpu_name()
+    print("device: {}, threads: {}, {} {}, max length {} x source + {}".format(
+        device, args.threads, args.model_dir, args.checkpoints, args.max_len_a, args.max_len_b))
+    rows, changed = [], 0
+    for batch_size in args.batch_sizes:
+        limit = args.limit_latency if batch_size == 1 else args.limit
+        batches = make_batches(task, args.subset, batch_size, limit, args.device)
+        run(greedy(), batches[:2])  # warm-up
+        ref, ref_wall = run(greedy(), batches)
+        ref_bleu = bleu(ref, task, sp, refs)
+        print("\nbatch {} ({} sentences): greedy {:.2f} s, {:.1f} ms/sentence, BLEU {:.2f}".format(
+            batch_size, len(ref), ref_wall, 1000 * ref_wall / len(ref), ref_bleu))
+        print("{:<16} {:>8} {:>8} {:>10} {:>10} {:>9} {:>7} {:>8}".format(
+            "setting", "wall s", "speedup", "iter spd", "call spd", "acc/iter", "BLEU", "changed"))
+        for variant, block, draft in SETTINGS:
+            dec = JacobiDecoder(greedy(), variant, block or 1, draft)
+            out, wall = run(dec, batches)
+            bad = sum(not torch.equal(ref[i], out[i]) for i in ref)
+            changed += bad
+            s = dec.stats.summary()
+            name = "{}{} {}".format(variant, " b={}".format(block) if block else "", draft)
+            row = dict(batch=batch_size, setting=name, wall_s=wall, speedup=ref_wall / wall,
+                       iteration_speedup=s["iteration_speedup"], call_speedup=s["call_speedup"],
+                       accepted_per_iteration=s["accepted_per_iteration"], bleu=bleu(out, task, sp, refs),
+                       greedy_bleu=ref_bleu, greedy_wall_s=ref_wall, changed=bad, sentences=len(ref),
+                       accepted_histogram=s["accepted_histogram"])
+            rows.append(row)
+            print("{:<16} {:>8.2f} {:>7.2f}x {:>9.2f}x {:>9.2f}x {:>9.2f} {:>7.2f} {:>8}".format(
+                name, wall, row["speedup"], row["iteration_speedup"], row["call_speedup"],
+                row["accepted_per_iteration"], row["bleu"], bad))
+    print("\ntargets:")
+    latency = [r for r in rows if r["batch"] == 1]
+    if latency:
+        best = max(latency, key=lambda r: r["speedup"])
+        print("  batch 1, best wall-clock speedup >= 1.38: {} {:.2f}x".format(best["setting"], best["speedup"]))
+        ngram = max((r for r in latency if r["setting"].endswith("ngram")), key=lambda r: r["iteration_speedup"])
+        print("  iteration speedup with n-gram drafts >= 1.5: {} {:.2f}x".format(ngram["setting"],
+                                                                               ngram["iteration_speedup"]))
+    for r in rows:
+        if r["setting"] == "hgj b=3 ngram" and r["batch"] > 1:
+            print("  batch {}, default (hgj b=3 ngram) never slower than greedy: {:.2f}x".format(
+                r["batch"], r["speedup"]))
+    print("  changed tokens: {}".format(changed))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=device, threads=args.threads, rows=rows), f, indent=1)
+    if changed:
+        sys.exit("a Jacobi setting changed greedy's output")
+
+
+if __name__ == "__main__":
+    main()
