@@ -121,8 +121,8 @@ def main():
         print("  iteration speedup with n-gram drafts >= 1.5: {} {:.2f}x".format(ngram["setting"],
                                                                                ngram["iteration_speedup"]))
     for r in rows:
-        if r["setting"] == "hgj b=3 ngram" and r["batch"] > 1:
-            print("  batch {}, default (hgj b=3 ngram) never slower than greedy: {:.2f}x".format(
+        if r["setting"] == "hgj b=2 ngram" and r["batch"] > 1:
+            print("  batch {}, default (hgj b=2 ngram) never slower than greedy: {:.2f}x".format(
                 r["batch"], r["speedup"]))
     print("  changed tokens: {}".format(changed))
     if args.json:

@@ -125,7 +125,7 @@ class JacobiDecoder:
         trace_ids: sentence ids whose every iteration is recorded (DDGviz).
     """
 
-    def __init__(self, greedy, variant: str = "hgj", block: int = 3, draft: str = "ngram",
+    def __init__(self, greedy, variant: str = "hgj", block: int = 2, draft: str = "ngram",
                  horizon: Optional[int] = None, trace_ids=()):
         if variant not in VARIANTS:
             raise FairseqStreamError("--jacobi-variant must be one of {}, got {}".format(", ".join(VARIANTS), variant))
