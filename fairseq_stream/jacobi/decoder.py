@@ -248,8 +248,11 @@ class JacobiDecoder:
             logits, 1, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=greedy.unk_penalty,
             temperature=greedy.temperature, ban_eos=steps.lt(greedy.min_len).view(-1),
             force_eos=steps.ge(max_lens).view(-1), backend=greedy.output_backend)
-        # The one read of the iteration: every window position's argmax and its log-probability.
-        words, values = out.indices.view(len(rows), W).tolist(), out.values.view(len(rows), W).tolist()
+        # The one read of the iteration: every window position's argmax and its log-probability,
+        # in one tensor (word indices are exact in float32 below 2**24).
+        words, values = torch.stack([out.indices.view(len(rows), W).to(out.values.dtype),
+                                     out.values.view(len(rows), W)]).tolist()
+        words = [[int(w) for w in row] for row in words]
         accepted, keep, done = [], [], []
         for i, r in enumerate(rows):
             g, width = words[i], widths[i]
