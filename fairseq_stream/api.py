@@ -21,6 +21,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Union
 import torch
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.schedule.read_ahead import read_ahead
 from fairseq_stream.text_input import check_sentence
 
 
@@ -55,6 +56,9 @@ class Translator:
         beam: k.
         pool: n, sentences decoded at once.
         batch_size: sentences encoded together (default: ``pool``).
+        maxi_batch: m: read m x ``batch_size`` sentences, sort them by
+            length, then cut batches (Marian's maxi-batch); 1 (default):
+            batches in input order, unsorted (mini-batching).
         bpe, tokenizer, sentencepiece_model, bpe_codes: fairseq's
             ``--bpe``/``--tokenizer`` options (default: the checkpoint's).
         cpu: keep the models on the CPU even if CUDA is available.
@@ -69,7 +73,7 @@ class Translator:
 
     def __init__(self, paths: Union[str, Sequence[str]], data: Optional[str] = None,
                  search: str = "var-stream", beam: int = 5, pool: int = 64,
-                 batch_size: Optional[int] = None, bpe: Optional[str] = None,
+                 batch_size: Optional[int] = None, maxi_batch: int = 1, bpe: Optional[str] = None,
                  tokenizer: Optional[str] = None, sentencepiece_model: Optional[str] = None,
                  bpe_codes: Optional[str] = None, cpu: bool = False,
                  trust_checkpoint: bool = False, **options):
@@ -92,6 +96,8 @@ class Translator:
             raise FairseqStreamError("pool must be at least 1, got {}".format(pool))
         if batch_size is not None and batch_size < 1:
             raise FairseqStreamError("batch_size must be at least 1, got {}".format(batch_size))
+        if maxi_batch is None or maxi_batch < 1:
+            raise FairseqStreamError("maxi_batch must be at least 1, got {}".format(maxi_batch))
         # Every option is checked before any model is loaded (a WMT'19
         # ensemble takes a minute to load).
         gen_cfg = GenerationConfig(beam=beam)
@@ -125,6 +131,8 @@ class Translator:
         self.decoder = getattr(built, "decoder", built)
         self.pool_size = pool
         self.batch_size = batch_size or pool
+        self.maxi_batch = maxi_batch
+        self.encoder_queue = stream_cfg.encoder_queue
         self._make_pool = lambda: StreamPool(self.decoder, pool, **self._pool_args)
 
         def text_cfg(name, value, **extra):
@@ -208,33 +216,55 @@ class Translator:
         sources = {}
 
         def batches():
+            # Maxi-batching: a window of maxi_batch x batch_size sentences, sorted by
+            # length (stably: equal lengths keep input order), cut into batches.
             while True:
-                chunk = list(itertools.islice(lines, self.batch_size))
-                if not chunk:
+                window = [(index, sentence, self._checked_tokens(index, sentence))
+                          for index, sentence in itertools.islice(lines, self.batch_size * self.maxi_batch)]
+                if not window:
                     return
-                yield self._encode_batch(chunk, sources)
+                if self.maxi_batch > 1:
+                    window.sort(key=lambda item: item[2].numel())
+                for start in range(0, len(window), self.batch_size):
+                    yield self._encode_batch(window[start:start + self.batch_size], sources)
+
+        def encoded():
+            # Runs in the encoder thread with --encoder-queue (no_grad is per thread).
+            with torch.no_grad():
+                for net_input, ids in batches():
+                    yield self.decoder.open(net_input, ids=ids)
 
         with torch.no_grad():
             if hasattr(self.decoder, "open"):
-                finished = self._make_pool().run(self.decoder.open(net_input, ids=ids) for net_input, ids in batches())
+                cohorts = read_ahead(encoded(), self.encoder_queue)
+                finished = self._make_pool().run(cohorts)
             else:
                 # A search that decodes whole batches (jacobi): fairseq's generate() per batch.
+                cohorts = None
                 finished = (pair for net_input, ids in batches()
                             for pair in zip(ids.tolist(), self.decoder.generate(self.models, {
                                 "net_input": net_input, "id": ids})))
-            for index, hyps in finished:
-                best = hyps[0]
-                yield Translation(index=index, source=sources.pop(index), text=self.decode(best["tokens"]),
-                                  score=float(best["score"]), hypotheses=hyps)
+            try:
+                for index, hyps in finished:
+                    best = hyps[0]
+                    yield Translation(index=index, source=sources.pop(index), text=self.decode(best["tokens"]),
+                                      score=float(best["score"]), hypotheses=hyps)
+            finally:
+                # An error, KeyboardInterrupt or a caller that stops early: the encoder thread stops too.
+                if cohorts is not None:
+                    cohorts.close()
+
+    def _checked_tokens(self, index: int, sentence: str) -> torch.Tensor:
+        ids = self.encode(sentence)
+        if ids.numel() > self.max_positions:
+            raise FairseqStreamError(
+                "input sentence {} has {} tokens, more than the model's {} positions; "
+                "shorten or split it".format(index, ids.numel(), self.max_positions))
+        return ids
 
     def _encode_batch(self, chunk, sources):
         tokens, lengths = [], []
-        for index, sentence in chunk:
-            ids = self.encode(sentence)
-            if ids.numel() > self.max_positions:
-                raise FairseqStreamError(
-                    "input sentence {} has {} tokens, more than the model's {} positions; "
-                    "shorten or split it".format(index, ids.numel(), self.max_positions))
+        for index, sentence, ids in chunk:
             sources[index] = sentence.rstrip("\n")
             tokens.append(ids)
             lengths.append(ids.numel())

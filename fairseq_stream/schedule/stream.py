@@ -29,11 +29,15 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.registry import register_generator
 from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, StreamPool, check_pool_options
+from fairseq_stream.schedule.read_ahead import read_ahead
 
 logger = logging.getLogger(__name__)
 
 # Read-ahead results kept per pool sentence before fairseq-generate's look-ahead pauses.
 CACHED_PER_POOL_SENTENCE = 4
+# Encoded batches the encoder thread keeps ready (0: no thread); chosen from
+# benchmarks/bench_topup.py's measurement (docs/BENCHMARKS.md).
+DEFAULT_ENCODER_QUEUE = 0
 
 RefillUnit = ChoiceEnum(["sentences", "rows"])
 CapacityUnit = ChoiceEnum(["rows", "tokens"])
@@ -83,6 +87,12 @@ class StreamOptions(FairseqDataclass):
         default=False,
         metadata={"help": "do not read ahead into later batches of fairseq-generate; refill only "
                   "from the batch being translated"},
+    )
+    encoder_queue: int = field(
+        default=DEFAULT_ENCODER_QUEUE,
+        metadata={"help": "run the encoder ahead in a background thread, up to this many encoded "
+                  "batches waiting for the pool (0: encode in the decoder's thread when the pool "
+                  "refills)"},
     )
 
 
@@ -169,6 +179,9 @@ def pool_settings(options, order: str = "shortest") -> dict:
         order=order,
     )
     check_pool_options(options.stream_pool or 1, **settings)
+    encoder_queue = getattr(options, "encoder_queue", 0)
+    if encoder_queue is None or encoder_queue < 0:
+        raise FairseqStreamError("--encoder-queue must be >= 0, got {}".format(encoder_queue))
     return settings
 
 
@@ -192,8 +205,10 @@ class StreamGenerator:
         self.pool_size = options.stream_pool or batch_size
         self.max_cached = getattr(options, "stream_max_cached", None)
         self._batches = None if options.stream_within_batch else batches
+        self.encoder_queue = getattr(options, "encoder_queue", 0)
         self._lookahead = None  # None: not decided yet
         self._stream = None
+        self._encoded = None
         self._results = {}
 
     @property
@@ -251,23 +266,36 @@ class StreamGenerator:
         device = sample["net_input"]["src_tokens"].device
 
         def cohorts():
-            yield self.decoder.open(sample["net_input"], ids=sample["id"], bos_token=bos_token)
-            for batch in itr:
-                if "net_input" not in batch:
-                    continue
-                net_input = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["net_input"].items()}
-                yield self.decoder.open(net_input, ids=batch["id"].to(device), bos_token=bos_token)
+            # With --encoder-queue this runs in the encoder thread (no_grad is per thread).
+            with torch.no_grad():
+                yield self.decoder.open(sample["net_input"], ids=sample["id"], bos_token=bos_token)
+                for batch in itr:
+                    if "net_input" not in batch:
+                        continue
+                    net_input = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["net_input"].items()}
+                    yield self.decoder.open(net_input, ids=batch["id"].to(device), bos_token=bos_token)
 
         pool = self.pool(first["id"].numel())
         limit = self.max_cached if self.max_cached is not None else CACHED_PER_POOL_SENTENCE * pool.pool_size
         # Reading ahead only pays while the pool has room; past the limit the
         # pool decodes what it holds, so memory follows the pool, not the input.
-        self._stream = pool.run(cohorts(), may_read=lambda: len(self._results) < limit)
+        self._encoded = read_ahead(cohorts(), self.encoder_queue)
+        self._stream = pool.run(self._encoded, may_read=lambda: len(self._results) < limit)
         return True
+
+    def close(self):
+        """Stop the look-ahead (and its encoder thread); fairseq-generate never calls it, exit does."""
+        if self._encoded is not None:
+            self._encoded.close()
 
     def _answer(self, wanted):
         while any(i not in self._results for i in wanted):
-            item = next(self._stream, None)
+            try:
+                item = next(self._stream, None)
+            except BaseException:
+                # An error on either side (KeyboardInterrupt too) stops the encoder thread first.
+                self.close()
+                raise
             if item is None:
                 missing = [i for i in wanted if i not in self._results]
                 raise FairseqStreamError(

@@ -1,0 +1,143 @@
+"""The encoder running ahead (Marian, Algorithm 4): an iterator produced in a background thread.
+
+The streaming pool pulls encoded batches (``BeamDecoder.open`` runs the
+encoder) only when it refills, so without help the decoder waits for the
+encoder at every refill. :class:`ReadAhead` runs the producing iterator (read
+a batch, encode it) in its own thread, up to ``size`` items ahead, into a
+bounded queue the pool reads from.
+
+Guarantees (tests/test_read_ahead.py):
+
+* every item comes out once, in the producer's order; memory is bounded by
+  ``size`` items in the queue plus the one being produced;
+* an exception in the producer is raised in the consumer, with its original
+  traceback, when the consumer reaches that point of the stream;
+* the thread stops whenever the consumer stops: at the end, on an exception
+  on either side, on KeyboardInterrupt, or when the consumer is closed or
+  garbage-collected early (``close()``, a ``with`` block, a generator's
+  ``finally``); :meth:`close` joins it, so no thread outlives the decoding.
+
+Torch releases the GIL inside its operators, so on a machine with a spare
+core the encoder's arithmetic overlaps the decoder's. On a GPU the producer
+launches on the same (default) CUDA stream as the decoder: the host work
+overlaps; the kernels are queued in order.
+"""
+
+import queue
+import threading
+from typing import Iterable, Iterator, Optional
+
+_END = object()
+# Seconds between checks of the stop flag while a side waits on the queue.
+_POLL_S = 0.05
+
+
+class ReadAhead(Iterator):
+    """Iterate over ``items`` produced in a background thread, at most ``size`` ahead.
+
+    Args:
+        items: any iterable; it is iterated only in the background thread.
+        size: queue length (>= 1).
+        name: the thread's name (shows in tracebacks and debuggers).
+    """
+
+    def __init__(self, items: Iterable, size: int, name: str = "fairseq-stream-encoder"):
+        if size < 1:
+            raise ValueError("size must be at least 1")
+        self._queue: "queue.Queue" = queue.Queue(maxsize=size)
+        self._stop = threading.Event()
+        self._source = items
+        self._done = False
+        self._thread = threading.Thread(target=self._produce, name=name, daemon=True)
+        self._thread.start()
+
+    def _produce(self):
+        try:
+            for item in self._source:
+                if not self._put((True, item)):
+                    return
+        except BaseException as e:  # noqa: B902  (handed to the consumer, traceback included)
+            self._put((False, e))
+            return
+        finally:
+            close = getattr(self._source, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    pass
+        self._put((True, _END))
+
+    def _put(self, entry) -> bool:
+        """Queue ``entry`` unless the consumer has stopped; False if it has."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        while True:
+            try:
+                ok, item = self._queue.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    # The producer died without a word (it cannot: _produce
+                    # always queues an end or an error); do not wait forever.
+                    self.close()
+                    raise RuntimeError("the read-ahead thread stopped without ending its stream")
+        if not ok:
+            self.close()
+            raise item
+        if item is _END:
+            self.close()
+            raise StopIteration
+        return item
+
+    def close(self, timeout: Optional[float] = None):
+        """Stop the producer and wait for its thread to end (idempotent)."""
+        self._done = True
+        self._stop.set()
+        # Empty the queue so that a producer blocked on a full queue sees the stop flag.
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the producer thread is still running."""
+        return self._thread.is_alive()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        # A consumer dropped mid-stream must not leave the thread producing.
+        if not self._done:
+            self._stop.set()
+
+
+def read_ahead(items: Iterable, size: int) -> Iterator:
+    """``items`` produced ``size`` ahead in a background thread (0: as they are, in this thread).
+
+    A generator: closing it (or its being garbage-collected, or an exception
+    in its consumer) stops and joins the thread.
+    """
+    if not size:
+        yield from items
+        return
+    with ReadAhead(items, size) as ahead:
+        yield from ahead

@@ -1,0 +1,183 @@
+"""The encoder running ahead in its own thread (``--encoder-queue``) and maxi-batching (``maxi_batch``).
+
+The thread must change nothing that is decoded, lose or repeat no sentence,
+keep memory bounded by its queue, surface an error from either side with its
+original traceback and leave no thread behind: at the end, on an error, on
+KeyboardInterrupt and when the consumer stops early.
+"""
+
+import itertools
+import threading
+import time
+import traceback
+
+import pytest
+
+from conftest import generate_in_process, hypotheses
+from fairseq_stream.schedule.read_ahead import ReadAhead, read_ahead
+
+
+def encoder_threads():
+    return [t for t in threading.enumerate() if t.name == "fairseq-stream-encoder" and t.is_alive()]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left():
+    yield
+    deadline = time.time() + 5
+    while encoder_threads() and time.time() < deadline:
+        time.sleep(0.01)
+    assert encoder_threads() == []
+
+
+def test_every_item_once_in_order_and_the_thread_ends():
+    ahead = ReadAhead(iter(range(100)), 3)
+    assert list(ahead) == list(range(100))
+    assert not ahead.alive
+
+
+def test_the_queue_bounds_how_far_the_producer_runs():
+    produced = []
+
+    def source():
+        for i in itertools.count():
+            produced.append(i)
+            yield i
+
+    with ReadAhead(source(), 2) as ahead:
+        assert next(ahead) == 0
+        time.sleep(0.3)
+        # The queue holds 2, one more may be waiting to be put.
+        assert len(produced) <= 1 + 2 + 1
+
+
+def explode_at(n):
+    for i in range(10):
+        if i == n:
+            raise ValueError("boom at {}".format(i))
+        yield i
+
+
+def test_a_producer_error_surfaces_with_its_traceback():
+    got = []
+    with pytest.raises(ValueError, match="boom at 4") as err:
+        for x in read_ahead(explode_at(4), 2):
+            got.append(x)
+    assert got == [0, 1, 2, 3]
+    assert "explode_at" in [frame.name for frame in traceback.extract_tb(err.value.__traceback__)]
+
+
+def test_a_consumer_that_stops_early_stops_the_thread():
+    ahead = ReadAhead(itertools.count(), 2)
+    assert [next(ahead) for _ in range(3)] == [0, 1, 2]
+    ahead.close()
+    assert not ahead.alive
+    gen = read_ahead(itertools.count(), 2)
+    assert next(gen) == 0
+    gen.close()  # a generator closed (or collected) mid-stream
+
+
+def test_queue_size_zero_is_no_thread():
+    assert list(read_ahead(iter(range(5)), 0)) == list(range(5))
+
+
+# -- decoding ----------------------------------------------------------------
+
+
+def printed(toy, capsys, *args):
+    generate_in_process([toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
+                         "--gen-subset", "valid", "--batch-size", "8", "--cpu"] + list(args))
+    return {sid: text for sid, (_, text) in hypotheses(capsys.readouterr().out).items()}
+
+
+@pytest.mark.parametrize("search", [("greedy",), ("fixed", "--beam", "5")])
+def test_topup_with_the_encoder_thread_prints_what_batch_prints(toy, capsys, search):
+    ref = printed(toy, capsys, "--search", *search)
+    ours = printed(toy, capsys, "--search", *search, "--generator", "topup", "--stream-pool", "8",
+                   "--encoder-queue", "2")
+    assert len(ours) == 200 and ours == ref
+
+
+def translator(toy, **options):
+    from fairseq_stream.api import Translator
+
+    return Translator([str(toy.transformer)], data=str(toy.data_bin), search="greedy", cpu=True, pool=8,
+                      batch_size=8, **options)
+
+
+@pytest.fixture(scope="module")
+def lines(toy):
+    # 37 sentences (not a multiple of the batch of 8), an empty line among them.
+    text = (toy.raw / "test.src").read_text().splitlines()
+    return text[:20] + [""] + text[20:]
+
+
+def test_maxi_batching_and_the_encoder_thread_change_no_translation(toy, lines):
+    mini = [(t.index, t.text) for t in translator(toy).translate(lines)]
+    assert sorted(i for i, _ in mini) == list(range(len(lines)))
+    for options in (dict(maxi_batch=4), dict(maxi_batch=100, encoder_queue=2), dict(encoder_queue=1)):
+        ours = [(t.index, t.text) for t in translator(toy, **options).translate(lines)]
+        assert sorted(ours) == sorted(mini), options
+    assert dict(mini)[20] == ""
+
+
+def test_maxi_batch_sorts_within_its_window_only(toy, lines):
+    seen = []
+    t = translator(toy, maxi_batch=2)
+    original = t._encode_batch
+
+    def recording(chunk, sources):
+        seen.append([index for index, _, _ in chunk])
+        return original(chunk, sources)
+
+    t._encode_batch = recording
+    list(t.translate(lines))
+    windows = [sorted(seen[i] + seen[i + 1]) if i + 1 < len(seen) else sorted(seen[i]) for i in range(0, len(seen), 2)]
+    assert windows == [list(range(16 * w, min(16 * w + 16, len(lines)))) for w in range(len(windows))]
+    seen.clear()
+    t = translator(toy, maxi_batch=1)
+    t._encode_batch = recording
+    list(t.translate(lines))
+    assert [i for chunk in seen for i in chunk] == list(range(len(lines)))  # input order
+
+
+def test_an_encoder_error_mid_run_surfaces_and_no_thread_is_left(toy, lines):
+    t = translator(toy, encoder_queue=2)
+    original = t.decoder.open
+    calls = []
+
+    def failing_open(net_input, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("encoder failed on batch 3")
+        return original(net_input, **kwargs)
+
+    t.decoder.open = failing_open
+    with pytest.raises(RuntimeError, match="encoder failed on batch 3") as err:
+        list(t.translate(lines))
+    assert "failing_open" in [f.name for f in traceback.extract_tb(err.value.__traceback__)]
+
+
+def test_keyboard_interrupt_while_decoding_stops_the_encoder_thread(toy, lines):
+    t = translator(toy, encoder_queue=2)
+    original = t.decoder.advance_together
+    calls = []
+
+    def interrupted(cohorts):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return original(cohorts)
+
+    t.decoder.advance_together = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        list(t.translate(lines))
+
+
+def test_encoder_queue_and_maxi_batch_are_checked(toy):
+    from fairseq_stream.errors import FairseqStreamError
+
+    with pytest.raises(FairseqStreamError, match="maxi_batch must be at least 1"):
+        translator(toy, maxi_batch=0)
+    with pytest.raises(FairseqStreamError, match="--encoder-queue must be >= 0"):
+        translator(toy, encoder_queue=-1)
