@@ -66,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
         if name == "translate":
             c.add_argument("--pool", type=int, default=64, help="sentences decoded at once per rank")
             c.add_argument("--batch-size", type=int, help="sentences encoded together (default: --pool)")
+            c.add_argument("--maxi-batch", type=int, default=1,
+                           help="sort each window of this many batches by length before decoding (Marian's "
+                           "maxi-batch; default 1: input order)")
             c.add_argument("--cpu", action="store_true", help="do not use CUDA even if available")
             c.add_argument("--trust-checkpoint", action="store_true",
                            help="load the checkpoints with the full unpickler (trusted files only)")
@@ -92,7 +95,8 @@ def main(argv=None):
         print("fairseq-stream bulk: merged {} lines into {}".format(index.lines, args.output), file=sys.stderr)
         return
     out = job.run(args.input, args.output, work_dir, args.chunk_size, settings, fmt=args.format, pool=args.pool,
-                  batch_size=args.batch_size, cpu=args.cpu, trust_checkpoint=args.trust_checkpoint,
+                  batch_size=args.batch_size, maxi_batch=args.maxi_batch, cpu=args.cpu,
+                  trust_checkpoint=args.trust_checkpoint,
                   progress=not args.no_progress_bar)
     if out is not None:
         print("fairseq-stream bulk: wrote {}".format(out), file=sys.stderr)

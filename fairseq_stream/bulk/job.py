@@ -117,8 +117,8 @@ class Ranks:
 
 
 def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: JobSettings,
-        fmt: str = "text", pool: int = 64, batch_size: Optional[int] = None, cpu: bool = False,
-        trust_checkpoint: bool = False, progress: bool = True) -> Optional[str]:
+        fmt: str = "text", pool: int = 64, batch_size: Optional[int] = None, maxi_batch: int = 1,
+        cpu: bool = False, trust_checkpoint: bool = False, progress: bool = True) -> Optional[str]:
     """Translate ``input_path`` into ``output`` as this rank of the job; rank 0 merges.
 
     Returns the output path on rank 0, None on the other ranks.
@@ -138,7 +138,8 @@ def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: 
             index = ch.InputIndex.from_json(ranks.store.get(INDEX).decode("utf-8"))
         settings_sha = settings.digest()
         translator = Translator(settings.paths, data=settings.data, search=settings.search, beam=settings.beam,
-                                pool=pool, batch_size=batch_size, bpe=settings.bpe, tokenizer=settings.tokenizer,
+                                pool=pool, batch_size=batch_size, maxi_batch=maxi_batch, bpe=settings.bpe,
+                                tokenizer=settings.tokenizer,
                                 sentencepiece_model=settings.sentencepiece_model, bpe_codes=settings.bpe_codes,
                                 cpu=cpu, trust_checkpoint=trust_checkpoint, **settings.options)
         loaded = time.perf_counter()
