@@ -225,6 +225,10 @@ def generate_args(toy, *extra):
     (["--search", "var", "--prune-mc", "0"], "--prune-mc (M) must be >= 1"),
     (["--search", "var-stream", "--generator", "stream"], "--search var-stream already runs on --generator stream"),
     (["--search", "beam", "--generator", "stream"], "--search beam does not combine with --generator stream"),
+    (["--search", "jacobi", "--generator", "stream"], "--search jacobi does not combine with --generator stream"),
+    (["--search", "jacobi", "--jacobi-block", "0"], "--jacobi-block must be at least 1, got 0"),
+    (["--search", "jacobi", "--jacobi-horizon", "-2"], "--jacobi-horizon must be at least 0, got -2"),
+    (["--search", "greedy", "--generator", "topup", "--encoder-queue", "-1"], "--encoder-queue must be >= 0, got -1"),
     (["--generator", "batch"], "--generator batch needs a --search"),
 ])
 def test_option_errors_are_caught_when_parsing(toy, capsys, extra, says):

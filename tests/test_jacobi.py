@@ -16,7 +16,7 @@ import random
 import pytest
 import torch
 
-from conftest import differences, hypotheses, run_plain_fairseq_generate, run_tool, sorted_batches
+from conftest import differences, generate_in_process, hypotheses, run_tool, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.jacobi.decoder import JacobiDecoder
@@ -82,20 +82,22 @@ def test_jacobi_float32_prints_greedys_hypotheses(loaded):
     models, task = loaded("transformer")
     batches = sorted_batches(task, 16, 1000, subset="valid")
     expected = run(greedy_decoder(models, task), models, batches)
-    for variant, block, draft in [("hgj", 3, "ngram"), ("pgj", 5, "pad"), ("pj", 1, "pad")]:
+    for variant, block, draft in [("hgj", 3, "ngram"), ("pj", 1, "pad")]:
         ours = run(JacobiDecoder(greedy_decoder(models, task), variant, block, draft), models, batches)
         assert all(torch.equal(expected[s][0]["tokens"], ours[s][0]["tokens"]) for s in expected)
         assert max(abs(float(expected[s][0]["score"]) - float(ours[s][0]["score"])) for s in expected) < 1e-5
 
 
-def test_command_line_equals_fairseq_beam_1_and_writes_counters(toy, tmp_path):
+def test_command_line_equals_fairseq_beam_1_and_writes_counters(toy, tmp_path, capsys):
     stats_file = tmp_path / "stats.json"
     common = [toy.data_bin, "--path", toy.transformer, "--gen-subset", "valid", "--batch-size", "16", "--cpu"]
     proc = run_tool(["fairseq-generate"] + common + [
         "--user-dir", "fairseq_stream", "--search", "jacobi", "--jacobi-variant", "hgj", "--jacobi-block", "4",
         "--jacobi-draft", "ngram", "--stats-file", stats_file])
     ours = hypotheses(proc.stdout)
-    reference = hypotheses(run_plain_fairseq_generate(common + ["--beam", "1"]).stdout)
+    # Without --search the plugin leaves fairseq-generate as it is: fairseq's own beam search.
+    generate_in_process(common + ["--user-dir", "fairseq_stream", "--beam", "1"])
+    reference = hypotheses(capsys.readouterr().out)
     assert len(ours) == 200
     assert {s: t for s, (_, t) in ours.items()} == {s: t for s, (_, t) in reference.items()}
     stats = json.loads(stats_file.read_text())  # written when the process ends
@@ -103,18 +105,6 @@ def test_command_line_equals_fairseq_beam_1_and_writes_counters(toy, tmp_path):
     assert stats["iteration_speedup"] >= 1.0 and stats["accepted_per_iteration"] >= 1.0
     assert set(stats["accepted_histogram"]) <= {"1", "2", "3", "4"}
     assert "tokens accepted per iteration" in proc.stderr
-
-
-@pytest.mark.parametrize("extra,says", [
-    (["--jacobi-block", "0"], "--jacobi-block must be at least 1, got 0"),
-    (["--jacobi-variant", "xj"], "invalid choice"),
-    (["--generator", "stream"], "--search jacobi does not combine with --generator stream"),
-])
-def test_option_errors_are_one_line(toy, extra, says):
-    proc = run_tool(["fairseq-generate", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
-                     "--search", "jacobi", "--cpu"] + extra, check=False)
-    assert proc.returncode != 0
-    assert says in proc.stderr.strip().splitlines()[-1]
 
 
 def test_lstm_is_a_one_line_error_naming_greedy(loaded):
@@ -150,11 +140,13 @@ def test_ngram_pool_drafts_the_most_frequent_continuation():
     assert next_draft([11], None, [5, 6], 3, pad=1) == [11, 1, 1]
 
 
-def test_ddgviz_writes_a_picture_and_its_json(toy, tmp_path):
+def test_ddgviz_writes_a_picture_and_its_json(toy, tmp_path, capsys):
+    from fairseq_stream.jacobi import ddgviz
+
     src = toy.raw / "test.src"
-    proc = run_tool(["python", "-m", "fairseq_stream.jacobi.ddgviz", "--path", toy.transformer,
-                     "--data", toy.data_bin, "--input", src, "--sentences", "0", "4", "--out", tmp_path, "--cpu"])
-    assert "iterations" in proc.stdout
+    ddgviz.main(["--path", str(toy.transformer), "--data", str(toy.data_bin), "--input", str(src),
+                 "--sentences", "0", "4", "--out", str(tmp_path), "--cpu"])
+    assert "iterations" in capsys.readouterr().out
     for line in (0, 4):
         graph = json.loads((tmp_path / "{}.json".format(line)).read_text())
         assert (tmp_path / "{}.png".format(line)).stat().st_size > 1000
