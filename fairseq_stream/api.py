@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Union
 import torch
 
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.schedule.read_ahead import read_ahead
+from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
 from fairseq_stream.text_input import check_sentence
 
 
@@ -132,7 +132,7 @@ class Translator:
         self.pool_size = pool
         self.batch_size = batch_size or pool
         self.maxi_batch = maxi_batch
-        self.encoder_queue = stream_cfg.encoder_queue
+        self.encoder_queue = encoder_queue_for(stream_cfg.encoder_queue, self.device)
         self._make_pool = lambda: StreamPool(self.decoder, pool, **self._pool_args)
 
         def text_cfg(name, value, **extra):

@@ -33,6 +33,9 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 PLUGIN_GROUPS = ("search", "generator")
+MAXI_BATCH_FLAG = "--maxi-batch"
+# --maxi-batch of the command line being run (None: fairseq's order, the whole input sorted).
+maxi_batch: Optional[int] = None
 
 
 class Selection(NamedTuple):
@@ -119,6 +122,13 @@ def _patch_parse_args_and_arch():
                 help="load the --path checkpoints with the full unpickler even if they "
                 "contain globals fairseq checkpoints do not need (only for files you trust)",
             )
+        if not any(MAXI_BATCH_FLAG in a.option_strings for a in parser._actions):
+            parser.add_argument_group("fairseq-stream").add_argument(
+                MAXI_BATCH_FLAG, type=int, default=None, metavar="M",
+                help="cut batches from windows of M x --batch-size input sentences, each sorted by "
+                "length (Marian's maxi-batch); 1: input order, unsorted (default: fairseq's order, "
+                "the whole input sorted)",
+            )
         _add_chosen_options_for_help(parser, input_args)
         chosen = _chosen_names(input_args)
         # Checked before fairseq parses: some wrong combinations (a preset that
@@ -135,6 +145,10 @@ def _patch_parse_args_and_arch():
         ) or check_generation(getattr(args, "search", None), args)
         if error:
             parser.error(error)
+        global maxi_batch
+        maxi_batch = getattr(args, "maxi_batch", None)
+        if maxi_batch is not None and maxi_batch < 1:
+            parser.error("{} must be at least 1, got {}".format(MAXI_BATCH_FLAG, maxi_batch))
         if getattr(args, "trust_checkpoint", False) and getattr(args, "path", None):
             from fairseq import utils
             from fairseq_stream.checkpoint import trust_checkpoints
@@ -321,6 +335,8 @@ def _patch_batch_by_size():
     def batch_by_size(indices, *args, **kwargs):
         if not isinstance(indices, np.ndarray):
             indices = np.fromiter(indices, dtype=np.int64, count=-1)
+        if maxi_batch is not None:
+            indices = maxi_batched(indices, maxi_batch, kwargs.get("max_sentences"))
         try:
             batches = list(original(indices, *args, **kwargs))
         except AssertionError as e:
@@ -344,6 +360,29 @@ def _patch_batch_by_size():
 
     batch_by_size._fairseq_stream = True
     data_utils.batch_by_size = batch_by_size
+
+
+def maxi_batched(indices: np.ndarray, m: int, batch_size: Optional[int]) -> np.ndarray:
+    """fairseq's length-sorted ``indices`` reordered into windows of ``m`` x ``batch_size`` input sentences.
+
+    Dataset indices are input positions, and fairseq hands them over sorted
+    by length: within each window of input positions the sentences keep that
+    length order (a stable sort by rank); ``m`` = 1 gives input order.
+    """
+    from fairseq_stream.errors import FairseqStreamError
+
+    if not batch_size:
+        raise FairseqStreamError("{} needs --batch-size (a window is M batches of --batch-size sentences)"
+                                 .format(MAXI_BATCH_FLAG))
+    if indices.size == 0:
+        return indices
+    rank = np.empty(int(indices.max()) + 1, dtype=np.int64)
+    rank[indices] = np.arange(indices.size)
+    in_order = np.sort(indices)
+    window = m * int(batch_size)
+    parts = [w[np.argsort(rank[w], kind="stable")] for w in
+             (in_order[i:i + window] for i in range(0, in_order.size, window))]
+    return np.concatenate(parts).astype(indices.dtype)
 
 
 def _patch_filter_indices_by_size():

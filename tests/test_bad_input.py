@@ -229,6 +229,7 @@ def generate_args(toy, *extra):
     (["--search", "jacobi", "--jacobi-block", "0"], "--jacobi-block must be at least 1, got 0"),
     (["--search", "jacobi", "--jacobi-horizon", "-2"], "--jacobi-horizon must be at least 0, got -2"),
     (["--search", "greedy", "--generator", "topup", "--encoder-queue", "-1"], "--encoder-queue must be >= 0, got -1"),
+    (["--search", "greedy", "--maxi-batch", "0"], "--maxi-batch must be at least 1, got 0"),
     (["--generator", "batch"], "--generator batch needs a --search"),
 ])
 def test_option_errors_are_caught_when_parsing(toy, capsys, extra, says):

@@ -81,6 +81,22 @@ def test_queue_size_zero_is_no_thread():
     assert list(read_ahead(iter(range(5)), 0)) == list(range(5))
 
 
+def test_the_default_queue_follows_the_free_cores(monkeypatch):
+    import os
+
+    import torch
+
+    from fairseq_stream.schedule.read_ahead import AUTO_QUEUE, encoder_queue_for
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert encoder_queue_for(None, "cpu") == AUTO_QUEUE
+    assert encoder_queue_for(0, "cpu") == 0 and encoder_queue_for(5, "cpu") == 5
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert encoder_queue_for(None, "cpu") == 0
+    assert encoder_queue_for(None, "cuda") == 0  # not measured on a GPU yet
+
+
 # -- decoding ----------------------------------------------------------------
 
 
@@ -181,3 +197,35 @@ def test_encoder_queue_and_maxi_batch_are_checked(toy):
         translator(toy, maxi_batch=0)
     with pytest.raises(FairseqStreamError, match="--encoder-queue must be >= 0"):
         translator(toy, encoder_queue=-1)
+
+
+# -- fairseq-generate's --maxi-batch ----------------------------------------------
+
+
+def test_maxi_batched_windows():
+    import numpy as np
+
+    from fairseq_stream.fairseq_glue import maxi_batched
+
+    by_length = np.array([5, 2, 9, 0, 7, 1, 8, 3, 6, 4])  # fairseq's length-sorted ids
+    # m = 1: batches of consecutive input positions (in length order inside a batch, as the collater sorts).
+    one = maxi_batched(by_length, 1, 2).tolist()
+    assert [sorted(one[i:i + 2]) for i in range(0, 10, 2)] == [[i, i + 1] for i in range(0, 10, 2)]
+    # Windows of 2 x 2 input positions, each in fairseq's length order.
+    assert maxi_batched(by_length, 2, 2).tolist() == [2, 0, 1, 3, 5, 7, 6, 4, 9, 8]
+    assert sorted(maxi_batched(by_length, 100, 8).tolist()) == list(range(10))
+
+
+def test_generate_maxi_batch_1_keeps_input_order(toy, capsys, monkeypatch):
+    from fairseq_stream import fairseq_glue
+
+    monkeypatch.setattr(fairseq_glue, "maxi_batch", None)  # restored after the test (the parse sets it)
+    full = printed(toy, capsys, "--search", "greedy")
+    generate_in_process([toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
+                         "--gen-subset", "test", "--batch-size", "8", "--cpu", "--search", "greedy",
+                         "--maxi-batch", "1"])
+    out = capsys.readouterr().out
+    order = [int(line.split("\t")[0][2:]) for line in out.splitlines() if line.startswith("H-")]
+    assert [sorted(order[i:i + 8]) for i in range(0, len(order), 8)] == \
+        [list(range(i, min(i + 8, 37))) for i in range(0, 37, 8)]
+    assert {sid: text for sid, (_, text) in hypotheses(out).items()} == full

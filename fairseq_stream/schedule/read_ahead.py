@@ -23,9 +23,12 @@ launches on the same (default) CUDA stream as the decoder: the host work
 overlaps; the kernels are queued in order.
 """
 
+import os
 import queue
 import threading
 from typing import Iterable, Iterator, Optional
+
+import torch
 
 _END = object()
 # Seconds between checks of the stop flag while a side waits on the queue.
@@ -128,6 +131,25 @@ class ReadAhead(Iterator):
         # A consumer dropped mid-stream must not leave the thread producing.
         if not self._done:
             self._stop.set()
+
+
+# The queue --encoder-queue's default takes where the thread is on.
+AUTO_QUEUE = 2
+
+
+def encoder_queue_for(option: Optional[int], device) -> int:
+    """The encoder queue to use: ``option``, or the default measured for this machine (None).
+
+    benchmarks/bench_topup.py, one CPU thread on a 2-core machine: the thread
+    made top-up 1.06-1.19x faster (the encoder ran on the free core); with two
+    threads (no free core) 0.92-0.96x. So by default it runs where the process
+    leaves a core free. On a GPU it is off until measured there.
+    """
+    if option is not None:
+        return option
+    if torch.device(device).type != "cpu":
+        return 0
+    return AUTO_QUEUE if torch.get_num_threads() < (os.cpu_count() or 1) else 0
 
 
 def read_ahead(items: Iterable, size: int) -> Iterator:

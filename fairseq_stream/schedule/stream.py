@@ -29,15 +29,12 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.registry import register_generator
 from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, StreamPool, check_pool_options
-from fairseq_stream.schedule.read_ahead import read_ahead
+from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
 
 logger = logging.getLogger(__name__)
 
 # Read-ahead results kept per pool sentence before fairseq-generate's look-ahead pauses.
 CACHED_PER_POOL_SENTENCE = 4
-# Encoded batches the encoder thread keeps ready (0: no thread); chosen from
-# benchmarks/bench_topup.py's measurement (docs/BENCHMARKS.md).
-DEFAULT_ENCODER_QUEUE = 0
 
 RefillUnit = ChoiceEnum(["sentences", "rows"])
 CapacityUnit = ChoiceEnum(["rows", "tokens"])
@@ -88,11 +85,12 @@ class StreamOptions(FairseqDataclass):
         metadata={"help": "do not read ahead into later batches of fairseq-generate; refill only "
                   "from the batch being translated"},
     )
-    encoder_queue: int = field(
-        default=DEFAULT_ENCODER_QUEUE,
+    encoder_queue: Optional[int] = field(
+        default=None,
         metadata={"help": "run the encoder ahead in a background thread, up to this many encoded "
                   "batches waiting for the pool (0: encode in the decoder's thread when the pool "
-                  "refills)"},
+                  "refills; default: 2 on the CPU where torch's threads leave a core free, where it "
+                  "was measured to help, else 0)"},
     )
 
 
@@ -179,8 +177,8 @@ def pool_settings(options, order: str = "shortest") -> dict:
         order=order,
     )
     check_pool_options(options.stream_pool or 1, **settings)
-    encoder_queue = getattr(options, "encoder_queue", 0)
-    if encoder_queue is None or encoder_queue < 0:
+    encoder_queue = getattr(options, "encoder_queue", None)
+    if encoder_queue is not None and encoder_queue < 0:
         raise FairseqStreamError("--encoder-queue must be >= 0, got {}".format(encoder_queue))
     return settings
 
@@ -205,7 +203,7 @@ class StreamGenerator:
         self.pool_size = options.stream_pool or batch_size
         self.max_cached = getattr(options, "stream_max_cached", None)
         self._batches = None if options.stream_within_batch else batches
-        self.encoder_queue = getattr(options, "encoder_queue", 0)
+        self.encoder_queue = getattr(options, "encoder_queue", None)
         self._lookahead = None  # None: not decided yet
         self._stream = None
         self._encoded = None
@@ -279,7 +277,7 @@ class StreamGenerator:
         limit = self.max_cached if self.max_cached is not None else CACHED_PER_POOL_SENTENCE * pool.pool_size
         # Reading ahead only pays while the pool has room; past the limit the
         # pool decodes what it holds, so memory follows the pool, not the input.
-        self._encoded = read_ahead(cohorts(), self.encoder_queue)
+        self._encoded = read_ahead(cohorts(), encoder_queue_for(self.encoder_queue, device))
         self._stream = pool.run(self._encoded, may_read=lambda: len(self._results) < limit)
         return True
 
