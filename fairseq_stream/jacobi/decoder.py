@@ -50,6 +50,18 @@ VARIANTS = ("pj", "pgj", "hgj")
 PJ_DRAFT_SPAN = 8
 
 
+def check_options(variant: str, block, draft: str, horizon):
+    """One-line errors for Jacobi's options (the command line checks them before loading models)."""
+    if variant not in VARIANTS:
+        raise FairseqStreamError("--jacobi-variant must be one of {}, got {}".format(", ".join(VARIANTS), variant))
+    if draft not in DRAFTS:
+        raise FairseqStreamError("--jacobi-draft must be one of {}, got {}".format(", ".join(DRAFTS), draft))
+    if block is None or int(block) < 1:
+        raise FairseqStreamError("--jacobi-block must be at least 1, got {}".format(block))
+    if horizon is not None and int(horizon) < 0:
+        raise FairseqStreamError("--jacobi-horizon must be at least 0, got {}".format(horizon))
+
+
 class JacobiStats(DecodeStats):
     """:class:`DecodeStats` plus Jacobi's counters.
 
@@ -97,7 +109,7 @@ class JacobiStats(DecodeStats):
 class _Row:
     """One sentence being decoded: its verified tokens, their log-probabilities and its draft."""
 
-    __slots__ = ("index", "tokens", "lprobs", "draft", "max_len", "iterations", "trace")
+    __slots__ = ("index", "tokens", "lprobs", "draft", "max_len", "trace")
 
     def __init__(self, index: int, bos: int, max_len: int, draft: List[int], trace: Optional[list]):
         self.index = index
@@ -105,7 +117,6 @@ class _Row:
         self.lprobs: List[float] = []
         self.draft = draft
         self.max_len = max_len
-        self.iterations = 0
         self.trace = trace
 
 
@@ -127,14 +138,7 @@ class JacobiDecoder:
 
     def __init__(self, greedy, variant: str = "hgj", block: int = 2, draft: str = "ngram",
                  horizon: Optional[int] = None, trace_ids=()):
-        if variant not in VARIANTS:
-            raise FairseqStreamError("--jacobi-variant must be one of {}, got {}".format(", ".join(VARIANTS), variant))
-        if draft not in DRAFTS:
-            raise FairseqStreamError("--jacobi-draft must be one of {}, got {}".format(", ".join(DRAFTS), draft))
-        if block is None or int(block) < 1:
-            raise FairseqStreamError("--jacobi-block must be at least 1, got {}".format(block))
-        if horizon is not None and int(horizon) < 0:
-            raise FairseqStreamError("--jacobi-horizon must be at least 0, got {}".format(horizon))
+        check_options(variant, block, draft, horizon)
         if not isinstance(greedy.runner, LeanRunner):
             raise FairseqStreamError(
                 "--search jacobi runs fairseq transformers on the lean runner only (this model: {}); "
@@ -143,7 +147,7 @@ class JacobiDecoder:
             raise FairseqStreamError("--search jacobi does not support --no-repeat-ngram-size "
                                      "(use --search greedy)")
         self.greedy = greedy
-        self.variant, self.block, self.draft_kind = variant, int(block), draft
+        self.variant, self.block = variant, int(block)
         self.horizon = None if horizon is None else int(horizon)
         self.windows = WindowRunner(greedy.runner)
         self.eos, self.pad, self.unk = greedy.eos, greedy.pad, greedy.unk
@@ -264,7 +268,6 @@ class JacobiDecoder:
                                 "tokens": g[:width], "lprobs": values[i][:width]})
             r.tokens.extend(g[:m])
             r.lprobs.extend(values[i][:m])
-            r.iterations += 1
             accepted.append(m)
             if g[m - 1] == self.eos:
                 done.append(r)

@@ -9,8 +9,7 @@ from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 
-from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.jacobi.decoder import VARIANTS
+from fairseq_stream.jacobi.decoder import VARIANTS, JacobiDecoder, check_options
 from fairseq_stream.jacobi.drafts import DRAFTS
 from fairseq_stream.registry import register_search
 from fairseq_stream.search.common import DecodeStatsConfig, build_beam_decoder
@@ -52,19 +51,12 @@ class JacobiSearch:
 
     @classmethod
     def check(cls, search_cfg):
-        """One-line errors for option values argparse lets through."""
-        block = getattr(search_cfg, "jacobi_block", 3)
-        if block is None or int(block) < 1:
-            raise FairseqStreamError("--jacobi-block must be at least 1, got {}".format(block))
-        horizon = getattr(search_cfg, "jacobi_horizon", None)
-        if horizon is not None and int(horizon) < 0:
-            raise FairseqStreamError("--jacobi-horizon must be at least 0, got {}".format(horizon))
+        """One-line errors for option values argparse lets through (before any model is loaded)."""
+        check_options(str(search_cfg.jacobi_variant), search_cfg.jacobi_block, str(search_cfg.jacobi_draft),
+                      search_cfg.jacobi_horizon)
 
     @classmethod
     def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
-        from fairseq_stream.jacobi.decoder import JacobiDecoder
-
-        cls.check(search_cfg)
         greedy = build_beam_decoder("jacobi", task, models, gen_cfg, search_cfg, beam=1, finalize="fairseq",
                                     pruning=Pruning(), keep_reference=False)
         return JacobiDecoder(greedy, variant=str(search_cfg.jacobi_variant), block=search_cfg.jacobi_block,
