@@ -127,6 +127,16 @@ class _Layer:
         self.activation = layer.activation_fn
         self.final_norm = _norm(layer.final_layer_norm)
 
+    def residual(self, x: Tensor, norm, block) -> Tensor:
+        """``x + block(x)`` with ``norm`` applied as fairseq places it: before ``block`` (pre-norm) or after the sum."""
+        h = _apply_norm(x, norm) if self.pre_norm else x
+        x = x + block(h)
+        return x if self.pre_norm else _apply_norm(x, norm)
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        """The feed-forward sub-layer, with its residual and norm."""
+        return self.residual(x, self.final_norm, lambda h: F.linear(self.activation(F.linear(h, *self.fc1)), *self.fc2))
+
 
 class LeanModel:
     """One fairseq transformer's decoder weights, arranged for the lean step (views of its parameters)."""
@@ -161,6 +171,30 @@ class LeanModel:
             return SinusoidalPositionalEmbedding.get_embedding(
                 size, module.embedding_dim, module.padding_idx).to(module.weights)
         return module.weight
+
+    def embed_at(self, tokens: Tensor, where) -> Tensor:
+        """The decoder's input for ``tokens`` (flat) at positions ``where``.
+
+        ``where`` indexes the position table (``padding_idx + 1 + prefix
+        length``): an int for all tokens, a tensor with one index per token,
+        or None for a model without positions.
+        """
+        x = self.embed_scale * F.embedding(tokens, self.embed)
+        if self.project_in is not None:
+            x = F.linear(x, *self.project_in)
+        if self.positions is not None:
+            x = x + (self.positions[where] if isinstance(where, int) else self.positions.index_select(0, where))
+        if self.embed_norm is not None:
+            x = _apply_norm(x, self.embed_norm)
+        return x
+
+    def logits(self, x: Tensor) -> Tensor:
+        """The output layer's logits from the last decoder layer's states."""
+        if self.final_norm is not None:
+            x = _apply_norm(x, self.final_norm)
+        if self.project_out is not None:
+            x = F.linear(x, *self.project_out)
+        return F.linear(x, self.output, self.output_bias)
 
     def encode(self, net_input):
         """fairseq's encoder, then every layer's encoder keys and values, once per sentence."""
@@ -567,70 +601,56 @@ class LeanRunner:
 
     def _model_step(self, index: int, lean: LeanModel, segments, bounds, last_tokens):
         H, hd, D = lean.heads, lean.head_dim, lean.dim
-        x = lean.embed_scale * F.embedding(last_tokens, lean.embed)
-        if lean.project_in is not None:
-            x = F.linear(x, *lean.project_in)
+        position = None
         if lean.positions is not None:
             index_of = [lean.padding_idx + s.length + 1 for s in segments]
             if len(set(index_of)) == 1:
-                x = x + lean.positions[index_of[0]]
+                position = index_of[0]
             else:
-                rows = torch.cat([torch.full((s.rows,), i, dtype=torch.long, device=x.device)
-                                  for s, i in zip(segments, index_of)])
-                x = x + lean.positions.index_select(0, rows)
-        if lean.embed_norm is not None:
-            x = _apply_norm(x, lean.embed_norm)
+                position = torch.cat([torch.full((s.rows,), i, dtype=torch.long, device=last_tokens.device)
+                                      for s, i in zip(segments, index_of)])
+        x = lean.embed_at(last_tokens, position)
         for l, layer in enumerate(lean.layers):
-            # Self-attention: write this position's key and value, attend over the prefix.
-            residual = x
-            h = _apply_norm(x, layer.self_norm) if layer.pre_norm else x
-            q, k, v = F.linear(h, *layer.qkv).split(D, dim=-1)
-            outs = []
-            for s, (a, b) in zip(segments, bounds):
-                n, L = b - a, s.length
-                keys, values = s.caches[index][2 * l], s.caches[index][2 * l + 1]
-                if s.slot is None:
-                    keys[:n, :, L] = k[a:b].view(n, H, hd)
-                    values[:n, :, L] = v[a:b].view(n, H, hd)
-                    outs.append(_attend_prefix(q[a:b], keys[:n], values[:n], L + 1, layer.scaling))
-                else:
-                    # Attend in slot order (free slots included, their output
-                    # dropped) rather than gathering every row's keys.
-                    keys[s.slot, :, L] = k[a:b].view(n, H, hd)
-                    values[s.slot, :, L] = v[a:b].view(n, H, hd)
-                    query = q.new_zeros(keys.size(0), D).index_copy_(0, s.slot, q[a:b])
-                    out = _attend_prefix(query, keys, values, L + 1, layer.scaling)
-                    outs.append(out.index_select(0, s.slot))
-            x = residual + F.linear(outs[0] if len(outs) == 1 else torch.cat(outs), *layer.self_out)
-            if not layer.pre_norm:
-                x = _apply_norm(x, layer.self_norm)
-            # Encoder attention: queries packed by sentence, one key set per sentence.
-            residual = x
-            h = _apply_norm(x, layer.cross_norm) if layer.pre_norm else x
-            q = F.linear(h, *layer.cross_q)
-            outs = []
-            for s, (a, b) in zip(segments, bounds):
-                enc = s.encoder[index]
-                where, width = s.packing()
-                packed = q.new_zeros(enc.sentences * width, D)
-                packed[where] = q[a:b]
-                out = _attend_source(packed.view(enc.sentences, width, H, hd), enc.keys[l], enc.values[l],
-                                     enc.mask, layer.cross_scaling)
-                outs.append(out.reshape(enc.sentences * width, D)[where])
-            x = residual + F.linear(outs[0] if len(outs) == 1 else torch.cat(outs), *layer.cross_out)
-            if not layer.pre_norm:
-                x = _apply_norm(x, layer.cross_norm)
-            # Feed-forward.
-            residual = x
-            h = _apply_norm(x, layer.final_norm) if layer.pre_norm else x
-            x = residual + F.linear(layer.activation(F.linear(h, *layer.fc1)), *layer.fc2)
-            if not layer.pre_norm:
-                x = _apply_norm(x, layer.final_norm)
-        if lean.final_norm is not None:
-            x = _apply_norm(x, lean.final_norm)
-        if lean.project_out is not None:
-            x = F.linear(x, *lean.project_out)
-        return F.linear(x, lean.output, lean.output_bias)
+
+            def self_attention(h):
+                # Write this position's key and value, attend over the prefix.
+                q, k, v = F.linear(h, *layer.qkv).split(D, dim=-1)
+                outs = []
+                for s, (a, b) in zip(segments, bounds):
+                    n, L = b - a, s.length
+                    keys, values = s.caches[index][2 * l], s.caches[index][2 * l + 1]
+                    if s.slot is None:
+                        keys[:n, :, L] = k[a:b].view(n, H, hd)
+                        values[:n, :, L] = v[a:b].view(n, H, hd)
+                        outs.append(_attend_prefix(q[a:b], keys[:n], values[:n], L + 1, layer.scaling))
+                    else:
+                        # Attend in slot order (free slots included, their output
+                        # dropped) rather than gathering every row's keys.
+                        keys[s.slot, :, L] = k[a:b].view(n, H, hd)
+                        values[s.slot, :, L] = v[a:b].view(n, H, hd)
+                        query = q.new_zeros(keys.size(0), D).index_copy_(0, s.slot, q[a:b])
+                        out = _attend_prefix(query, keys, values, L + 1, layer.scaling)
+                        outs.append(out.index_select(0, s.slot))
+                return F.linear(outs[0] if len(outs) == 1 else torch.cat(outs), *layer.self_out)
+
+            def encoder_attention(h):
+                # Queries packed by sentence, one key set per sentence.
+                q = F.linear(h, *layer.cross_q)
+                outs = []
+                for s, (a, b) in zip(segments, bounds):
+                    enc = s.encoder[index]
+                    where, width = s.packing()
+                    packed = q.new_zeros(enc.sentences * width, D)
+                    packed[where] = q[a:b]
+                    out = _attend_source(packed.view(enc.sentences, width, H, hd), enc.keys[l], enc.values[l],
+                                         enc.mask, layer.cross_scaling)
+                    outs.append(out.reshape(enc.sentences * width, D)[where])
+                return F.linear(outs[0] if len(outs) == 1 else torch.cat(outs), *layer.cross_out)
+
+            x = layer.residual(x, layer.self_norm, self_attention)
+            x = layer.residual(x, layer.cross_norm, encoder_attention)
+            x = layer.feed_forward(x)
+        return lean.logits(x)
 
     def _normalized(self, logits: Tensor) -> Tensor:
         """One model's log-probabilities from its logits, as fairseq's runner computes them."""

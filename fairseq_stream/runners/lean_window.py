@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_stream.runners.lean import LeanRunner, _apply_norm, _attend_source, _EncoderKeys
+from fairseq_stream.runners.lean import LeanRunner, _attend_source, _EncoderKeys
 
 
 @dataclass
@@ -122,46 +122,33 @@ class WindowRunner:
                       visible: Tensor, needed: int) -> Tensor:
         rows, width = tokens.shape
         H, hd, D = lean.heads, lean.head_dim, lean.dim
-        x = lean.embed_scale * F.embedding(tokens.reshape(-1), lean.embed)
-        if lean.project_in is not None:
-            x = F.linear(x, *lean.project_in)
+        position = None
         if lean.positions is not None:
             # Positions past the table (a window reaching beyond a sentence's
             # maximum length) are clamped: their outputs are never accepted.
-            where = (steps.reshape(-1) + lean.padding_idx + 1).clamp(max=lean.positions.size(0) - 1)
-            x = x + lean.positions.index_select(0, where)
-        if lean.embed_norm is not None:
-            x = _apply_norm(x, lean.embed_norm)
+            position = (steps.reshape(-1) + lean.padding_idx + 1).clamp(max=lean.positions.size(0) - 1)
+        x = lean.embed_at(tokens.reshape(-1), position)
         cache = state.caches[index]
         row_index = torch.arange(rows, device=tokens.device).unsqueeze(1)
         encoder = state.encoder[index]
         for l, layer in enumerate(lean.layers):
-            residual = x
-            h = _apply_norm(x, layer.self_norm) if layer.pre_norm else x
-            q, k, v = F.linear(h, *layer.qkv).split(D, dim=-1)
-            keys, values = cache[2 * l], cache[2 * l + 1]
-            keys[row_index, :, steps] = k.view(rows, width, H, hd)
-            values[row_index, :, steps] = v.view(rows, width, H, hd)
-            out = F.scaled_dot_product_attention(
-                q.view(rows, width, H, hd).transpose(1, 2), keys[:, :, :needed], values[:, :, :needed],
-                attn_mask=visible, scale=layer.scaling)
-            x = residual + F.linear(out.transpose(1, 2).reshape(rows * width, D), *layer.self_out)
-            if not layer.pre_norm:
-                x = _apply_norm(x, layer.self_norm)
-            residual = x
-            h = _apply_norm(x, layer.cross_norm) if layer.pre_norm else x
-            q = F.linear(h, *layer.cross_q).view(rows, width, H, hd)
-            out = _attend_source(q, encoder.keys[l], encoder.values[l], encoder.mask, layer.cross_scaling)
-            x = residual + F.linear(out.reshape(rows * width, D), *layer.cross_out)
-            if not layer.pre_norm:
-                x = _apply_norm(x, layer.cross_norm)
-            residual = x
-            h = _apply_norm(x, layer.final_norm) if layer.pre_norm else x
-            x = residual + F.linear(layer.activation(F.linear(h, *layer.fc1)), *layer.fc2)
-            if not layer.pre_norm:
-                x = _apply_norm(x, layer.final_norm)
-        if lean.final_norm is not None:
-            x = _apply_norm(x, lean.final_norm)
-        if lean.project_out is not None:
-            x = F.linear(x, *lean.project_out)
-        return F.linear(x, lean.output, lean.output_bias)
+
+            def self_attention(h):
+                q, k, v = F.linear(h, *layer.qkv).split(D, dim=-1)
+                keys, values = cache[2 * l], cache[2 * l + 1]
+                keys[row_index, :, steps] = k.view(rows, width, H, hd)
+                values[row_index, :, steps] = v.view(rows, width, H, hd)
+                out = F.scaled_dot_product_attention(
+                    q.view(rows, width, H, hd).transpose(1, 2), keys[:, :, :needed], values[:, :, :needed],
+                    attn_mask=visible, scale=layer.scaling)
+                return F.linear(out.transpose(1, 2).reshape(rows * width, D), *layer.self_out)
+
+            def encoder_attention(h):
+                q = F.linear(h, *layer.cross_q).view(rows, width, H, hd)
+                out = _attend_source(q, encoder.keys[l], encoder.values[l], encoder.mask, layer.cross_scaling)
+                return F.linear(out.reshape(rows * width, D), *layer.cross_out)
+
+            x = layer.residual(x, layer.self_norm, self_attention)
+            x = layer.residual(x, layer.cross_norm, encoder_attention)
+            x = layer.feed_forward(x)
+        return lean.logits(x)
