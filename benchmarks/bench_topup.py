@@ -120,9 +120,8 @@ def run(options, pool_args, encoder_queue, models, task, batches, batch_size):
                 out.update(zip(s["id"].tolist(), dec.generate(models, s)))
         else:
             def encoded():
-                with torch.no_grad():  # the encoder thread's own grad mode
-                    for s in batches:
-                        yield dec.open(s["net_input"], ids=s["id"])
+                for s in batches:
+                    yield dec.open(s["net_input"], ids=s["id"])
 
             cohorts = read_ahead(encoded(), encoder_queue)
             try:

@@ -229,10 +229,9 @@ class Translator:
                     yield self._encode_batch(window[start:start + self.batch_size], sources)
 
         def encoded():
-            # Runs in the encoder thread with --encoder-queue (no_grad is per thread).
-            with torch.no_grad():
-                for net_input, ids in batches():
-                    yield self.decoder.open(net_input, ids=ids)
+            # Runs in the encoder thread with --encoder-queue.
+            for net_input, ids in batches():
+                yield self.decoder.open(net_input, ids=ids)
 
         with torch.no_grad():
             if hasattr(self.decoder, "open"):

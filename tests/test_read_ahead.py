@@ -77,6 +77,20 @@ def test_a_consumer_that_stops_early_stops_the_thread():
     gen.close()  # a generator closed (or collected) mid-stream
 
 
+def test_the_producer_runs_in_the_consumers_grad_mode():
+    import torch
+
+    def modes():
+        while True:
+            yield torch.is_grad_enabled()
+
+    with torch.no_grad():
+        with ReadAhead(modes(), 1) as ahead:
+            assert next(ahead) is False
+    with ReadAhead(modes(), 1) as ahead:
+        assert next(ahead) is True
+
+
 def test_queue_size_zero_is_no_thread():
     assert list(read_ahead(iter(range(5)), 0)) == list(range(5))
 
