@@ -80,6 +80,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["fairseq_stream", "fairseq_stream.*"]),
+    # The --preset files ship with the plugin, so a non-editable install finds them too.
+    package_data={"fairseq_stream.presets": ["*.args", "README.md"]},
     install_requires=REQUIREMENTS,
     extras_require={"test": ["pytest==9.2.0", "pytest-xdist==3.8.0"], "bench": ["ctranslate2==4.8.5"]},
     ext_modules=ext_modules,

@@ -16,8 +16,8 @@ fairseq-fixed 0.12.3.1 with Hydra 1.3.2 needs these adjustments (see
   fairseq needs (``fairseq_stream.checkpoint``);
 * ``checkpoint_utils.load_model_ensemble_and_task`` raises a bare IOError for
   a missing file: we name the file on one line first;
-* ``options.parse_args_and_arch`` gets the ``--trust-checkpoint`` flag and
-  checks that the chosen search and generator combine and that the
+* ``options.parse_args_and_arch`` gets the ``--trust-checkpoint`` flag,
+  expands ``--preset`` (:mod:`fairseq_stream.presets`) and checks that the chosen search and generator combine and that the
   generation options suit the search (before fairseq asserts on them);
 * ``fairseq_cli.interactive.buffered_read`` decodes input line by line, so
   that a line that is not UTF-8 is a one-line error naming it.
@@ -112,7 +112,19 @@ def _patch_parse_args_and_arch():
 
     @functools.wraps(original)
     def parse_args_and_arch(parser, input_args=None, parse_known=False, **kwargs):
+        import sys
+
+        from fairseq_stream import presets
         from fairseq_stream.checkpoint import TRUST_FLAG
+
+        if not any(presets.FLAG in a.option_strings for a in parser._actions):
+            # Registered for --help only: expand() takes every --preset out before parsing.
+            parser.add_argument_group("fairseq-stream").add_argument(
+                presets.FLAG, action="append", metavar="NAME|FILE", help=presets.help_text())
+        try:
+            input_args = presets.expand(sys.argv[1:] if input_args is None else input_args)
+        except presets.PresetError as e:
+            parser.error(str(e))
 
         if not any(TRUST_FLAG in a.option_strings for a in parser._actions):
             group = parser.add_argument_group("fairseq-stream")

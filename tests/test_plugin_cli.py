@@ -149,9 +149,3 @@ def test_over_long_input_is_a_one_line_error_or_an_explicit_warning(toy, tmp_pat
     assert "1 input sentence(s) exceed the model's positions" in proc.stderr
 
 
-@pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.args")))
-def test_shipped_configs_run(toy, capsys, config):
-    options = [l for l in (REPO / "configs" / config).read_text().splitlines() if l and not l.startswith("#")]
-    generate_in_process([toy.data_bin, "--path", toy.transformer, "--gen-subset", "test", "--batch-size", "8",
-                         "--cpu", "--user-dir", plugin_dir()] + options)
-    assert sorted(hypotheses(capsys.readouterr().out)) == list(range(37))
