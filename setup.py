@@ -22,6 +22,12 @@ REQUIREMENTS = [
     "sentencepiece==0.2.3",
     "tqdm==4.70.1",
     "matplotlib==3.11.2",
+    # The newstest tools: fairseq's --tokenizer moses and --bpe fastbpe (the WMT'19 models'),
+    # and subword-nmt to learn fastBPE-format codes for the WMT'19 stand-in. fastBPE builds
+    # from source with Cython, hence after torch/numpy/cython and without build isolation.
+    "sacremoses==0.2.0",
+    "fastBPE==0.1.0",
+    "subword-nmt==0.3.8",
 ]
 
 

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The streaming paper's Table 1: newstest.sh over pairs x methods x beams, repeated, then the tables.
+#
+#   scripts/newstest_all.sh [--pairs de-en ru-en] [--year 2018] [--methods greedy beam var-batch var-stream]
+#                           [--beams 5 50] [--runs 5] [--wmt19-dir DIR] [--text-dir-root DIR]
+#                           [--results FILE] [--report-dir DIR] [newstest.sh options] [-- fairseq-generate options]
+#
+# Results: one JSON line per run in --results; report.md and PNG plots in --report-dir.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VENV=${FAIRSEQ_STREAM_VENV:-$ROOT/.venv}
+PY=python3
+[ -x "$VENV/bin/python" ] && PY="$VENV/bin/python"
+# fairseq's import-time notes (optional packages) are not this tool's output.
+exec "$PY" -c 'import logging; logging.getLogger("fairseq").setLevel(logging.WARNING)
+from fairseq_stream.newstest.table import main; main()' "$@"

@@ -1,0 +1,125 @@
+"""scripts/newstest.sh, newstest_all.sh and report.py end to end, offline, on real (small) checkpoints."""
+
+import json
+import os
+
+import pytest
+
+from conftest import REPO, run_tool
+from fairseq_stream.newstest import run as newstest
+from fairseq_stream.newstest.testset import CorpusError
+
+
+def toy_model_args(toy, work_dir):
+    """newstest.sh options for the toy model: no tokenizer or BPE, its own dictionaries."""
+    return ["--models", toy.root, "--checkpoints", "transformer/checkpoint_best.pt",
+            "--srcdict", toy.data_bin / "dict.src.txt", "--tgtdict", toy.data_bin / "dict.tgt.txt",
+            "--tokenizer", "none", "--bpe", "none", "--work-dir", work_dir, "--cpu"]
+
+
+@pytest.fixture(scope="module")
+def work_dir(tmp_path_factory):
+    """One --work-dir for the module: the prepared toy input is cached there once."""
+    return tmp_path_factory.mktemp("newstest-work")
+
+
+def test_the_table1_grid_offline_on_the_toy_model(toy, tmp_path, work_dir):
+    """Every stage on real decoding: preparation, three methods, D- lines, sacreBLEU, results file, report."""
+    texts = tmp_path / "text" / "src-tgt"
+    texts.mkdir(parents=True)
+    (texts / "newstest0.src").write_text((toy.raw / "test.src").read_text())
+    (texts / "newstest0.tgt").write_text((toy.raw / "test.tgt").read_text())
+    results, report_dir = tmp_path / "results.jsonl", tmp_path / "report"
+    proc = run_tool(["bash", REPO / "scripts" / "newstest_all.sh", "--pairs", "src-tgt", "--year", "0",
+                     "--methods", "greedy", "beam", "fixed", "--beams", "5", "--runs", "1",
+                     "--text-dir-root", tmp_path / "text", "--results", results, "--report-dir", report_dir,
+                     "--limit", "12"] + toy_model_args(toy, work_dir))
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [(r["method"], r["beam"]) for r in rows] == [("greedy", None), ("beam", 5), ("fixed", 5)]
+    hyps = {r["method"]: open(r["hypotheses"]).read().splitlines() for r in rows}
+    assert all(len(h) == 12 for h in hyps.values())
+    # Exactness survives the whole pipeline: fixed gives fairseq's beam search's translations.
+    assert hyps["fixed"] == hyps["beam"]
+    from sacrebleu.metrics import BLEU
+
+    refs = (toy.raw / "test.tgt").read_text().splitlines()[:12]
+    for r in rows:
+        assert r["bleu"] == round(BLEU().corpus_score(hyps[r["method"]], [refs]).score, 2)
+        assert r["testset"] == "newstest0" and r["sentences"] == 12 and r["device"] == "cpu"
+        assert r["decode_s"] is not None and r["wall_s"] > r["decode_s"]
+        assert (r["counters"] is None) == (r["method"] == "beam")
+    assert rows[0]["counters"]["sentences"] == 12
+    table = (report_dir / "report.md").read_text()
+    assert "| src-tgt | newstest0 | fixed | {:.2f} |".format(rows[2]["bleu"]) in table
+    assert table in proc.stdout
+    assert sorted(p.name for p in report_dir.glob("*.png")) == ["bleu_vs_decode_cpu_beam5.png",
+                                                                "decode_cpu_beam5.png"]
+
+
+def test_user_errors_are_one_line(toy, tmp_path, work_dir):
+    base = ["src-tgt", "0", "greedy"] + [str(a) for a in toy_model_args(toy, work_dir)]
+    with pytest.raises(newstest.NewstestError, match=r"unknown METHOD 'int16' \(choose from: beam, fixed"):
+        newstest.run(["src-tgt", "0", "int16"] + base[3:])
+    with pytest.raises(newstest.NewstestError, match=r"--models wmt19/wmt19.de-en.joined-dict.ensemble: no such "
+                       r"directory \(fetch it: scripts/download_wmt19.sh de-en wmt19\)"):
+        newstest.run(["de-en", "2018", "beam", "--text-dir", str(tmp_path)])
+    with pytest.raises(CorpusError, match="newstest0.src: no such file|cannot read"):
+        newstest.run(base + ["--text-dir", str(tmp_path)])
+    short = tmp_path / "short.tgt"
+    short.write_text("t1\n")
+    with pytest.raises(CorpusError, match="test: 37 source lines but 1 reference lines"):
+        newstest.run(base + ["--source", str(toy.raw / "test.src"), "--reference", str(short)])
+    with pytest.raises(newstest.NewstestError, match="--gpu-memory needs --beam 5 or 50"):
+        newstest.run(["src-tgt", "0", "beam", "--beam", "7", "--gpu-memory", "16", "--source",
+                      str(toy.raw / "test.src"), "--reference", str(toy.raw / "test.tgt"), "--limit", "2"]
+                     + base[3:])
+
+
+def test_a_fairseq_generate_failure_names_its_log(toy, work_dir):
+    source = work_dir / "newstest0.src"
+    source.write_text((toy.raw / "test.src").read_text())
+    with pytest.raises(newstest.NewstestError) as e:
+        # The same text and --limit as the grid above: the prepared input comes from the cache.
+        newstest.run(["src-tgt", "0", "greedy", "--source", str(source), "--reference", str(toy.raw / "test.tgt"),
+                      "--limit", "12"] + [str(a) for a in toy_model_args(toy, work_dir)] + ["--", "--no-such-option"])
+    message = str(e.value)
+    assert message.startswith("fairseq-generate failed (exit 2): ") and "\n" not in message
+    assert "unrecognized arguments: --no-such-option" in message and message.endswith(".log)")
+
+
+def test_the_wmt19_path_on_newstest_text_with_a_standin(tmp_path, monkeypatch):
+    """Defaults as for the real ensembles: model from $WMT19_DIR, Moses + fastBPE, joined dictionary."""
+    import importlib.util
+
+    import fastBPE
+    from sacremoses import MosesTokenizer
+
+    spec = importlib.util.spec_from_file_location("standin", REPO / "scripts" / "make_wmt19_standin.py")
+    standin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(standin)
+    sample = REPO / "tests" / "data" / "wmt" / "de-en"
+    models = tmp_path / "wmt19" / "wmt19.de-en.joined-dict.ensemble"
+    standin.main(["de-en", str(models), "--tiny", "--models", "2", "--train-text", str(sample / "newstest2016.de"),
+                  str(sample / "newstest2016.en")])
+    results = tmp_path / "results.jsonl"
+    monkeypatch.setenv("WMT19_DIR", str(tmp_path / "wmt19"))
+    newstest.run(["de-en", "2018", "var-batch", "--beam", "5", "--text-dir", str(sample), "--limit", "8",
+                  "--results", str(results), "--work-dir", str(tmp_path / "work"), "--cpu",
+                  "--", "--max-len-a", "1.2", "--max-len-b", "10"])
+    row = json.loads(results.read_text())
+    assert (row["testset"], row["method"], row["beam"], row["sentences"]) == ("newstest2018", "var-batch", 5, 8)
+    assert [os.path.basename(m) for m in row["models"]] == ["model1.pt", "model2.pt"]
+    # The binarized input is fairseq's Moses tokenizer (escaping, as tokenizer.perl) then fastBPE.
+    raw = (sample / "newstest2018.de").read_text().splitlines()[:8]
+    moses = MosesTokenizer(lang="de")
+    bpe = fastBPE.fastBPE(str(models / "bpecodes"))
+    expected = bpe.apply([moses.tokenize(line, aggressive_dash_splits=True, return_str=True, escape=True)
+                          for line in raw])
+    prepared = next((tmp_path / "work" / "prepared").glob("newstest2018.de-en.*"))
+    assert (prepared / "test.de").read_text().splitlines() == expected
+    hyps = open(row["hypotheses"]).read().splitlines()
+    assert len(hyps) == 8 and row["counters"]["sentences"] == 8
+    from sacrebleu.metrics import BLEU
+
+    refs = (sample / "newstest2018.en").read_text().splitlines()[:8]
+    assert row["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
