@@ -272,9 +272,10 @@ def plot_decode_bars(plt, device, beam, rows, path):
     ax.set_xticklabels(labels)
     ax.set_ylabel("decode seconds (mean ± std)")
     ax.set_title("decode time\n" + table_title(device, beam), fontsize="medium")
-    ax.legend(fontsize="small")
+    # Outside the axes: inside, it covers the tallest bars.
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -288,27 +289,28 @@ def plot_bleu_vs_time(plt, device, beam, rows, path):
         if r["bleu"] is None or r["decode"] is None:
             continue
         # The bar chart's colour per method; a marker per pair.
-        ax.scatter(r["decode"], r["bleu"], color=colour(methods.index(r["method"])),
-                   marker=MARKERS[labels.index(row_label(r, rows)) % len(MARKERS)])
+        # A legend, not annotations: methods with equal output (fixed and beam) share a point.
         label = r["method"] + (" ({})".format(row_label(r, rows)) if several else "")
-        ax.annotate(label, (r["decode"], r["bleu"]), textcoords="offset points", xytext=(4, 4), fontsize="small")
+        ax.scatter(r["decode"], r["bleu"], color=colour(methods.index(r["method"])),
+                   marker=MARKERS[labels.index(row_label(r, rows)) % len(MARKERS)], label=label, alpha=0.8)
     ax.set_xlabel("decode seconds (mean)")
     ax.set_ylabel("BLEU")
     ax.set_title("BLEU vs decode time\n" + table_title(device, beam), fontsize="medium")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
 
 def write_outputs(tables, baseline, out):
     """DIR/report.md and the two plots per table; the paths written."""
+    # fairseq's import sets the root logger to DEBUG; matplotlib's start-up and font search are not our output.
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     try:
         import matplotlib
     except ImportError:
         raise ReportError("--out needs matplotlib for the plots (pip install matplotlib)")
     matplotlib.use("Agg")  # files only, no display on servers
-    # fairseq's import sets the root logger to DEBUG; matplotlib's font search is not our output.
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib.pyplot as plt
 
     os.makedirs(out, exist_ok=True)
