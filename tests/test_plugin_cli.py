@@ -86,7 +86,7 @@ def test_every_sentence_comes_out_once_and_the_counts_are_right(toy, search):
     assert steps[-1][0] == steps[-1][1]  # the bar reaches its total
 
 
-def test_empty_source_lines_each_get_one_output(toy, tmp_path):
+def test_empty_source_lines_each_get_one_output(toy, tmp_path, capsys):
     raw = tmp_path / "raw"
     run_tool([sys.executable, REPO / "scripts" / "make_toy_data.py", raw, "--train", "0", "--valid", "0",
               "--test", "20", "--empty-test-lines", "3", "--seed", "7"])
@@ -96,10 +96,10 @@ def test_empty_source_lines_each_get_one_output(toy, tmp_path):
               "--testpref", raw / "test", "--destdir", tmp_path / "bin", "--workers", "1",
               "--srcdict", toy.data_bin / "dict.src.txt", "--tgtdict", toy.data_bin / "dict.tgt.txt"])
     for search in ("beam", "fixed", "var-batch"):
-        proc = run_tool(GEN + [tmp_path / "bin", "--path", toy.transformer, "--gen-subset", "test",
-                               "--batch-size", "8", "--beam", "5", "--cpu",
-                               "--user-dir", "fairseq_stream", "--search", search])
-        hyps = hypotheses(proc.stdout)
+        generate_in_process([tmp_path / "bin", "--path", toy.transformer, "--gen-subset", "test",
+                             "--batch-size", "8", "--beam", "5", "--cpu", "--user-dir", plugin_dir(),
+                             "--search", search])
+        hyps = hypotheses(capsys.readouterr().out)
         assert sorted(hyps) == list(range(len(lines))), search
         if search != "beam":
             for i, line in enumerate(lines):

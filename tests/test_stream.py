@@ -106,12 +106,13 @@ def reference(loaded, exact):
     ("var-batch", "float32"),  # what --search var-stream runs
 ])
 def test_stream_gives_batch_output(loaded, exact, reference, model, search, beam, precision):
-    """Every ε the paper tried, input several times the pool, same output as batch."""
+    """The ε the paper tried, input several times the pool, same output as batch."""
     models, task = (exact if precision == "float64" else loaded)(model)
     limit = 120 if beam == 5 else 40
     samples = batches(task, 8, limit)
     ref = reference(model, search, beam, precision, limit)
-    for eps in (1 / 12, 1 / 6, 1 / 4):
+    # The sweep over the paper's ε at k=5; at k=50 (3x the time per pass) its ε=1/6 only.
+    for eps in (1 / 12, 1 / 6, 1 / 4) if beam == 5 else (1 / 6,):
         ours, pool = by_stream(decoder(models, task, search, beam), samples, pool_size=8, eps=eps)
         assert_same(ref, ours, exact=precision == "float64")
         assert pool.decoder.stats.refills > 1
