@@ -43,7 +43,9 @@ all; about 2.5 minutes on one core, half of it learning the 32000 merges):
 
     python scripts/make_wmt19_standin.py de-en /data/wmt19.de-en \\
         --train-text newstest201{3,4,5,6}.{de,en}
-    # newstest2017.de -> Moses -> fastBPE -> test.de, then as for the real archive:
+    scripts/newstest.sh de-en 2017 var-stream --models /data/wmt19.de-en --text-dir DIR --limit 10 \\
+        -- --max-len-a 1.2 --max-len-b 10
+    # or by hand: newstest2017.de -> Moses -> fastBPE -> test.de, then as for the real archive:
     fairseq-preprocess -s de -t en --only-source --testpref test --destdir BIN \\
         --srcdict /data/wmt19.de-en/dict.de.txt
     cp /data/wmt19.de-en/dict.en.txt BIN/

@@ -27,6 +27,8 @@
 #include <optional>
 #include <vector>
 
+#include "int16_linear_cpu.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define FS_AVX2 1
@@ -716,4 +718,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
   m.attr("simd") = "none";
 #endif
+  register_int16_linear(m);
 }

@@ -1,0 +1,12 @@
+// The 16-bit fixed-point linear layer's entry points (int16_linear_cpu.cpp), bound into the same
+// extension module as the fused output layer.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <optional>
+
+torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_scale, int64_t out_features,
+                           int64_t a_max, std::optional<torch::Tensor> bias, bool portable);
+
+void register_int16_linear(pybind11::module& m);

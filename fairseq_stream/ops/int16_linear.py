@@ -1,0 +1,134 @@
+"""16-bit fixed-point linear layer (Devlin 2017, section 3): ``y = x W^T + b`` in int16 x int16 -> int32.
+
+The weight is quantized and packed once (:func:`pack`); each call quantizes
+its rows of ``x``, sums the products in int32 and dequantizes (the compiled
+``int16_linear`` in ``csrc/cpu/int16_linear_cpu.cpp``: AVX2 ``vpmaddwd``
+micro-kernels over the packed layout, or portable loops; :func:`reference`
+is the same arithmetic in torch, and both give identical floats).
+
+**Scale rule.** With ``peak = max |W|`` and the effective fan-in
+``rho = max_n sum_k |W[n, k]| / peak`` (at most ``in_features``), the weight
+is scaled by ``s_w = w_max / peak`` with ``w_max = min(32767,
+floor(sqrt((2^31 - 1) / rho)))`` and rounded; ``l1 = max_n sum_k |q_w[n, k]|``
+is its largest quantized row sum. Each row of ``x`` is scaled by
+``s_a = a_max / max_k |x[k]|`` with ``a_max = min(32767, (2^31 - 1) // l1)``.
+
+**No overflow.** Every partial sum of the int32 accumulator, and each of
+``vpmaddwd``'s pair sums, is at most ``max |q_x| * sum_k |q_w[n, k]| <= a_max
+* l1 <= 2^31 - 1`` in magnitude, for any input and any summation order: the
+bound holds by construction, not by the model's sizes. Balancing the two
+maxima (both about ``sqrt(2^31 / rho)``) gives each side the same relative
+precision: for a 1024-wide layer of Gaussian weights, ``rho`` is about 200
+and both are about 3,200, so a value is represented to about 1.5e-4 of its
+row's (or the weight's) largest magnitude.
+
+**Error bound** against float arithmetic, per output: ``|y - y_float| <=
+||x||_1 / (2 s_w) + ||W[n]||_1 / (2 s_a) + in_features / (4 s_a s_w)``, plus
+float32 rounding of the final multiply and add (:func:`error_bound`).
+"""
+
+import importlib
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+INT32_MAX = 2 ** 31 - 1
+INT16_MAX = 32767
+COLS = 8  # output columns per packed block (one 256-bit register of int32 sums)
+
+
+@dataclass
+class PackedLinear:
+    """A weight quantized and packed for :func:`int16_linear`."""
+
+    packed: Tensor  # int16 (ceil(out/8), ceil(in/2), 16)
+    weight_scale: float  # s_w
+    a_max: int  # the largest |q_x| a row of x is scaled to
+    l1: int  # the largest sum_k |q_w[n, k]| (the overflow bound's other factor)
+    in_features: int
+    out_features: int
+    bias: Optional[Tensor]  # float32 (out,) or None
+
+
+def pack(weight: Tensor, bias: Optional[Tensor] = None) -> PackedLinear:
+    """Quantize ``weight`` (out, in) by the module's scale rule and pack it for the kernel."""
+    w = weight.detach().float().cpu()
+    out_features, in_features = w.shape
+    peak = float(w.abs().max())
+    if peak == 0.0:
+        peak = 1.0
+    rho = max(float(w.abs().sum(dim=1).max()) / peak, 1.0)
+    w_max = min(INT16_MAX, int(math.floor(math.sqrt(INT32_MAX / rho))))
+    weight_scale = w_max / peak
+    q = torch.round(w.double() * weight_scale).clamp_(-w_max, w_max).to(torch.int16)
+    l1 = int(q.abs().to(torch.int64).sum(dim=1).max())
+    a_max = min(INT16_MAX, INT32_MAX // max(l1, 1))
+    blocks, pairs = -(-out_features // COLS), -(-in_features // 2)
+    padded = torch.zeros(blocks * COLS, pairs * 2, dtype=torch.int16)
+    padded[:out_features, :in_features] = q
+    # (block, column, pair, 2) -> (block, pair, column, 2): one k-pair of 8 columns is 16 adjacent int16.
+    packed = padded.view(blocks, COLS, pairs, 2).permute(0, 2, 1, 3).reshape(blocks, pairs, 2 * COLS).contiguous()
+    b = bias.detach().float().cpu().contiguous() if bias is not None else None
+    return PackedLinear(packed, weight_scale, a_max, l1, in_features, out_features, b)
+
+
+def quantized_weight(p: PackedLinear) -> Tensor:
+    """The int16 weight (out, in) that ``p`` packs."""
+    blocks, pairs, _ = p.packed.shape
+    full = p.packed.view(blocks, pairs, COLS, 2).permute(0, 2, 1, 3).reshape(blocks * COLS, pairs * 2)
+    return full[:p.out_features, :p.in_features]
+
+
+def _extension():
+    try:
+        return importlib.import_module("fairseq_stream._ops_cpu")
+    except ImportError:
+        return None
+
+
+def kernel() -> str:
+    """Which kernel :func:`int16_linear` runs: "avx2", "portable" (compiled loops) or "torch"."""
+    ext = _extension()
+    if ext is None or not hasattr(ext, "int16_linear"):
+        return "torch"
+    return "avx2" if ext.int16_simd == "avx2" else "portable"
+
+
+def int16_linear(x: Tensor, p: PackedLinear, portable: bool = False) -> Tensor:
+    """``x`` (rows, in) float32 times the packed weight, plus its bias: (rows, out) float32.
+
+    ``portable`` runs the compiled portable loops where the AVX2 kernel is built (for tests).
+    Without the compiled extension it runs :func:`reference`.
+    """
+    ext = _extension()
+    if ext is None or not hasattr(ext, "int16_linear"):
+        return reference(x, p)
+    return ext.int16_linear(x.float(), p.packed, p.weight_scale, p.out_features, p.a_max, p.bias, portable)
+
+
+def reference(x: Tensor, p: PackedLinear) -> Tensor:
+    """The kernel's arithmetic in torch (int64 sums, the same roundings): identical floats."""
+    x = x.float()
+    peak = x.abs().amax(dim=1)
+    scale = torch.where(peak > 0, torch.tensor(float(p.a_max)) / peak, torch.ones_like(peak))
+    qx = torch.round(x * scale[:, None]).to(torch.int64)
+    acc = qx @ quantized_weight(p).to(torch.int64).t()
+    inv = (1.0 / (scale.double() * p.weight_scale)).float()
+    y = acc.float() * inv[:, None]
+    return y + p.bias if p.bias is not None else y
+
+
+def error_bound(x: Tensor, weight: Tensor, p: PackedLinear) -> Tensor:
+    """Per output, how far :func:`int16_linear` may be from ``x @ weight.T`` in exact arithmetic."""
+    x, w = x.double(), weight.double()
+    peak = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-300)
+    s_a = p.a_max / peak
+    s_w = p.weight_scale
+    quantization = (x.abs().sum(dim=1, keepdim=True) / (2 * s_w) + w.abs().sum(dim=1)[None, :] / (2 * s_a)
+                    + p.in_features / (4 * s_a * s_w))
+    # float32 rounding of the int32 sum's conversion, the multiply and the bias add: 3 half-ulps of the result.
+    magnitude = (x.abs() @ w.abs().t()) + quantization + (p.bias.abs().double() if p.bias is not None else 0)
+    return quantization + 3 * magnitude * 2.0 ** -24

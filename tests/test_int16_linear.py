@@ -1,0 +1,72 @@
+"""The 16-bit fixed-point linear layer: kernels against the torch reference, the error bound, no overflow."""
+
+import pytest
+import torch
+
+from fairseq_stream.ops import int16_linear as L
+
+KERNELS = [k for k in ("avx2", "portable") if L.kernel() == k or (k == "portable" and L.kernel() == "avx2")]
+
+
+def run(x, p, kernel):
+    return L.int16_linear(x, p, portable=kernel == "portable")
+
+
+@pytest.mark.skipif(L.kernel() == "torch", reason="the compiled extension is not built")
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("rows, in_features, out_features", [
+    (1, 1, 1), (3, 7, 5), (4, 16, 16), (5, 33, 17), (9, 64, 40), (13, 255, 129),
+])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_kernel_equals_the_reference_on_random_weights(kernel, rows, in_features, out_features, with_bias):
+    g = torch.Generator().manual_seed(rows * 1000 + in_features)
+    w = torch.randn(out_features, in_features, generator=g) * 0.1
+    b = torch.randn(out_features, generator=g) if with_bias else None
+    x = torch.randn(rows, in_features, generator=g) * 3
+    x[0, 0] = 0.0  # an exact zero, and below an all-zero row: scale 1, output the bias
+    if rows > 2:
+        x[2] = 0.0
+    p = L.pack(w, b)
+    y = run(x, p, kernel)
+    assert torch.equal(y, L.reference(x, p))
+    exact = x.double() @ w.double().t() + (b.double() if b is not None else 0)
+    assert ((y.double() - exact).abs() <= L.error_bound(x, w, p)).all()
+
+
+@pytest.mark.skipif(L.kernel() == "torch", reason="the compiled extension is not built")
+def test_kernel_equals_the_reference_on_the_toy_lstm(loaded):
+    """Every matrix of a trained fairseq LSTM, with inputs of its own scale."""
+    models, _ = loaded("lstm")
+    g = torch.Generator().manual_seed(0)
+    matrices = [(n, w.detach()) for n, w in models[0].named_parameters() if w.dim() == 2]
+    assert len(matrices) >= 6
+    for name, w in matrices:
+        x = torch.randn(6, w.shape[1], generator=g)
+        p = L.pack(w)
+        for kernel in KERNELS:
+            y = run(x, p, kernel)
+            assert torch.equal(y, L.reference(x, p)), (name, kernel)
+            assert ((y.double() - x.double() @ w.double().t()).abs() <= L.error_bound(x, w, p)).all(), name
+
+
+@pytest.mark.parametrize("in_features", [2, 1024, 4097])
+def test_the_scale_rule_cannot_overflow_int32(in_features):
+    """The worst input for each row: every product at its largest magnitude with one sign."""
+    for w in (torch.ones(3, in_features), torch.randn(3, in_features)):  # rho = in_features, and a typical one
+        p = L.pack(w)
+        q = L.quantized_weight(p).to(torch.int64)
+        assert p.a_max * p.l1 <= L.INT32_MAX and p.l1 == int(q.abs().sum(dim=1).max())
+        x = torch.sign(w).float()  # |x| all equal: quantized to +-a_max, signs matching the weight's
+        acc = torch.round(x * p.a_max).to(torch.int64) @ q.t()
+        assert int(acc.abs().max()) <= L.INT32_MAX
+        if L.kernel() != "torch":
+            for kernel in KERNELS:
+                assert torch.equal(run(x, p, kernel), L.reference(x, p))
+
+
+def test_the_scales_balance_precision_on_a_wide_layer():
+    w = torch.randn(512, 1024, generator=torch.Generator().manual_seed(1))
+    p = L.pack(w)
+    w_max = round(p.weight_scale * float(w.abs().max()))
+    assert 2500 < w_max < 4500 and 2500 < p.a_max < 4500
+    assert p.a_max * p.l1 <= L.INT32_MAX < 2 * p.a_max * p.l1  # the bound is used, not wasted
