@@ -202,10 +202,10 @@ def score(hyps: List[str], refs: List[str]):
 def decode_once(args, model, testset, data_bin, extra, run: int, device: str) -> dict:
     """One fairseq-generate run, scored: the results row."""
     search = preset_search(args.method)
+    method = os.path.basename(args.method).replace(".args", "")  # a preset file's name, as a method's
     out_dir = os.path.join(args.work_dir, "out")
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, "{}.{}.{}.k{}.run{}".format(
-        testset.name, args.pair, os.path.basename(args.method).replace(".args", ""), args.beam or "", run))
+    stem = os.path.join(out_dir, "{}.{}.{}.k{}.run{}".format(testset.name, args.pair, method, args.beam or "", run))
     stats_file = stem + ".stats.json" if search else None
     cmd = generate_command(args, model, data_bin, extra, stats_file)
     start = time.perf_counter()
@@ -229,7 +229,7 @@ def decode_once(args, model, testset, data_bin, extra, run: int, device: str) ->
         with open(stats_file) as f:
             counters = {k: v for k, v in json.load(f).items() if k != "steps"}
     return {
-        "pair": args.pair, "testset": testset.name, "method": os.path.basename(args.method).replace(".args", ""),
+        "pair": args.pair, "testset": testset.name, "method": method,
         "beam": args.beam if uses_beam(search) else None,
         "bleu": bleu, "bleu_signature": signature, "sentences": len(hyps),
         "words": sum(len(h.split()) for h in hyps),

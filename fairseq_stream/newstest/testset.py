@@ -6,6 +6,8 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
+from fairseq_stream import text_input
+from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.newstest import NewstestError
 
 
@@ -24,22 +26,11 @@ class Corpus:
 
 
 def read_lines(path: str) -> List[str]:
-    """One sentence per line, UTF-8; a line that is not UTF-8 is a one-line error naming it."""
+    """One sentence per line, UTF-8, read as every input of this project is (:mod:`fairseq_stream.text_input`)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise CorpusError("cannot read {}: {}".format(path, e.strerror)) from None
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    out = []
-    for number, line in enumerate(lines, 1):
-        try:
-            out.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError:
-            raise CorpusError("{}:{}: not UTF-8".format(path, number)) from None
-    return out
+        return list(text_input.read_lines(path))
+    except FairseqStreamError as e:
+        raise CorpusError("{}: {}".format(path, e)) from None
 
 
 def load(pair: str, year: str, text_dir: Optional[str] = None, source: Optional[str] = None,
