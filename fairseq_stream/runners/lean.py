@@ -42,6 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fairseq_stream.runners.own_step import OwnStepRunner
+from fairseq_stream.runners.packing import pack_by_sentence
+
 # Segments a state may hold before they are merged into one (each costs an
 # attention call per layer and step).
 MAX_SEGMENTS = 4
@@ -349,14 +352,7 @@ class _Segment:
     def packing(self):
         """Each row's index in a ``(sentences, widest beam)`` layout, and the widest beam."""
         if self.pack is None:
-            sentence = self.row_sentence
-            counts = torch.bincount(sentence, minlength=self.encoder[0].sentences)
-            order = torch.argsort(sentence, stable=True)
-            starts = torch.cumsum(counts, 0) - counts
-            position = torch.empty_like(sentence)
-            position[order] = torch.arange(sentence.numel(), device=sentence.device) - starts[sentence[order]]
-            width = max(int(counts.max()), 1) if sentence.numel() else 1
-            self.pack = (sentence * width + position, width)
+            self.pack = pack_by_sentence(self.row_sentence, self.encoder[0].sentences)
         return self.pack
 
 
@@ -371,7 +367,7 @@ class LeanState:
         return sum(s.rows for s in self.segments)
 
 
-class LeanRunner:
+class LeanRunner(OwnStepRunner):
     """Encode sentences, then run single-token decoder steps of fairseq transformers ourselves.
 
     The same interface as :class:`fairseq_stream.runner.ModelRunner`.
@@ -385,32 +381,11 @@ class LeanRunner:
     name = "lean"
 
     def __init__(self, models, temperature: float = 1.0):
-        from fairseq.sequence_generator import EnsembleModel
-
-        self.model = EnsembleModel(list(models))
-        self.model.eval()
-        self.temperature = temperature
+        super().__init__(models, temperature)
         self._build()
 
     def _build(self):
         self.lean = [LeanModel(m) for m in self.model.models]
-
-    def cuda(self):
-        self.model.cuda()
-        self._build()  # the arranged weights are views or copies of the old tensors
-        return self
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    def max_decoder_positions(self):
-        return self.model.max_decoder_positions()
-
-    @staticmethod
-    def logits_unsupported() -> Optional[str]:
-        """Always None: every model this runner accepts ends in a plain log-softmax."""
-        return None
 
     # -- the interface -----------------------------------------------------
 
@@ -592,12 +567,7 @@ class LeanRunner:
         outs = [self._model_step(i, lean, segments, bounds, last_tokens) for i, lean in enumerate(self.lean)]
         for s in segments:
             s.length += 1
-        if logits:
-            return outs
-        lprobs = [self._normalized(x) for x in outs]
-        if len(lprobs) == 1:
-            return lprobs[0]
-        return torch.logsumexp(torch.stack(lprobs, dim=0), dim=0) - math.log(len(lprobs))
+        return self._ensemble(outs, logits)
 
     def _model_step(self, index: int, lean: LeanModel, segments, bounds, last_tokens):
         H, hd, D = lean.heads, lean.head_dim, lean.dim
@@ -651,11 +621,3 @@ class LeanRunner:
             x = layer.residual(x, layer.cross_norm, encoder_attention)
             x = layer.feed_forward(x)
         return lean.logits(x)
-
-    def _normalized(self, logits: Tensor) -> Tensor:
-        """One model's log-probabilities from its logits, as fairseq's runner computes them."""
-        if self.temperature != 1.0:
-            logits = logits.div_(self.temperature)
-        # fairseq normalizes in float32 whatever the model's type; float64 stays float64.
-        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        return torch.log_softmax(logits, dim=-1, dtype=dtype)
