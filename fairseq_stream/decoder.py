@@ -59,14 +59,17 @@ class BeamDecoder:
         max_len_a, max_len_b, min_len, normalize_scores, len_penalty,
         unk_penalty, temperature, no_repeat_ngram_size: as fairseq's
             ``SequenceGenerator``.
-        runner: ``fairseq`` (the reference), ``lean`` or ``auto``; see
-            :func:`fairseq_stream.runners.build_runner`.
+        runner: ``fairseq`` (the reference), ``lean``, ``rnn`` or ``auto``;
+            see :func:`fairseq_stream.runners.build_runner`.
         output_layer: ``torch`` (the reference), ``fused`` or ``auto``; see
             :mod:`fairseq_stream.output_choice`.
         keep_reference: ``auto`` runner and output layer stay on the
             references (fairseq, torch); default: when the search is dense
             (fixed width, ``--finalize fairseq``), whose promise is bitwise
             identity with fairseq's SequenceGenerator.
+        rnn_options: the rnn runner's tricks
+            (:class:`~fairseq_stream.runners.rnn.RnnOptions`; default: all on,
+            int16 off).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class BeamDecoder:
         runner: str = "fairseq",
         output_layer: str = "torch",
         keep_reference: Optional[bool] = None,
+        rnn_options=None,
     ):
         if finalize not in FINALIZE_MODES:
             raise FairseqStreamError(
@@ -98,7 +102,8 @@ class BeamDecoder:
         # fairseq's exact arithmetic: every slot is a decoder row, as in SequenceGenerator.
         self.dense = finalize == "fairseq" and not (pruning is not None and pruning.active)
         self.keep_reference = self.dense if keep_reference is None else keep_reference
-        self.runner = build_runner(runner, models, temperature=temperature, keep_fairseq=self.keep_reference)
+        self.runner = build_runner(runner, models, temperature=temperature, keep_fairseq=self.keep_reference,
+                                   rnn_options=rnn_options)
         # Scores accumulate in the models' precision where it is float64
         # (exactness tests), in float32 otherwise (fairseq's log-softmax dtype).
         self.score_dtype = torch.float64 if self.runner.dtype == torch.float64 else torch.float32

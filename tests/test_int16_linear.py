@@ -15,7 +15,7 @@ def run(x, p, kernel):
 @pytest.mark.skipif(L.kernel() == "torch", reason="the compiled extension is not built")
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("rows, in_features, out_features", [
-    (1, 1, 1), (3, 7, 5), (4, 16, 16), (5, 33, 17), (9, 64, 40), (13, 255, 129),
+    (1, 1, 1), (3, 7, 5), (4, 16, 16), (5, 33, 17), (6, 40, 24), (9, 64, 40), (12, 31, 33), (13, 255, 129),
 ])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_kernel_equals_the_reference_on_random_weights(kernel, rows, in_features, out_features, with_bias):

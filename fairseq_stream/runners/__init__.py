@@ -5,9 +5,13 @@
 * ``lean``: :class:`fairseq_stream.runners.lean.LeanRunner`, our own
   incremental step for fairseq transformers (preallocated caches, encoder keys
   shared by a sentence's rows, fused projections).
+* ``rnn``: :class:`fairseq_stream.runners.rnn.RnnRunner`, our own step for
+  fairseq LSTM models with Devlin (2017)'s tricks; ``--rnn-int16`` adds its
+  16-bit fixed-point products.
 
-``auto`` takes ``lean`` where every model of the ensemble is supported and
-``fairseq`` otherwise, and says which once in the log.
+``auto`` takes ``lean`` where every model of the ensemble is a supported
+transformer, ``rnn`` where every one is a supported LSTM, and ``fairseq``
+otherwise, and says which once in the log.
 """
 
 import logging
@@ -16,7 +20,7 @@ from fairseq_stream.errors import FairseqStreamError
 
 logger = logging.getLogger(__name__)
 
-RUNNERS = ("auto", "fairseq", "lean")
+RUNNERS = ("auto", "fairseq", "lean", "rnn")
 _said = set()
 
 
@@ -28,27 +32,46 @@ def say_once(message, *args):
         logger.info(message, *args)
 
 
-def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool = False):
+def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool = False, rnn_options=None):
     """The runner ``kind`` for ``models``.
 
     Args:
-        kind: ``auto``, ``fairseq`` or ``lean``.
+        kind: ``auto``, ``fairseq``, ``lean`` or ``rnn``.
         keep_fairseq: ``auto`` keeps the fairseq runner (``--search fixed
             --finalize fairseq``, whose promise is bitwise identity with
             fairseq's SequenceGenerator).
+        rnn_options: the RNN runner's tricks
+            (:class:`~fairseq_stream.runners.rnn.RnnOptions`); with ``int16``
+            the RNN runner is required: anything else is a one-line error.
     """
     from fairseq_stream.runner import ModelRunner
+    from fairseq_stream.runners import rnn
 
     if kind not in RUNNERS:
         raise FairseqStreamError("--runner must be one of {}, got {}".format(", ".join(RUNNERS), kind))
+    members = list(getattr(models, "models", models))
+    rnn_reason = next((r for r in map(rnn.unsupported_reason, members) if r), None)
+    options = rnn_options or rnn.RnnOptions()
+    if options.int16:
+        if kind in ("fairseq", "lean"):
+            raise FairseqStreamError("--rnn-int16 runs on the rnn runner, not --runner {}".format(kind))
+        if rnn_reason:
+            raise FairseqStreamError("--rnn-int16 runs fairseq LSTM models only: {}".format(rnn_reason))
+        say_once("fairseq-stream: using the rnn runner (%s; %s)", options.describe(), _int16_kernel_line())
+        return rnn.RnnRunner(members, temperature=temperature, options=options)
     if kind == "fairseq" or (kind == "auto" and keep_fairseq):
         if kind == "auto":
             say_once("fairseq-stream: using the fairseq runner (--search fixed --finalize fairseq "
                       "is bitwise fairseq's; --runner lean to change)")
         return ModelRunner(models, temperature=temperature)
+    if kind == "rnn" or (kind == "auto" and not rnn_reason):
+        if rnn_reason:
+            say_once("fairseq-stream: --runner rnn: %s; using the fairseq runner", rnn_reason)
+            return ModelRunner(models, temperature=temperature)
+        say_once("fairseq-stream: using the rnn runner (%s)", options.describe())
+        return rnn.RnnRunner(members, temperature=temperature, options=options)
     from fairseq_stream.runners.lean import LeanRunner, unsupported_reason
 
-    members = getattr(models, "models", models)
     reason = next((r for r in map(unsupported_reason, members) if r), None)
     if reason:
         say_once("fairseq-stream: --runner %s: %s; using the fairseq runner", kind, reason)
@@ -56,3 +79,15 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
     say_once("fairseq-stream: using the lean runner (%d model%s)", len(members),
               "" if len(members) == 1 else "s")
     return LeanRunner(members, temperature=temperature)
+
+
+def _int16_kernel_line() -> str:
+    """Which int16 kernel runs here, for the log (a CPU without AVX2 gets the portable loops)."""
+    from fairseq_stream.ops import int16_linear
+
+    kernel = int16_linear.kernel()
+    if kernel == "avx2":
+        return "AVX2 int16 kernel"
+    if kernel == "portable":
+        return "portable int16 kernel: this build has no AVX2"
+    return "int16 in torch: the compiled extension is not built"

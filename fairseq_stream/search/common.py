@@ -33,8 +33,35 @@ class DecodeStatsConfig(FairseqDataclass):
         default="auto",
         metadata={"help": "model runner: fairseq (fairseq's own decoder calls, the reference), lean "
                   "(our incremental step for fairseq transformers: preallocated caches, shared "
-                  "encoder keys, fused projections) or auto (lean where every model is a supported "
-                  "transformer, else fairseq; --search fixed --finalize fairseq keeps fairseq)"},
+                  "encoder keys, fused projections), rnn (our step for fairseq LSTM models with "
+                  "Devlin 2017's tricks) or auto (lean for supported transformers, rnn for supported "
+                  "LSTMs, else fairseq; --search fixed --finalize fairseq keeps fairseq)"},
+    )
+    rnn_int16: bool = field(
+        default=False,
+        metadata={"help": "LSTM models on the CPU: 16-bit fixed-point products (Devlin 2017) on the rnn runner, "
+                  "with every --no-rnn-* trick on unless turned off"},
+    )
+    no_rnn_embed_table: bool = field(
+        default=False,
+        metadata={"help": "rnn runner: multiply the first LSTM layer's input per token instead of looking it "
+                  "up in a table of the most frequent words"},
+    )
+    rnn_embed_table_words: int = field(
+        default=50000,
+        metadata={"help": "rnn runner: words in the first layer's input table (the most frequent; 0: all)"},
+    )
+    no_rnn_attention_table: bool = field(
+        default=False,
+        metadata={"help": "rnn runner: do not pre-compute the attention's source-side products per sentence"},
+    )
+    no_rnn_merge_states: bool = field(
+        default=False,
+        metadata={"help": "rnn runner: compute recurrent products per row instead of once per parent hypothesis"},
+    )
+    no_rnn_int16_output: bool = field(
+        default=False,
+        metadata={"help": "with --rnn-int16: keep the output layer in float32"},
     )
     output_layer: OutputLayerChoice = field(
         default="auto",
@@ -56,6 +83,23 @@ UNSUPPORTED_GENERATION = (
     ("prefix_size", "--prefix-size"),
     ("score_reference", "--score-reference"),
 )
+
+
+def rnn_options(search_cfg):
+    """The rnn runner's tricks from the ``--rnn-*`` options (or the API's options of the same names)."""
+    from fairseq_stream.runners.rnn import RnnOptions
+
+    words = int(getattr(search_cfg, "rnn_embed_table_words", 50000))
+    if words < 0:
+        raise FairseqStreamError("--rnn-embed-table-words must be 0 (all) or more, got {}".format(words))
+    return RnnOptions(
+        int16=bool(getattr(search_cfg, "rnn_int16", False)),
+        embed_table=not getattr(search_cfg, "no_rnn_embed_table", False),
+        embed_table_words=words,
+        attention_table=not getattr(search_cfg, "no_rnn_attention_table", False),
+        merge_states=not getattr(search_cfg, "no_rnn_merge_states", False),
+        int16_output=not getattr(search_cfg, "no_rnn_int16_output", False),
+    )
 
 
 def check_beam(beam):
@@ -102,6 +146,9 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
     if runner not in RUNNERS:
         raise FairseqStreamError("--runner must be one of {}, got {}".format(", ".join(RUNNERS), runner))
     check_output_layer(getattr(search_cfg, "output_layer", "auto"))
+    options = rnn_options(search_cfg)
+    if options.int16 and runner in ("fairseq", "lean"):
+        raise FairseqStreamError("--rnn-int16 runs on the rnn runner, not --runner {}".format(runner))
     if hasattr(search_cls, "pruning"):
         search_cls.pruning(search_cfg)
     if hasattr(search_cls, "check"):
@@ -139,6 +186,7 @@ def build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, 
         runner=str(getattr(search_cfg, "runner", "auto")),
         output_layer=str(getattr(search_cfg, "output_layer", "auto")),
         keep_reference=keep_reference,
+        rnn_options=rnn_options(search_cfg),
     )
     decoder.reporter = StatsReporter(name, stats, getattr(search_cfg, "stats_file", None))
     return decoder

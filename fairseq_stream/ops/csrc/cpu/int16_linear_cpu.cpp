@@ -6,8 +6,8 @@
 // Packed layout (made by int16_linear.pack): blocks of 8 output columns; within a block, for each
 // pair of input positions k, k+1 the 16 values w[n][k], w[n][k+1] for its 8 columns n. One 256-bit
 // load is then one vpmaddwd operand: a broadcast pair (x[k], x[k+1]) times it gives each column's
-// two products summed, in int32. The micro-kernel keeps 4 rows x 2 blocks (8 accumulators) in
-// registers, so each weight load serves 4 rows and each broadcast 16 columns.
+// two products summed, in int32. The micro-kernel keeps up to 6 rows x 2 blocks (12 accumulators)
+// in registers, so each weight load serves 6 rows and each broadcast 16 columns.
 //
 // AVX2 where the compiler targets it (setup.py builds with -march=native), else portable loops
 // with the same integer arithmetic (so both give identical results; the portable loops are always
@@ -33,7 +33,7 @@
 namespace {
 
 constexpr int64_t kCols = 8;     // output columns per packed block
-constexpr int64_t kRows = 4;     // rows per micro-kernel
+constexpr int64_t kRows = 6;     // rows per micro-kernel (a beam of 5 or 6 in one pass)
 constexpr int64_t kBlocks = 2;   // column blocks per micro-kernel
 
 // Rows of x quantized: q[m][k] = round(x[m][k] * scale[m]), scale[m] = a_max / max_k |x[m][k]|
@@ -114,7 +114,8 @@ __attribute__((optimize("fp-contract=off"), noinline)) void dequantize(const int
   }
 }
 
-// Row counts 1..4 and block counts 1..2 as template arguments: the accumulators stay in registers.
+// Row counts 1..6 and block counts 1..2 as template arguments: the accumulators stay in registers
+// (6 x 2 sums, 2 weight vectors and a broadcast: 15 of AVX2's 16).
 void block_any(bool portable, int rows, int blocks, const int16_t* q, int64_t k_pairs, const int16_t* packed,
                int64_t b0, int32_t* acc) {
   switch (rows * 2 + blocks - 3) {
@@ -125,7 +126,11 @@ void block_any(bool portable, int rows, int blocks, const int16_t* q, int64_t k_
     case 4: return block<3, 1>(portable, q, k_pairs, packed, b0, acc);
     case 5: return block<3, 2>(portable, q, k_pairs, packed, b0, acc);
     case 6: return block<4, 1>(portable, q, k_pairs, packed, b0, acc);
-    default: return block<4, 2>(portable, q, k_pairs, packed, b0, acc);
+    case 7: return block<4, 2>(portable, q, k_pairs, packed, b0, acc);
+    case 8: return block<5, 1>(portable, q, k_pairs, packed, b0, acc);
+    case 9: return block<5, 2>(portable, q, k_pairs, packed, b0, acc);
+    case 10: return block<6, 1>(portable, q, k_pairs, packed, b0, acc);
+    default: return block<6, 2>(portable, q, k_pairs, packed, b0, acc);
   }
 }
 

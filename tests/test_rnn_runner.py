@@ -1,0 +1,264 @@
+"""The rnn runner (fairseq LSTM models, Devlin 2017's tricks) against the fairseq runner, on real decoding.
+
+Exactness of the tricks that are identities (embedding table, attention
+table, merged states) is tested in float64, end to end, as the lean runner's
+is (tests/test_lean_runner.py): every search's n-best lists equal the fairseq
+runner's in tokens and to 1e-9 in scores, for every subset of those tricks,
+under every scheduler, for the toy LSTM, a two-model ensemble and a random
+LSTM of another shape (two layers, residuals, no attention projection of the
+encoder state, a tied output layer). int16 products are not an identity: in
+float32 they must give fairseq's tokens on >= 99% of the toy sentences, with
+every score within INT16_SCORE_BOUND of fairseq's where the tokens agree.
+Whole-test-set numbers on the Multi30k LSTM are in benchmarks/bench_int16.py.
+"""
+
+import argparse
+import copy
+import itertools
+
+import pytest
+import torch
+
+from conftest import decode, decoder_options, differences, generate_in_process, hypotheses, run_tool, sorted_batches
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.runner import ModelRunner
+from fairseq_stream.runners import build_runner
+from fairseq_stream.runners.rnn import RnnOptions, RnnRunner, unsupported_reason
+
+torch.set_num_threads(1)
+
+# int16 against float32 (toy LSTM, 237 sentences): the largest score difference
+# seen where tokens agree is 2.3e-4 (a score is the mean log-probability per
+# token); the bound leaves 4x for other machines' float rounding.
+INT16_SCORE_BOUND = 1e-3
+
+SEARCHES = ("greedy", "fixed", "fixed-stay", "var-batch")
+SCHEDULERS = {
+    "batch": None,
+    "stream": dict(pool_size=8, eps=1 / 6, order="shortest"),
+    "fifo": dict(pool_size=8, eps=1 / 6, order="fifo"),
+    "topup": dict(pool_size=8, eps=1 / 2, order="fifo"),
+}
+EXACT_TRICKS = ("embed_table", "attention_table", "merge_states")
+
+
+def subsets(names):
+    """Every subset of ``names``, the empty one first."""
+    return [t for n in range(len(names) + 1) for t in itertools.combinations(names, n)]
+
+
+def random_lstm(task, **overrides):
+    """A fairseq LSTM for the toy task with random weights (seed 0)."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    residuals = overrides.pop("residuals", False)
+    args = argparse.Namespace(arch="lstm", dropout=0.0, criterion="cross_entropy", **overrides)
+    ARCH_CONFIG_REGISTRY["lstm"](args)
+    torch.manual_seed(0)
+    model = ARCH_MODEL_REGISTRY["lstm"].build_model(args, task).eval()
+    model.decoder.residuals = residuals  # fairseq's build_model has no option for it
+    return model
+
+
+@pytest.fixture(scope="module")
+def lstms64(exact):
+    """name -> (float64 models, task): the toy LSTM, a two-model ensemble, a random two-layer LSTM."""
+    cache = {}
+
+    def load(name):
+        if name not in cache:
+            (toy,), task = exact("lstm")
+            if name == "lstm":
+                cache[name] = ([toy], task)
+            elif name == "ensemble":
+                other = copy.deepcopy(toy)
+                torch.manual_seed(1)
+                with torch.no_grad():
+                    for p in other.parameters():
+                        p.add_(0.05 * torch.randn_like(p))
+                cache[name] = ([toy, other], task)
+            else:  # two layers with residuals, unidirectional encoder, tied embeddings, out dim = hidden
+                model = random_lstm(task, encoder_embed_dim=32, encoder_hidden_size=48, encoder_layers=2,
+                                    decoder_embed_dim=48, decoder_hidden_size=48, decoder_out_embed_dim=48,
+                                    decoder_layers=2, residuals=True, share_decoder_input_output_embed=True)
+                cache[name] = ([model.double()], task)
+        return cache[name]
+
+    return load
+
+
+_references = {}
+
+
+def options_for(name, search):
+    """The search's decoder options; the random model never ends by itself, so it gets short outputs."""
+    opts = decoder_options(search)
+    if name == "two-layer":
+        opts.update(max_len_a=0, max_len_b=12)
+    return opts
+
+
+def reference(models, task, name, search, batches):
+    key = (name, search)
+    if key not in _references:
+        _references[key] = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq",
+                                              **options_for(name, search)), models, batches, None)
+    return _references[key]
+
+
+@pytest.mark.parametrize("tricks", subsets(EXACT_TRICKS),
+                         ids=lambda t: "+".join(t) or "none")
+@pytest.mark.parametrize("search", ("fixed", "var-batch"))
+def test_every_subset_of_the_exact_tricks_equals_the_fairseq_runner_float64(lstms64, float64_fairseq, search, tricks):
+    models, task = lstms64("lstm")
+    batches = sorted_batches(task, 8, 40)
+    options = RnnOptions(**{t: t in tricks for t in EXACT_TRICKS})
+    dec = BeamDecoder(models, task.target_dictionary, runner="rnn", rnn_options=options, **decoder_options(search))
+    assert isinstance(dec.runner, RnnRunner)
+    ours = decode(dec, models, batches, None)
+    assert differences(reference(models, task, "lstm", search, batches), ours) == []
+
+
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+@pytest.mark.parametrize("search", SEARCHES)
+@pytest.mark.parametrize("name", ("lstm", "ensemble", "two-layer"))
+def test_rnn_nbest_equals_fairseq_runner_float64(lstms64, float64_fairseq, name, search, scheduler):
+    if name != "lstm" and scheduler in ("fifo", "topup"):
+        pytest.skip("the other models run under batch and stream (FIFO order is the toy LSTM's)")
+    models, task = lstms64(name)
+    batches = sorted_batches(task, 8, 40)
+    dec = BeamDecoder(models, task.target_dictionary, runner="rnn", keep_reference=False, **options_for(name, search))
+    ours = decode(dec, models, batches, SCHEDULERS[scheduler])
+    assert len(ours) == 37
+    assert differences(reference(models, task, name, search, batches), ours) == []
+
+
+def test_cohort_split_and_join_keep_rnn_state_consistent(lstms64, float64_fairseq):
+    """A pool that splits cohorts to respect a capacity and joins them again: same n-best as batch."""
+    models, task = lstms64("lstm")
+    batches = sorted_batches(task, 8, 40)
+    dec = BeamDecoder(models, task.target_dictionary, runner="rnn", **decoder_options("var-batch"))
+    ours = decode(dec, models, batches, dict(pool_size=16, eps=1 / 6, order="shortest", capacity=7))
+    assert differences(reference(models, task, "lstm", "var-batch", batches), ours) == []
+
+
+def toy_sentences(task):
+    """Every toy sentence (test and valid) in batches of 8, ids made unique across the two sets."""
+    out = []
+    for offset, subset in ((0, "test"), (10000, "valid")):
+        for b in sorted_batches(task, 8, 10000, subset):
+            b = dict(b)
+            b["id"] = b["id"] + offset
+            out.append(b)
+    return out
+
+
+@pytest.fixture(scope="module")
+def float32_reference(loaded):
+    models, task = loaded("lstm")
+    batches = toy_sentences(task)
+    ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **decoder_options("fixed")),
+                 models, batches, None)
+    return models, task, batches, ref
+
+
+def agreement(ref, ours):
+    """(share of sentences whose best tokens agree, the largest score difference among those)."""
+    same = [s for s in ref if torch.equal(ref[s][0]["tokens"], ours[s][0]["tokens"])]
+    worst = max(abs(float(ref[s][0]["score"]) - float(ours[s][0]["score"])) for s in same)
+    return len(same) / len(ref), worst
+
+
+ALL_TRICKS = EXACT_TRICKS + ("int16_output",)
+
+
+@pytest.mark.parametrize("tricks", subsets(ALL_TRICKS),
+                         ids=lambda t: "+".join(t) or "none")
+def test_int16_gives_fairseqs_tokens_on_99_percent_of_the_toy_sentences(float32_reference, tricks):
+    """Every subset of the tricks with int16 products (float32, as users run it), 237 sentences."""
+    models, task, batches, ref = float32_reference
+    options = RnnOptions(int16=True, **{t: t in tricks for t in ALL_TRICKS})
+    dec = BeamDecoder(models, task.target_dictionary, runner="rnn", rnn_options=options, keep_reference=False,
+                      **decoder_options("fixed"))
+    ours = decode(dec, models, batches, None)
+    share, worst = agreement(ref, ours)
+    assert share >= 0.99
+    assert worst <= INT16_SCORE_BOUND
+
+
+def test_exact_tricks_change_no_token_in_float32(float32_reference):
+    """Embedding and attention tables and merged states, float32: the same tokens as the tricks off."""
+    models, task, batches, _ = float32_reference
+    runs = {}
+    for on in (False, True):
+        options = RnnOptions(**{t: on for t in EXACT_TRICKS})
+        dec = BeamDecoder(models, task.target_dictionary, runner="rnn", rnn_options=options, keep_reference=False,
+                          **decoder_options("var-batch"))
+        runs[on] = decode(dec, models, batches, None)
+    assert {s: h[0]["tokens"].tolist() for s, h in runs[False].items()} == \
+        {s: h[0]["tokens"].tolist() for s, h in runs[True].items()}
+
+
+def test_a_partial_embedding_table_multiplies_rare_words(lstms64, float64_fairseq):
+    """A table of the 20 most frequent words: the rest are multiplied, and nothing changes."""
+    models, task = lstms64("lstm")
+    batches = sorted_batches(task, 8, 40)
+    options = RnnOptions(embed_table_words=20)
+    dec = BeamDecoder(models, task.target_dictionary, runner="rnn", rnn_options=options, **decoder_options("fixed"))
+    assert dec.runner.rnn[0].table.size(0) == 20
+    ours = decode(dec, models, batches, None)
+    assert differences(reference(models, task, "lstm", "fixed", batches), ours) == []
+
+
+def test_auto_picks_rnn_for_lstms_and_refuses_int16_elsewhere(loaded, caplog):
+    lstm, _ = loaded("lstm")
+    transformers, _ = loaded("ensemble")
+    assert isinstance(build_runner("auto", lstm), RnnRunner)
+    assert isinstance(build_runner("auto", lstm, keep_fairseq=True), ModelRunner)
+    assert isinstance(build_runner("rnn", lstm, rnn_options=RnnOptions(int16=True)), RnnRunner)
+    assert unsupported_reason(transformers[0]) == "TransformerModel is not a fairseq LSTM model"
+    with caplog.at_level("INFO"):
+        assert isinstance(build_runner("rnn", transformers), ModelRunner)
+    assert any("TransformerModel is not a fairseq LSTM model; using the fairseq runner" in r.getMessage()
+               for r in caplog.records)
+    with pytest.raises(FairseqStreamError, match="^--rnn-int16 runs fairseq LSTM models only: TransformerModel is"):
+        build_runner("auto", transformers, rnn_options=RnnOptions(int16=True))
+    with pytest.raises(FairseqStreamError, match="^--rnn-int16 runs on the rnn runner, not --runner lean$"):
+        build_runner("lean", lstm, rnn_options=RnnOptions(int16=True))
+
+
+def test_int16_needs_float32_and_the_cpu(exact):
+    models, _ = exact("lstm")
+    with pytest.raises(FairseqStreamError, match="^--rnn-int16 needs a float32 model"):
+        RnnRunner(models, options=RnnOptions(int16=True))
+
+
+def printed(toy, capsys, *args):
+    generate_in_process([toy.data_bin, "--path", toy.lstm, "--user-dir", "fairseq_stream", "--gen-subset", "test",
+                         "--batch-size", "8", "--cpu"] + list(args))
+    return hypotheses(capsys.readouterr().out)
+
+
+def test_fairseq_generate_rnn_int16(toy, capsys):
+    """The user's command: every sentence once, fairseq's translations on >= 99% of them; each switch parses."""
+    ref = printed(toy, capsys, "--search", "fixed", "--beam", "5", "--runner", "fairseq")
+    ours = printed(toy, capsys, "--search", "fixed", "--beam", "5", "--rnn-int16")
+    assert sorted(ours) == sorted(ref) == list(range(37))
+    assert sum(ours[s][1] == ref[s][1] for s in ref) >= 36
+    off = printed(toy, capsys, "--search", "var-stream", "--rnn-int16", "--no-rnn-embed-table",
+                  "--no-rnn-attention-table", "--no-rnn-merge-states", "--no-rnn-int16-output",
+                  "--rnn-embed-table-words", "100")
+    assert sorted(off) == list(range(37))
+
+
+def test_rnn_int16_errors_are_one_line(toy):
+    common = ["fairseq-generate", toy.data_bin, "--user-dir", "fairseq_stream", "--gen-subset", "test",
+              "--search", "greedy", "--cpu", "--rnn-int16"]
+    proc = run_tool(common + ["--path", toy.transformer], check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "--rnn-int16 runs fairseq LSTM models only: TransformerModel is not a fairseq LSTM model")
+    proc = run_tool(common + ["--path", toy.lstm, "--runner", "fairseq"], check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].endswith("--rnn-int16 runs on the rnn runner, not --runner fairseq")
