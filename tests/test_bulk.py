@@ -83,7 +83,9 @@ def test_two_ranks_share_the_chunks_and_write_the_same_file(toy, corpus, expecte
     assert two.read_bytes() == one.read_bytes()
     rows = [line.split("\t", 1) for line in two.read_text().split("\n")[:-1]]
     assert [text for _, text in rows] == [text for text, _ in expected]
-    assert [float(s) for s, _ in rows] == pytest.approx([s for _, s in expected], abs=1e-6)
+    # The API decoded all 70 lines in one pool, the ranks 16 at a time: float32 products over other
+    # row counts round differently (up to ~2e-6 measured on a retrained toy model), hence 1e-5.
+    assert [float(s) for s, _ in rows] == pytest.approx([s for _, s in expected], abs=1e-5)
 
 
 def test_fewer_lines_than_ranks(toy, corpus, tmp_path):
@@ -162,7 +164,7 @@ def test_merge_formats_and_missing_chunks(toy, corpus, expected, tmp_path):
     assert len(lines) == 2 * SENTENCES
     assert lines[0] == "S-0\t" + corpus[1][0]
     head, score, text = lines[1].split("\t")
-    assert head == "H-0" and text == expected[0][0] and float(score) == pytest.approx(expected[0][1], abs=1e-6)
+    assert head == "H-0" and text == expected[0][0] and float(score) == pytest.approx(expected[0][1], abs=1e-5)
     os.unlink(str(out) + ".chunks/chunks/0000004.json")
     proc = bulk(toy, "merge", "--input", corpus[0], "--output", tmp_path / "again.txt", "--work-dir",
                 str(out) + ".chunks", check=False)
