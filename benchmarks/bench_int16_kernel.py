@@ -3,9 +3,9 @@
 Per (rows, out, in), the time of one ``y = x W^T + b``:
 
 * ``fp32``: ``torch.nn.functional.linear`` (MKL's sgemm), what fairseq's LSTM runs today;
-* ``int16``: ``fairseq_stream.ops.int16_linear`` with the AVX2 kernel (quantizing x, the int32
-  products, dequantizing: the whole call);
-* ``portable``: the same call through the compiled portable loops.
+* one column per int16 kernel this CPU runs (``fairseq_stream.ops.int16_linear.kernels()``:
+  ``portable`` loops, ``avx2`` ``vpmaddwd``, ``avx512vnni`` ``vpdpwssd``), the whole call (quantizing x,
+  the int32 products, dequantizing).
 
 The shapes are the Multi30k LSTM's of ``scripts/train_multi30k.sh --lstm`` (hidden and embeddings
 256: the LSTM cell's 1024 x 256 products and the 256-wide output layer over the ~10k-word
@@ -20,7 +20,6 @@ least ``--min-time`` seconds, after a warm-up call (``bench_output_layer.timer``
 import argparse
 import json
 import os
-import platform
 import sys
 
 import torch
@@ -28,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_output_layer import timer  # noqa: E402
+from bench_output_layer import cpu_name, timer  # noqa: E402
 from fairseq_stream.ops import int16_linear as L  # noqa: E402
 
 SHAPES = [(1024, 256, "LSTM cell, 4H x H (H=256)"), (10000, 256, "output layer, V x 256"),
@@ -48,10 +47,11 @@ def main():
         sys.exit("bench_int16_kernel: the compiled extension is not built (python setup.py build_ext --inplace)")
     measure = timer("cpu")
     g = torch.Generator().manual_seed(0)
-    print("int16 kernel: {}; torch {}, {} thread(s), {}".format(L.kernel(), torch.__version__, args.threads,
-                                                                platform.processor() or platform.machine()))
-    print("{:>5} {:>6} {:>5}  {:>9} {:>9} {:>9}  {:>7} {:>8}  {}".format(
-        "rows", "out", "in", "fp32 ms", "int16 ms", "port. ms", "speedup", "port./fp", "shape"))
+    kernels = L.kernels()
+    print("int16 kernels: {} (default {}); torch {}, {} thread(s), {}".format(
+        ", ".join(kernels), L.kernel(), torch.__version__, args.threads, cpu_name()))
+    print("{:>5} {:>6} {:>5}  {:>9} ".format("rows", "out", "in", "fp32 ms")
+          + " ".join("{:>11} {:>7}".format(k[:7] + " ms", "vs fp32") for k in kernels) + "  shape")
     results = []
     for out_f, in_f, label in SHAPES:
         w = torch.randn(out_f, in_f, generator=g) * in_f ** -0.5
@@ -59,19 +59,19 @@ def main():
         p = L.pack(w, b)
         for rows in args.rows:
             x = torch.randn(rows, in_f, generator=g)
-            assert torch.equal(L.int16_linear(x, p), L.reference(x, p))
-            assert torch.equal(L.int16_linear(x, p, portable=True), L.reference(x, p))
             fp32 = measure(lambda: torch.nn.functional.linear(x, w, b), args.repeats, args.min_time)
-            int16 = measure(lambda: L.int16_linear(x, p), args.repeats, args.min_time)
-            portable = measure(lambda: L.int16_linear(x, p, portable=True), args.repeats, args.min_time)
-            row = dict(rows=rows, out=out_f, inp=in_f, shape=label, fp32_ms=fp32 * 1e3, int16_ms=int16 * 1e3,
-                       portable_ms=portable * 1e3, speedup=fp32 / int16, portable_speedup=fp32 / portable)
+            row = dict(rows=rows, out=out_f, inp=in_f, shape=label, fp32_ms=fp32 * 1e3, int16_ms={}, speedup={})
+            for k in kernels:
+                assert torch.equal(L.int16_linear(x, p, kernel=k), L.reference(x, p)), k
+                t = measure(lambda: L.int16_linear(x, p, kernel=k), args.repeats, args.min_time)
+                row["int16_ms"][k], row["speedup"][k] = t * 1e3, fp32 / t
             results.append(row)
-            print("{rows:>5} {out:>6} {inp:>5}  {fp32_ms:>9.4f} {int16_ms:>9.4f} {portable_ms:>9.4f}  "
-                  "{speedup:>6.2f}x {portable_speedup:>7.2f}x  {shape}".format(**row), flush=True)
+            print("{:>5} {:>6} {:>5}  {:>9.4f} ".format(rows, out_f, in_f, fp32 * 1e3)
+                  + " ".join("{:>11.4f} {:>6.2f}x".format(row["int16_ms"][k], row["speedup"][k]) for k in kernels)
+                  + "  " + label, flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(kernel=L.kernel(), threads=args.threads, torch=torch.__version__, results=results), f,
+            json.dump(dict(kernel=L.kernel(), kernels=kernels, cpu=cpu_name(), threads=args.threads, torch=torch.__version__, results=results), f,
                       indent=1)
 
 

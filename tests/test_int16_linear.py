@@ -5,17 +5,21 @@ import torch
 
 from fairseq_stream.ops import int16_linear as L
 
-KERNELS = [k for k in ("avx2", "portable") if L.kernel() == k or (k == "portable" and L.kernel() == "avx2")]
+ALL_KERNELS = ("portable", "avx2", "avx512vnni")
+KERNELS = L.kernels()  # those this CPU runs
+# Each kernel a parameter of its own, skipped with the reason where this CPU lacks it.
+EVERY_KERNEL = [pytest.param(k, marks=pytest.mark.skipif(k not in KERNELS, reason="this CPU (or build) has no " + k))
+                for k in ALL_KERNELS]
 
 
 def run(x, p, kernel):
-    return L.int16_linear(x, p, portable=kernel == "portable")
+    return L.int16_linear(x, p, kernel=kernel)
 
 
-@pytest.mark.skipif(L.kernel() == "torch", reason="the compiled extension is not built")
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", EVERY_KERNEL)
 @pytest.mark.parametrize("rows, in_features, out_features", [
     (1, 1, 1), (3, 7, 5), (4, 16, 16), (5, 33, 17), (6, 40, 24), (9, 64, 40), (12, 31, 33), (13, 255, 129),
+    (25, 48, 50),  # every remainder of the tiles: rows past 6 and 12, a third panel, a part panel
 ])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_kernel_equals_the_reference_on_random_weights(kernel, rows, in_features, out_features, with_bias):
@@ -70,3 +74,11 @@ def test_the_scales_balance_precision_on_a_wide_layer():
     w_max = round(p.weight_scale * float(w.abs().max()))
     assert 2500 < w_max < 4500 and 2500 < p.a_max < 4500
     assert p.a_max * p.l1 <= L.INT32_MAX < 2 * p.a_max * p.l1  # the bound is used, not wasted
+
+
+@pytest.mark.skipif(not KERNELS, reason="the compiled extension is not built")
+def test_auto_is_the_best_kernel_and_one_the_cpu_lacks_is_refused():
+    assert KERNELS[0] == "portable" and L.kernel() == KERNELS[-1]
+    assert set(KERNELS) <= set(ALL_KERNELS)
+    with pytest.raises(RuntimeError, match="does not run on this CPU"):
+        L.int16_linear(torch.ones(1, 2), L.pack(torch.ones(1, 2)), kernel="sse9")

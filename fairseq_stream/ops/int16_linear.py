@@ -2,9 +2,11 @@
 
 The weight is quantized and packed once (:func:`pack`); each call quantizes
 its rows of ``x``, sums the products in int32 and dequantizes (the compiled
-``int16_linear`` in ``csrc/cpu/int16_linear_cpu.cpp``: AVX2 ``vpmaddwd``
-micro-kernels over the packed layout, or portable loops; :func:`reference`
-is the same arithmetic in torch, and both give identical floats).
+``int16_linear`` in ``csrc/cpu/int16_linear_cpu.cpp``: register-blocked
+micro-kernels over the packed layout, AVX-512 VNNI ``vpdpwssd`` or AVX2
+``vpmaddwd``, chosen at run time from what the CPU has, or portable loops;
+:func:`reference` is the same arithmetic in torch, and all give identical
+floats).
 
 **Scale rule.** With ``peak = max |W|`` and the effective fan-in
 ``rho = max_n sum_k |W[n, k]| / peak`` (at most ``in_features``), the weight
@@ -30,21 +32,21 @@ float32 rounding of the final multiply and add (:func:`error_bound`).
 import importlib
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from torch import Tensor
 
 INT32_MAX = 2 ** 31 - 1
 INT16_MAX = 32767
-COLS = 8  # output columns per packed block (one 256-bit register of int32 sums)
+COLS = 16  # output columns per packed panel (one 512-bit register of int32 sums, or two 256-bit)
 
 
 @dataclass
 class PackedLinear:
     """A weight quantized and packed for :func:`int16_linear`."""
 
-    packed: Tensor  # int16 (ceil(out/8), ceil(in/2), 16)
+    packed: Tensor  # int16 (ceil(out/16), ceil(in/2), 32)
     weight_scale: float  # s_w
     a_max: int  # the largest |q_x| a row of x is scaled to
     l1: int  # the largest sum_k |q_w[n, k]| (the overflow bound's other factor)
@@ -89,24 +91,29 @@ def _extension():
         return None
 
 
-def kernel() -> str:
-    """Which kernel :func:`int16_linear` runs: "avx2", "portable" (compiled loops) or "torch"."""
+def kernels() -> List[str]:
+    """The compiled kernels this CPU runs, the best last ("portable", "avx2", "avx512vnni"); [] unbuilt."""
     ext = _extension()
-    if ext is None or not hasattr(ext, "int16_linear"):
-        return "torch"
-    return "avx2" if ext.int16_simd == "avx2" else "portable"
+    if ext is None or not hasattr(ext, "int16_kernels"):
+        return []
+    return list(ext.int16_kernels())
 
 
-def int16_linear(x: Tensor, p: PackedLinear, portable: bool = False) -> Tensor:
+def kernel() -> str:
+    """Which kernel :func:`int16_linear` runs by default: the best of :func:`kernels`, or "torch"."""
+    return (kernels() or ["torch"])[-1]
+
+
+def int16_linear(x: Tensor, p: PackedLinear, kernel: str = "auto") -> Tensor:
     """``x`` (rows, in) float32 times the packed weight, plus its bias: (rows, out) float32.
 
-    ``portable`` runs the compiled portable loops where the AVX2 kernel is built (for tests).
-    Without the compiled extension it runs :func:`reference`.
+    ``kernel``: "auto" (the best this CPU has) or one of :func:`kernels` (tests
+    compare them all). Without the compiled extension it runs :func:`reference`.
     """
     ext = _extension()
     if ext is None or not hasattr(ext, "int16_linear"):
         return reference(x, p)
-    return ext.int16_linear(x.float(), p.packed, p.weight_scale, p.out_features, p.a_max, p.bias, portable)
+    return ext.int16_linear(x.float(), p.packed, p.weight_scale, p.out_features, p.a_max, p.bias, kernel)
 
 
 def reference(x: Tensor, p: PackedLinear) -> Tensor:

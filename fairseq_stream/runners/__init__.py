@@ -86,8 +86,10 @@ def _int16_kernel_line() -> str:
     from fairseq_stream.ops import int16_linear
 
     kernel = int16_linear.kernel()
+    if kernel == "avx512vnni":
+        return "AVX-512 VNNI int16 kernel"
     if kernel == "avx2":
         return "AVX2 int16 kernel"
     if kernel == "portable":
-        return "portable int16 kernel: this build has no AVX2"
+        return "portable int16 kernel: this CPU has no AVX2"
     return "int16 in torch: the compiled extension is not built"

@@ -53,8 +53,9 @@ from fairseq_stream.runners.packing import pack_by_sentence
 # The first layer's input table holds this many of the most frequent words by default.
 DEFAULT_EMBED_TABLE_WORDS = 50000
 # Up to this many parents the int16 kernel multiplies them all in one pass of the weights (its
-# micro-kernel holds 6 rows), so finding the distinct ones (torch.unique, ~20 us) cannot pay:
-# measured one sentence at a time at beam 5, merging every step was 14% slower than not merging.
+# micro-kernels hold 6 rows on AVX2, 12 on AVX-512), so finding the distinct ones (torch.unique,
+# ~20 us) cannot pay: measured one sentence at a time at beam 5 on the AVX2 machine, merging every
+# step was 14% slower than not merging.
 MERGE_ABOVE_PARENTS = 6
 
 

@@ -3,38 +3,45 @@
 // fairseq_stream/ops/int16_linear.py documents the op, the scale rule that keeps the int32 sums
 // from overflowing, and holds the torch reference this must equal bit for bit.
 //
-// Packed layout (made by int16_linear.pack): blocks of 8 output columns; within a block, for each
-// pair of input positions k, k+1 the 16 values w[n][k], w[n][k+1] for its 8 columns n. One 256-bit
-// load is then one vpmaddwd operand: a broadcast pair (x[k], x[k+1]) times it gives each column's
-// two products summed, in int32. The micro-kernel keeps up to 6 rows x 2 blocks (12 accumulators)
-// in registers, so each weight load serves 6 rows and each broadcast 16 columns.
+// Packed layout (made by int16_linear.pack): panels of 16 output columns; within a panel, for each
+// pair of input positions k, k+1 the 32 values w[n][k], w[n][k+1] for its 16 columns n. A broadcast
+// pair (x[k], x[k+1]) times 16 of those int16 is one multiply-add of 8 columns' two products each,
+// summed in int32: vpmaddwd + vpaddd on AVX2 (two 256-bit halves per panel), one vpdpwssd on
+// AVX-512 VNNI (the whole panel in one 512-bit register).
 //
-// AVX2 where the compiler targets it (setup.py builds with -march=native), else portable loops
-// with the same integer arithmetic (so both give identical results; the portable loops are always
-// built, and a flag runs them, so tests compare the two on one machine). No AVX-512 VNNI kernel
-// yet: this machine has no AVX-512 to test one on.
+// Kernels, chosen at run time from what the CPU reports (__builtin_cpu_supports), not from the
+// compiler's -march: each is compiled for its own target (the target attribute), so one build runs
+// on any x86-64 CPU and uses the best kernel it has. "portable" is plain loops with the same integer
+// arithmetic; every kernel gives identical results (integer sums are exact whatever their order:
+// the scale rule bounds every partial sum), and a name picks one, so tests compare them all.
 
 #include "int16_linear_cpu.h"
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
-#if defined(__AVX2__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-#define FS_INT16_AVX2 1
+#define FS_INT16_X86 1
 #else
-#define FS_INT16_AVX2 0
+#define FS_INT16_X86 0
 #endif
 
 namespace {
 
-constexpr int64_t kCols = 8;     // output columns per packed block
-constexpr int64_t kRows = 6;     // rows per micro-kernel (a beam of 5 or 6 in one pass)
-constexpr int64_t kBlocks = 2;   // column blocks per micro-kernel
+constexpr int64_t kCols = 16;     // output columns per packed panel
+constexpr int kAccRows = 12;      // the most rows a tile holds
+constexpr int kAccPanels = 2;     // the most panels a tile holds
+constexpr int64_t kAccStride = kAccPanels * kCols;  // int32 sums per row in a tile's output
+
+using Tile = void (*)(const int16_t* q, int64_t k_pairs, const int16_t* packed, int64_t panel0, int32_t* acc);
 
 // Rows of x quantized: q[m][k] = round(x[m][k] * scale[m]), scale[m] = a_max / max_k |x[m][k]|
 // (1 for an all-zero row). Written with K padded to an even count (the pad is 0).
@@ -52,55 +59,137 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t k_pad, int32
   }
 }
 
-// acc[r][c] for rows [m0, m0 + R) and the columns of blocks [b0, b0 + B), portable.
-template <int R, int B>
-void block_portable(const int16_t* q, int64_t k_pairs, const int16_t* packed, int64_t b0, int32_t* acc) {
-  for (int r = 0; r < R; ++r) {
-    const int16_t* xr = q + r * 2 * k_pairs;
-    for (int b = 0; b < B; ++b) {
-      const int16_t* w = packed + (b0 + b) * k_pairs * 2 * kCols;
-      // Columns innermost over contiguous weights: a loop compilers vectorize.
-      int32_t sum[kCols] = {0};
-      for (int64_t p = 0; p < k_pairs; ++p) {
-        const int32_t x0 = xr[2 * p], x1 = xr[2 * p + 1];
-        const int16_t* wp = w + p * 2 * kCols;
-        for (int64_t c = 0; c < kCols; ++c) sum[c] += x0 * wp[2 * c] + x1 * wp[2 * c + 1];
-      }
-      for (int64_t c = 0; c < kCols; ++c) acc[r * kBlocks * kCols + b * kCols + c] = sum[c];
-    }
-  }
-}
+// Each kernel: the most rows and panels of one tile, and tile<R, P> computing acc[r][p * 16 + c]
+// for rows [0, R) of q and the columns of panels [panel0, panel0 + P).
 
-#if FS_INT16_AVX2
-template <int R, int B>
-void block_avx2(const int16_t* q, int64_t k_pairs, const int16_t* packed, int64_t b0, int32_t* acc) {
-  __m256i sum[R][B];
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) sum[r][b] = _mm256_setzero_si256();
-  const int16_t* w[B];
-  for (int b = 0; b < B; ++b) w[b] = packed + (b0 + b) * k_pairs * 2 * kCols;
-  const int32_t* x[R];
-  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const int32_t*>(q + r * 2 * k_pairs);
-  for (int64_t p = 0; p < k_pairs; ++p) {
-    __m256i wv[B];
-    for (int b = 0; b < B; ++b) wv[b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b] + p * 16));
+struct Portable {
+  static constexpr int kRows = 6, kPanels = 1;
+  template <int R, int P>
+  static void tile(const int16_t* q, int64_t k_pairs, const int16_t* packed, int64_t panel0, int32_t* acc) {
     for (int r = 0; r < R; ++r) {
-      const __m256i xv = _mm256_set1_epi32(x[r][p]);  // the pair (x[2p], x[2p+1])
-      for (int b = 0; b < B; ++b) sum[r][b] = _mm256_add_epi32(sum[r][b], _mm256_madd_epi16(xv, wv[b]));
+      const int16_t* xr = q + r * 2 * k_pairs;
+      for (int b = 0; b < P; ++b) {
+        const int16_t* w = packed + (panel0 + b) * k_pairs * 2 * kCols;
+        // Columns innermost over contiguous weights: a loop compilers vectorize.
+        int32_t sum[kCols] = {0};
+        for (int64_t p = 0; p < k_pairs; ++p) {
+          const int32_t x0 = xr[2 * p], x1 = xr[2 * p + 1];
+          const int16_t* wp = w + p * 2 * kCols;
+          for (int64_t c = 0; c < kCols; ++c) sum[c] += x0 * wp[2 * c] + x1 * wp[2 * c + 1];
+        }
+        for (int64_t c = 0; c < kCols; ++c) acc[r * kAccStride + b * kCols + c] = sum[c];
+      }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * kBlocks * kCols + b * kCols), sum[r][b]);
-}
+};
+
+#if FS_INT16_X86
+// 6 rows x one panel: 12 sums, 2 weight halves and a broadcast, 15 of AVX2's 16 registers.
+struct Avx2 {
+  static constexpr int kRows = 6, kPanels = 1;
+  template <int R, int P>
+  __attribute__((target("avx2"))) static void tile(const int16_t* q, int64_t k_pairs, const int16_t* packed,
+                                                   int64_t panel0, int32_t* acc) {
+    static_assert(P == 1, "one panel: its two halves are the tile's columns");
+    __m256i lo[R], hi[R];
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+    const int16_t* w = packed + panel0 * k_pairs * 2 * kCols;
+    const int32_t* x[R];
+    for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const int32_t*>(q + r * 2 * k_pairs);
+    for (int64_t p = 0; p < k_pairs; ++p) {
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32 + 16));
+      for (int r = 0; r < R; ++r) {
+        const __m256i xv = _mm256_set1_epi32(x[r][p]);  // the pair (x[2p], x[2p+1])
+        lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(xv, w0));
+        hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(xv, w1));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * kAccStride), lo[r]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * kAccStride + 8), hi[r]);
+    }
+  }
+};
+
+// 12 rows x 2 panels: 24 sums, 2 weight panels and a broadcast, 27 of AVX-512's 32 registers, so a
+// batched step's rows go 12 to a pass of the weights; a beam of 5 is one pass.
+struct Avx512Vnni {
+  static constexpr int kRows = 12, kPanels = 2;
+  template <int R, int P>
+  __attribute__((target("avx512f,avx512vnni"))) static void tile(const int16_t* q, int64_t k_pairs,
+                                                                 const int16_t* packed, int64_t panel0,
+                                                                 int32_t* acc) {
+    __m512i sum[R][P];
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < P; ++b) sum[r][b] = _mm512_setzero_si512();
+    const int16_t* w[P];
+    for (int b = 0; b < P; ++b) w[b] = packed + (panel0 + b) * k_pairs * 2 * kCols;
+    const int32_t* x[R];
+    for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const int32_t*>(q + r * 2 * k_pairs);
+    for (int64_t p = 0; p < k_pairs; ++p) {
+      __m512i wv[P];
+      for (int b = 0; b < P; ++b) wv[b] = _mm512_loadu_si512(w[b] + p * 32);
+      for (int r = 0; r < R; ++r) {
+        const __m512i xv = _mm512_set1_epi32(x[r][p]);
+        for (int b = 0; b < P; ++b) sum[r][b] = _mm512_dpwssd_epi32(sum[r][b], xv, wv[b]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < P; ++b) _mm512_storeu_si512(acc + r * kAccStride + b * kCols, sum[r][b]);
+  }
+};
 #endif
 
-template <int R, int B>
-void block(bool portable, const int16_t* q, int64_t k_pairs, const int16_t* packed, int64_t b0, int32_t* acc) {
-#if FS_INT16_AVX2
-  if (!portable) return block_avx2<R, B>(q, k_pairs, packed, b0, acc);
+// Every (rows, panels) a kernel's tiles take, as template instances: table[(R - 1) * kPanels + P - 1],
+// so the sums stay in registers whatever the remainder of rows or panels.
+template <class K, size_t I>
+void tile_at(const int16_t* q, int64_t k_pairs, const int16_t* packed, int64_t panel0, int32_t* acc) {
+  K::template tile<static_cast<int>(I) / K::kPanels + 1, static_cast<int>(I) % K::kPanels + 1>(q, k_pairs, packed,
+                                                                                                 panel0, acc);
+}
+
+template <class K, size_t... I>
+std::array<Tile, sizeof...(I)> tiles(std::index_sequence<I...>) {
+  return {&tile_at<K, I>...};
+}
+
+struct Kernel {
+  std::string name;
+  int rows, panels;
+  std::vector<Tile> table;
+};
+
+template <class K>
+Kernel make_kernel(const char* name) {
+  static_assert(K::kRows <= kAccRows && K::kPanels <= kAccPanels, "a tile larger than its output");
+  const auto t = tiles<K>(std::make_index_sequence<K::kRows * K::kPanels>{});
+  return Kernel{name, K::kRows, K::kPanels, std::vector<Tile>(t.begin(), t.end())};
+}
+
+// The kernels this CPU can run, the best last.
+const std::vector<Kernel>& available_kernels() {
+  static const std::vector<Kernel> kernels = [] {
+    std::vector<Kernel> out{make_kernel<Portable>("portable")};
+#if FS_INT16_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) out.push_back(make_kernel<Avx2>("avx2"));
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"))
+      out.push_back(make_kernel<Avx512Vnni>("avx512vnni"));
 #endif
-  block_portable<R, B>(q, k_pairs, packed, b0, acc);
+    return out;
+  }();
+  return kernels;
+}
+
+const Kernel& find_kernel(const std::string& name) {
+  const auto& kernels = available_kernels();
+  if (name == "auto") return kernels.back();
+  for (const auto& k : kernels)
+    if (k.name == name) return k;
+  TORCH_CHECK(false, "int16_linear: kernel '", name, "' does not run on this CPU (it has: ", kernels.back().name,
+              " and below)");
+  return kernels.back();  // not reached
 }
 
 // y[c] = float(acc[c]) * inv + bias[c], rounded after the multiply and after the add as the torch
@@ -114,40 +203,27 @@ __attribute__((optimize("fp-contract=off"), noinline)) void dequantize(const int
   }
 }
 
-// Row counts 1..6 and block counts 1..2 as template arguments: the accumulators stay in registers
-// (6 x 2 sums, 2 weight vectors and a broadcast: 15 of AVX2's 16).
-void block_any(bool portable, int rows, int blocks, const int16_t* q, int64_t k_pairs, const int16_t* packed,
-               int64_t b0, int32_t* acc) {
-  switch (rows * 2 + blocks - 3) {
-    case 0: return block<1, 1>(portable, q, k_pairs, packed, b0, acc);
-    case 1: return block<1, 2>(portable, q, k_pairs, packed, b0, acc);
-    case 2: return block<2, 1>(portable, q, k_pairs, packed, b0, acc);
-    case 3: return block<2, 2>(portable, q, k_pairs, packed, b0, acc);
-    case 4: return block<3, 1>(portable, q, k_pairs, packed, b0, acc);
-    case 5: return block<3, 2>(portable, q, k_pairs, packed, b0, acc);
-    case 6: return block<4, 1>(portable, q, k_pairs, packed, b0, acc);
-    case 7: return block<4, 2>(portable, q, k_pairs, packed, b0, acc);
-    case 8: return block<5, 1>(portable, q, k_pairs, packed, b0, acc);
-    case 9: return block<5, 2>(portable, q, k_pairs, packed, b0, acc);
-    case 10: return block<6, 1>(portable, q, k_pairs, packed, b0, acc);
-    default: return block<6, 2>(portable, q, k_pairs, packed, b0, acc);
-  }
-}
-
 }  // namespace
 
+std::vector<std::string> int16_kernels() {
+  std::vector<std::string> names;
+  for (const auto& k : available_kernels()) names.push_back(k.name);
+  return names;
+}
+
 torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_scale, int64_t out_features,
-                           int64_t a_max, std::optional<torch::Tensor> bias, bool portable) {
+                           int64_t a_max, std::optional<torch::Tensor> bias, const std::string& kernel) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() == 2,
               "int16_linear: x must be a 2-d float32 CPU tensor");
   TORCH_CHECK(packed.scalar_type() == torch::kShort && packed.dim() == 3 && packed.size(2) == 2 * kCols,
               "int16_linear: packed must come from int16_linear.pack");
   TORCH_CHECK(a_max >= 1 && a_max <= 32767, "int16_linear: a_max must be in [1, 32767]");
+  const Kernel& kern = find_kernel(kernel);
   x = x.contiguous();
   packed = packed.contiguous();
   const int64_t rows = x.size(0), k = x.size(1), k_pairs = packed.size(1);
-  const int64_t k_pad = 2 * k_pairs, n_blocks = packed.size(0);
-  TORCH_CHECK((k + 1) / 2 == k_pairs && out_features <= n_blocks * kCols,
+  const int64_t k_pad = 2 * k_pairs, n_panels = packed.size(0);
+  TORCH_CHECK((k + 1) / 2 == k_pairs && out_features <= n_panels * kCols,
               "int16_linear: x has ", k, " features, the packed weight ", 2 * k_pairs);
   const float* b = nullptr;
   if (bias) {
@@ -161,19 +237,19 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_
   quantize_rows(x.data_ptr<float>(), rows, k, k_pad, static_cast<int32_t>(a_max), q.data(), scale.data());
   const int16_t* w = packed.data_ptr<int16_t>();
   float* y = out.data_ptr<float>();
-  // Split over column blocks: each thread streams its own part of the (large) weight once.
-  at::parallel_for(0, (n_blocks + kBlocks - 1) / kBlocks, 1, [&](int64_t first, int64_t last) {
-    int32_t acc[kRows * kBlocks * kCols];
-    for (int64_t pair = first; pair < last; ++pair) {
-      const int64_t b0 = pair * kBlocks;
-      const int blocks = static_cast<int>(std::min<int64_t>(kBlocks, n_blocks - b0));
-      for (int64_t m0 = 0; m0 < rows; m0 += kRows) {
-        const int r = static_cast<int>(std::min<int64_t>(kRows, rows - m0));
-        block_any(portable, r, blocks, q.data() + m0 * k_pad, k_pairs, w, b0, acc);
+  // Split over groups of panels: each thread streams its own part of the (large) weight once.
+  at::parallel_for(0, (n_panels + kern.panels - 1) / kern.panels, 1, [&](int64_t first, int64_t last) {
+    int32_t acc[kAccRows * kAccStride];
+    for (int64_t group = first; group < last; ++group) {
+      const int64_t p0 = group * kern.panels;
+      const int panels = static_cast<int>(std::min<int64_t>(kern.panels, n_panels - p0));
+      for (int64_t m0 = 0; m0 < rows; m0 += kern.rows) {
+        const int r = static_cast<int>(std::min<int64_t>(kern.rows, rows - m0));
+        kern.table[(r - 1) * kern.panels + panels - 1](q.data() + m0 * k_pad, k_pairs, w, p0, acc);
         for (int i = 0; i < r; ++i) {
           const float inv = static_cast<float>(1.0 / (static_cast<double>(scale[m0 + i]) * weight_scale));
-          const int64_t n0 = b0 * kCols;
-          dequantize(acc + i * kBlocks * kCols, std::min<int64_t>(blocks * kCols, out_features - n0), inv,
+          const int64_t n0 = p0 * kCols;
+          dequantize(acc + i * kAccStride, std::min<int64_t>(panels * kCols, out_features - n0), inv,
                      b ? b + n0 : nullptr, y + (m0 + i) * out_features + n0);
         }
       }
@@ -184,14 +260,10 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_
 
 void register_int16_linear(pybind11::module& m) {
   m.def("int16_linear", &int16_linear,
-        "(x float32 (rows, in), packed int16, weight_scale, out_features, a_max, bias or None, portable) -> "
-        "float32 (rows, out); portable=True runs the portable loops even where AVX2 is built (tests); "
+        "(x float32 (rows, in), packed int16, weight_scale, out_features, a_max, bias or None, kernel) -> "
+        "float32 (rows, out); kernel: 'auto' (the best this CPU has) or one of int16_kernels(); "
         "see fairseq_stream/ops/int16_linear.py",
         py::arg("x"), py::arg("packed"), py::arg("weight_scale"), py::arg("out_features"), py::arg("a_max"),
-        py::arg("bias") = py::none(), py::arg("portable") = false);
-#if FS_INT16_AVX2
-  m.attr("int16_simd") = "avx2";
-#else
-  m.attr("int16_simd") = "none";
-#endif
+        py::arg("bias") = py::none(), py::arg("kernel") = "auto");
+  m.def("int16_kernels", &int16_kernels, "the int16 kernels this CPU runs, the best (the 'auto' one) last");
 }

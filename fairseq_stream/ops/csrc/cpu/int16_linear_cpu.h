@@ -5,8 +5,12 @@
 #include <torch/extension.h>
 
 #include <optional>
+#include <string>
+#include <vector>
 
 torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_scale, int64_t out_features,
-                           int64_t a_max, std::optional<torch::Tensor> bias, bool portable);
+                           int64_t a_max, std::optional<torch::Tensor> bias, const std::string& kernel);
+
+std::vector<std::string> int16_kernels();
 
 void register_int16_linear(pybind11::module& m);
