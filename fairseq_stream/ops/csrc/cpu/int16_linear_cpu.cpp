@@ -41,39 +41,46 @@ constexpr int kAccRows = 12;      // the most rows a tile holds
 constexpr int kAccPanels = 2;     // the most panels a tile holds
 constexpr int64_t kAccStride = kAccPanels * kCols;  // int32 sums per row in a tile's output
 
-using Tile = void (*)(const int16_t* q, int64_t k_pairs, const int16_t* packed, int64_t panel0, int32_t* acc);
+// A tile's rows of x, quantized and packed: xq[p * R + r] holds row r's pair (x[2p], x[2p+1]) as
+// two int16 in one int32 (the broadcast operand), so a tile reads its R rows from one pointer at
+// offsets known at compile time (with a pointer per row, GCC spilled the 12-row tile to the stack).
+using Tile = void (*)(const int32_t* xq, int64_t k_pairs, const int16_t* packed, int64_t panel0, int32_t* acc);
 
 // Rows of x quantized: q[m][k] = round(x[m][k] * scale[m]), scale[m] = a_max / max_k |x[m][k]|
-// (1 for an all-zero row). Written with K padded to an even count (the pad is 0).
-void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t k_pad, int32_t a_max, int16_t* q,
-                   float* scale) {
+// (1 for an all-zero row), packed tile by tile (tiles of tile_rows rows, the last one shorter):
+// tile t starts at xq + t * tile_rows * k_pairs. K is padded to an even count with 0.
+void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t k_pairs, int32_t a_max, int64_t tile_rows,
+                   int32_t* xq, float* scale) {
+  int16_t* out = reinterpret_cast<int16_t*>(xq);
   for (int64_t m = 0; m < rows; ++m) {
     const float* row = x + m * k;
     float peak = 0.f;
     for (int64_t i = 0; i < k; ++i) peak = std::max(peak, std::fabs(row[i]));
     const float s = peak > 0.f ? static_cast<float>(a_max) / peak : 1.f;
     scale[m] = s;
-    int16_t* out = q + m * k_pad;
-    for (int64_t i = 0; i < k; ++i) out[i] = static_cast<int16_t>(std::nearbyint(row[i] * s));
-    for (int64_t i = k; i < k_pad; ++i) out[i] = 0;
+    const int64_t m0 = m - m % tile_rows, r = m - m0, R = std::min(tile_rows, rows - m0);
+    int16_t* tile = out + 2 * m0 * k_pairs;
+    for (int64_t i = 0; i < k; ++i)
+      tile[2 * ((i / 2) * R + r) + i % 2] = static_cast<int16_t>(std::nearbyint(row[i] * s));
+    if (k % 2) tile[2 * ((k / 2) * R + r) + 1] = 0;
   }
 }
 
 // Each kernel: the most rows and panels of one tile, and tile<R, P> computing acc[r][p * 16 + c]
-// for rows [0, R) of q and the columns of panels [panel0, panel0 + P).
+// for the tile's R rows and the columns of panels [panel0, panel0 + P).
 
 struct Portable {
   static constexpr int kRows = 6, kPanels = 1;
   template <int R, int P>
-  static void tile(const int16_t* q, int64_t k_pairs, const int16_t* packed, int64_t panel0, int32_t* acc) {
+  static void tile(const int32_t* xq, int64_t k_pairs, const int16_t* packed, int64_t panel0, int32_t* acc) {
+    const int16_t* xs = reinterpret_cast<const int16_t*>(xq);
     for (int r = 0; r < R; ++r) {
-      const int16_t* xr = q + r * 2 * k_pairs;
       for (int b = 0; b < P; ++b) {
         const int16_t* w = packed + (panel0 + b) * k_pairs * 2 * kCols;
         // Columns innermost over contiguous weights: a loop compilers vectorize.
         int32_t sum[kCols] = {0};
         for (int64_t p = 0; p < k_pairs; ++p) {
-          const int32_t x0 = xr[2 * p], x1 = xr[2 * p + 1];
+          const int32_t x0 = xs[2 * (p * R + r)], x1 = xs[2 * (p * R + r) + 1];
           const int16_t* wp = w + p * 2 * kCols;
           for (int64_t c = 0; c < kCols; ++c) sum[c] += x0 * wp[2 * c] + x1 * wp[2 * c + 1];
         }
@@ -84,31 +91,43 @@ struct Portable {
 };
 
 #if FS_INT16_X86
+// The sums of a tile are named variables, one pair per row, not an array: GCC 12 kept an array of
+// vectors in memory (a store per multiply-add); unused rows' variables are compiled away.
+#define FS_ROWS_6(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define FS_ROWS_12(X) FS_ROWS_6(X) X(6) X(7) X(8) X(9) X(10) X(11)
+
 // 6 rows x one panel: 12 sums, 2 weight halves and a broadcast, 15 of AVX2's 16 registers.
 struct Avx2 {
   static constexpr int kRows = 6, kPanels = 1;
   template <int R, int P>
-  __attribute__((target("avx2"))) static void tile(const int16_t* q, int64_t k_pairs, const int16_t* packed,
+  __attribute__((target("avx2"))) static void tile(const int32_t* xq, int64_t k_pairs, const int16_t* packed,
                                                    int64_t panel0, int32_t* acc) {
     static_assert(P == 1, "one panel: its two halves are the tile's columns");
-    __m256i lo[R], hi[R];
-    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+    const __m256i zero = _mm256_setzero_si256();
+#define FS_DECL(i) __m256i lo##i = zero, hi##i = zero;
+    FS_ROWS_6(FS_DECL)
+#undef FS_DECL
     const int16_t* w = packed + panel0 * k_pairs * 2 * kCols;
-    const int32_t* x[R];
-    for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const int32_t*>(q + r * 2 * k_pairs);
     for (int64_t p = 0; p < k_pairs; ++p) {
       const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32));
       const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32 + 16));
-      for (int r = 0; r < R; ++r) {
-        const __m256i xv = _mm256_set1_epi32(x[r][p]);  // the pair (x[2p], x[2p+1])
-        lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(xv, w0));
-        hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(xv, w1));
-      }
+      // Row i's pair (x[2p], x[2p+1]) broadcast, times each column's two weights, summed in int32.
+#define FS_STEP(i)                                                     \
+  if constexpr (R > i) {                                               \
+    const __m256i xv = _mm256_set1_epi32(xq[p * R + i]);               \
+    lo##i = _mm256_add_epi32(lo##i, _mm256_madd_epi16(xv, w0));        \
+    hi##i = _mm256_add_epi32(hi##i, _mm256_madd_epi16(xv, w1));        \
+  }
+      FS_ROWS_6(FS_STEP)
+#undef FS_STEP
     }
-    for (int r = 0; r < R; ++r) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * kAccStride), lo[r]);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * kAccStride + 8), hi[r]);
-    }
+#define FS_STORE(i)                                                                  \
+  if constexpr (R > i) {                                                             \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride), lo##i);    \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride + 8), hi##i); \
+  }
+    FS_ROWS_6(FS_STORE)
+#undef FS_STORE
   }
 };
 
@@ -117,35 +136,45 @@ struct Avx2 {
 struct Avx512Vnni {
   static constexpr int kRows = 12, kPanels = 2;
   template <int R, int P>
-  __attribute__((target("avx512f,avx512vnni"))) static void tile(const int16_t* q, int64_t k_pairs,
+  __attribute__((target("avx512f,avx512vnni"))) static void tile(const int32_t* xq, int64_t k_pairs,
                                                                  const int16_t* packed, int64_t panel0,
                                                                  int32_t* acc) {
-    __m512i sum[R][P];
-    for (int r = 0; r < R; ++r)
-      for (int b = 0; b < P; ++b) sum[r][b] = _mm512_setzero_si512();
-    const int16_t* w[P];
-    for (int b = 0; b < P; ++b) w[b] = packed + (panel0 + b) * k_pairs * 2 * kCols;
-    const int32_t* x[R];
-    for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const int32_t*>(q + r * 2 * k_pairs);
+    const __m512i zero = _mm512_setzero_si512();
+#define FS_DECL(i) __m512i a##i = zero, b##i = zero;
+    FS_ROWS_12(FS_DECL)
+#undef FS_DECL
+    const int16_t* w0 = packed + panel0 * k_pairs * 2 * kCols;
+    const int16_t* w1 = w0 + k_pairs * 2 * kCols;  // the next panel (read only when P == 2)
     for (int64_t p = 0; p < k_pairs; ++p) {
-      __m512i wv[P];
-      for (int b = 0; b < P; ++b) wv[b] = _mm512_loadu_si512(w[b] + p * 32);
-      for (int r = 0; r < R; ++r) {
-        const __m512i xv = _mm512_set1_epi32(x[r][p]);
-        for (int b = 0; b < P; ++b) sum[r][b] = _mm512_dpwssd_epi32(sum[r][b], xv, wv[b]);
-      }
+      const __m512i wa = _mm512_loadu_si512(w0 + p * 32);
+      const __m512i wb = P > 1 ? _mm512_loadu_si512(w1 + p * 32) : zero;
+#define FS_STEP(i)                                                   \
+  if constexpr (R > i) {                                             \
+    const __m512i xv = _mm512_set1_epi32(xq[p * R + i]);             \
+    a##i = _mm512_dpwssd_epi32(a##i, xv, wa);                        \
+    if constexpr (P > 1) b##i = _mm512_dpwssd_epi32(b##i, xv, wb);   \
+  }
+      FS_ROWS_12(FS_STEP)
+#undef FS_STEP
     }
-    for (int r = 0; r < R; ++r)
-      for (int b = 0; b < P; ++b) _mm512_storeu_si512(acc + r * kAccStride + b * kCols, sum[r][b]);
+#define FS_STORE(i)                                                                   \
+  if constexpr (R > i) {                                                              \
+    _mm512_storeu_si512(acc + i * kAccStride, a##i);                                  \
+    if constexpr (P > 1) _mm512_storeu_si512(acc + i * kAccStride + kCols, b##i);     \
+  }
+    FS_ROWS_12(FS_STORE)
+#undef FS_STORE
   }
 };
+#undef FS_ROWS_12
+#undef FS_ROWS_6
 #endif
 
 // Every (rows, panels) a kernel's tiles take, as template instances: table[(R - 1) * kPanels + P - 1],
 // so the sums stay in registers whatever the remainder of rows or panels.
 template <class K, size_t I>
-void tile_at(const int16_t* q, int64_t k_pairs, const int16_t* packed, int64_t panel0, int32_t* acc) {
-  K::template tile<static_cast<int>(I) / K::kPanels + 1, static_cast<int>(I) % K::kPanels + 1>(q, k_pairs, packed,
+void tile_at(const int32_t* xq, int64_t k_pairs, const int16_t* packed, int64_t panel0, int32_t* acc) {
+  K::template tile<static_cast<int>(I) / K::kPanels + 1, static_cast<int>(I) % K::kPanels + 1>(xq, k_pairs, packed,
                                                                                                  panel0, acc);
 }
 
@@ -222,7 +251,7 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_
   x = x.contiguous();
   packed = packed.contiguous();
   const int64_t rows = x.size(0), k = x.size(1), k_pairs = packed.size(1);
-  const int64_t k_pad = 2 * k_pairs, n_panels = packed.size(0);
+  const int64_t n_panels = packed.size(0);
   TORCH_CHECK((k + 1) / 2 == k_pairs && out_features <= n_panels * kCols,
               "int16_linear: x has ", k, " features, the packed weight ", 2 * k_pairs);
   const float* b = nullptr;
@@ -232,9 +261,10 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_
     b = bias->data_ptr<float>();
   }
   auto out = torch::empty({rows, out_features}, x.options());
-  std::vector<int16_t> q(rows * k_pad);
+  std::vector<int32_t> xq(rows * k_pairs);
   std::vector<float> scale(rows);
-  quantize_rows(x.data_ptr<float>(), rows, k, k_pad, static_cast<int32_t>(a_max), q.data(), scale.data());
+  quantize_rows(x.data_ptr<float>(), rows, k, k_pairs, static_cast<int32_t>(a_max), kern.rows, xq.data(),
+                scale.data());
   const int16_t* w = packed.data_ptr<int16_t>();
   float* y = out.data_ptr<float>();
   // Split over groups of panels: each thread streams its own part of the (large) weight once.
@@ -245,7 +275,7 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_
       const int panels = static_cast<int>(std::min<int64_t>(kern.panels, n_panels - p0));
       for (int64_t m0 = 0; m0 < rows; m0 += kern.rows) {
         const int r = static_cast<int>(std::min<int64_t>(kern.rows, rows - m0));
-        kern.table[(r - 1) * kern.panels + panels - 1](q.data() + m0 * k_pad, k_pairs, w, p0, acc);
+        kern.table[(r - 1) * kern.panels + panels - 1](xq.data() + m0 * k_pairs, k_pairs, w, p0, acc);
         for (int i = 0; i < r; ++i) {
           const float inv = static_cast<float>(1.0 / (static_cast<double>(scale[m0 + i]) * weight_scale));
           const int64_t n0 = p0 * kCols;
