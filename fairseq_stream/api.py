@@ -21,6 +21,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Union
 import torch
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
 from fairseq_stream.text_input import check_sentence
 
@@ -233,7 +234,7 @@ class Translator:
             for net_input, ids in batches():
                 yield self.decoder.open(net_input, ids=ids)
 
-        with torch.no_grad():
+        with decoding():  # the encoder thread takes the mode of this thread as it starts
             if hasattr(self.decoder, "open"):
                 cohorts = read_ahead(encoded(), self.encoder_queue)
                 finished = self._make_pool().run(cohorts)
@@ -243,15 +244,22 @@ class Translator:
                 finished = (pair for net_input, ids in batches()
                             for pair in zip(ids.tolist(), self.decoder.generate(self.models, {
                                 "net_input": net_input, "id": ids})))
-            try:
-                for index, hyps in finished:
-                    best = hyps[0]
-                    yield Translation(index=index, source=sources.pop(index), text=self.decode(best["tokens"]),
-                                      score=float(best["score"]), hypotheses=hyps)
-            finally:
-                # An error, KeyboardInterrupt or a caller that stops early: the encoder thread stops too.
-                if cohorts is not None:
-                    cohorts.close()
+        try:
+            while True:
+                # Decoding runs in the mode, one translation at a time; the caller's code between
+                # two translations does not (a mode entered around a yield would hold there too).
+                with decoding():
+                    pair = next(finished, None)
+                if pair is None:
+                    return
+                index, hyps = pair
+                best = released(hyps)[0]
+                yield Translation(index=index, source=sources.pop(index), text=self.decode(best["tokens"]),
+                                  score=float(best["score"]), hypotheses=hyps)
+        finally:
+            # An error, KeyboardInterrupt or a caller that stops early: the encoder thread stops too.
+            if cohorts is not None:
+                cohorts.close()
 
     def _checked_tokens(self, index: int, sentence: str) -> torch.Tensor:
         ids = self.encode(sentence)

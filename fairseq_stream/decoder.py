@@ -34,6 +34,7 @@ from torch import Tensor
 
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.ops import topk_log_softmax
 from fairseq_stream.output_choice import check_output_layer, choose_backend
 from fairseq_stream.runners import build_runner
@@ -160,17 +161,17 @@ class BeamDecoder:
                               keep_reference=self.keep_reference,
                               no_repeat_ngram_size=self.no_repeat_ngram_size)
 
-    @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
         """Translate a fairseq sample; one list of hypotheses per sentence, in sample order."""
         self.check_call(prefix_tokens, constraints)
         start = time.perf_counter()
-        cohort = self.open(sample["net_input"], bos_token=bos_token)
-        results = {}
-        while cohort.size:
-            results.update(self.advance(cohort))
+        with decoding():
+            cohort = self.open(sample["net_input"], bos_token=bos_token)
+            results = {}
+            while cohort.size:
+                results.update(self.advance(cohort))
         self.stats.add_sentences(len(results), time.perf_counter() - start)
-        return [results[i] for i in range(len(results))]
+        return [released(results[i]) for i in range(len(results))]
 
     @staticmethod
     def check_call(prefix_tokens, constraints):

@@ -77,18 +77,21 @@ def test_a_consumer_that_stops_early_stops_the_thread():
     gen.close()  # a generator closed (or collected) mid-stream
 
 
-def test_the_producer_runs_in_the_consumers_grad_mode():
+def test_the_producer_runs_in_the_consumers_grad_and_inference_modes():
     import torch
 
     def modes():
         while True:
-            yield torch.is_grad_enabled()
+            yield torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
     with torch.no_grad():
         with ReadAhead(modes(), 1) as ahead:
-            assert next(ahead) is False
+            assert next(ahead) == (False, False)
+    with torch.inference_mode():
+        with ReadAhead(modes(), 1) as ahead:
+            assert next(ahead) == (False, True)
     with ReadAhead(modes(), 1) as ahead:
-        assert next(ahead) is True
+        assert next(ahead) == (True, False)
 
 
 def test_queue_size_zero_is_no_thread():

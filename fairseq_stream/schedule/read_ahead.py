@@ -10,8 +10,9 @@ Guarantees (tests/test_read_ahead.py):
 
 * every item comes out once, in the producer's order; memory is bounded by
   ``size`` items in the queue plus the one being produced;
-* the producer runs in the grad mode of the thread that created it (grad mode
-  is per thread in torch: decoding's ``no_grad`` holds in the encoder too);
+* the producer runs in the grad and inference modes of the thread that
+  created it (both are per thread in torch: decoding's inference mode holds
+  in the encoder too);
 * an exception in the producer is raised in the consumer, with its original
   traceback, when the consumer reaches that point of the stream;
 * the thread stops whenever the consumer stops: at the end, on an exception
@@ -52,15 +53,17 @@ class ReadAhead(Iterator):
         self._queue: "queue.Queue" = queue.Queue(maxsize=size)
         self._stop = threading.Event()
         self._source = items
-        # Grad mode is per thread: the producer runs in the consumer's (no_grad while decoding).
+        # Grad and inference modes are per thread: the producer runs in its creator's (decoding's
+        # inference mode: tensors it makes are then inference tensors, as the consumer's are).
         self._grad = torch.is_grad_enabled()
+        self._inference = torch.is_inference_mode_enabled()
         self._done = False
         self._thread = threading.Thread(target=self._produce, name=name, daemon=True)
         self._thread.start()
 
     def _produce(self):
         try:
-            with torch.set_grad_enabled(self._grad):
+            with torch.inference_mode(self._inference), torch.set_grad_enabled(self._grad):
                 for item in self._source:
                     if not self._put((True, item)):
                         return

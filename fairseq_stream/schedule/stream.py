@@ -27,6 +27,7 @@ import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.registry import register_generator
 from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, StreamPool, check_pool_options
 from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
@@ -224,18 +225,19 @@ class StreamGenerator:
     def pool(self, default_size: int) -> StreamPool:
         return StreamPool(self.decoder, self.pool_size or default_size, **self.pool_args)
 
-    @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
         """Translate a fairseq sample; one list of hypotheses per sentence, in sample order."""
         self.decoder.check_call(prefix_tokens, constraints)
         start = time.perf_counter()
         ids = sample.get("id")
-        if ids is not None and self._use_lookahead(sample, bos_token):
-            results = self._answer(ids.tolist())
-        else:
-            results = self._within(sample, bos_token)
+        # The look-ahead's pool and encoder thread live across calls; each call resumes them in the mode.
+        with decoding():
+            if ids is not None and self._use_lookahead(sample, bos_token):
+                results = self._answer(ids.tolist())
+            else:
+                results = self._within(sample, bos_token)
         self.stats.add_sentences(len(results), time.perf_counter() - start)
-        return results
+        return [released(hypotheses) for hypotheses in results]
 
     # -- within one sample -----------------------------------------------------
 
