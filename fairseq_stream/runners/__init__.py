@@ -32,6 +32,14 @@ def say_once(message, *args):
         logger.info(message, *args)
 
 
+def check_runner(kind: str, int16: bool = False):
+    """Refuse an unknown runner, and ``--rnn-int16`` with a runner other than rnn's, in one line."""
+    if kind not in RUNNERS:
+        raise FairseqStreamError("--runner must be one of {}, got {}".format(", ".join(RUNNERS), kind))
+    if int16 and kind in ("fairseq", "lean"):
+        raise FairseqStreamError("--rnn-int16 runs on the rnn runner, not --runner {}".format(kind))
+
+
 def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool = False, rnn_options=None):
     """The runner ``kind`` for ``models``.
 
@@ -47,14 +55,11 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
     from fairseq_stream.runner import ModelRunner
     from fairseq_stream.runners import rnn
 
-    if kind not in RUNNERS:
-        raise FairseqStreamError("--runner must be one of {}, got {}".format(", ".join(RUNNERS), kind))
+    options = rnn_options or rnn.RnnOptions()
+    check_runner(kind, options.int16)
     members = list(getattr(models, "models", models))
     rnn_reason = next((r for r in map(rnn.unsupported_reason, members) if r), None)
-    options = rnn_options or rnn.RnnOptions()
     if options.int16:
-        if kind in ("fairseq", "lean"):
-            raise FairseqStreamError("--rnn-int16 runs on the rnn runner, not --runner {}".format(kind))
         if rnn_reason:
             raise FairseqStreamError("--rnn-int16 runs fairseq LSTM models only: {}".format(rnn_reason))
         say_once("fairseq-stream: using the rnn runner (%s; %s)", options.describe(), _int16_kernel_line())

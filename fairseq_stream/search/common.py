@@ -7,7 +7,8 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.output_choice import OUTPUT_LAYERS, check_output_layer
-from fairseq_stream.runners import RUNNERS
+from fairseq_stream.runners import RUNNERS, check_runner
+from fairseq_stream.runners.rnn import DEFAULT_EMBED_TABLE_WORDS, RnnOptions
 from fairseq_stream.stats import DecodeStats, StatsReporter
 
 RunnerChoice = ChoiceEnum(list(RUNNERS))
@@ -48,7 +49,7 @@ class DecodeStatsConfig(FairseqDataclass):
                   "up in a table of the most frequent words"},
     )
     rnn_embed_table_words: int = field(
-        default=50000,
+        default=DEFAULT_EMBED_TABLE_WORDS,
         metadata={"help": "rnn runner: words in the first layer's input table (the most frequent; 0: all)"},
     )
     no_rnn_attention_table: bool = field(
@@ -87,9 +88,7 @@ UNSUPPORTED_GENERATION = (
 
 def rnn_options(search_cfg):
     """The rnn runner's tricks from the ``--rnn-*`` options (or the API's options of the same names)."""
-    from fairseq_stream.runners.rnn import RnnOptions
-
-    words = int(getattr(search_cfg, "rnn_embed_table_words", 50000))
+    words = int(getattr(search_cfg, "rnn_embed_table_words", DEFAULT_EMBED_TABLE_WORDS))
     if words < 0:
         raise FairseqStreamError("--rnn-embed-table-words must be 0 (all) or more, got {}".format(words))
     return RnnOptions(
@@ -142,13 +141,8 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
         # fairseq-generate and -interactive assert this (a traceback).
         raise FairseqStreamError("--sampling needs --nbest equal to --beam (got --nbest {}, --beam {})"
                                  .format(gen_cfg.nbest, gen_cfg.beam))
-    runner = str(getattr(search_cfg, "runner", "auto"))
-    if runner not in RUNNERS:
-        raise FairseqStreamError("--runner must be one of {}, got {}".format(", ".join(RUNNERS), runner))
+    check_runner(str(getattr(search_cfg, "runner", "auto")), rnn_options(search_cfg).int16)
     check_output_layer(getattr(search_cfg, "output_layer", "auto"))
-    options = rnn_options(search_cfg)
-    if options.int16 and runner in ("fairseq", "lean"):
-        raise FairseqStreamError("--rnn-int16 runs on the rnn runner, not --runner {}".format(runner))
     if hasattr(search_cls, "pruning"):
         search_cls.pruning(search_cfg)
     if hasattr(search_cls, "check"):

@@ -85,19 +85,17 @@ def select_fairseq(cand, local, k, vocab, eos, pruning: Pruning, best_finished=N
     n = min(2 * k, cand.size(1) - (1 if word_of is None else 0))
     top_scores, top_idx = torch.topk(cand, k=n, dim=1)
     beams, words = top_idx // vocab, _words(top_idx, vocab, word_of)
-    finite = torch.isfinite(top_scores)
-    is_eos = words.eq(eos) & finite
-    if pruning.active:
-        keep = pruning.keep(top_scores, local.gather(1, top_idx), beams, torch.zeros_like(is_eos), best_finished)
-    else:
-        keep = finite  # what Pruning.keep returns with no heuristic, without its extra ops
+    is_eos = words.eq(eos) & torch.isfinite(top_scores)
+    keep = pruning.keep(
+        top_scores, local.gather(1, top_idx), beams, torch.zeros_like(is_eos), best_finished
+    )
     # Finalized: the EOS candidates among the best k that survive pruning.
     # Kept as an (S, k) mask: listing them would read it back to the host.
     eos_mask = (is_eos & keep)[:, :k]
 
-    # The best k candidates that do not end in EOS (fairseq's active_mask trick): a stable sort
-    # on is_eos puts them first, in rank order (as uint8: bool sorts on CUDA only in recent torch).
-    pick = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :k]
+    # The best k candidates that do not end in EOS (fairseq's active_mask trick).
+    order_key = is_eos.long() * n + torch.arange(n, device=cand.device)
+    pick = torch.topk(order_key, k=k, dim=1, largest=False).indices
     live = keep.gather(1, pick) & ~is_eos.gather(1, pick)
     none = torch.zeros_like(live)
     return Step(
