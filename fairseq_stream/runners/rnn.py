@@ -158,9 +158,13 @@ class RnnModel:
             w_out = attention.output_proj.weight  # (hidden, source dim + hidden): [context; hidden]
             source_dim = self.w_in.size(0)
             self.w_context = w_out[:, :source_dim]
-            self.out_hidden = _Product(w_out[:, source_dim:], None, q)
-            self.out_full = _Product(w_out, None, q)
-            self.in_product = _Product(self.w_in, None, q)
+            # Only the products :meth:`attend` runs: with the table, the hidden half of the output
+            # projection; without it, the query projection and the whole output projection.
+            if options.attention_table:
+                self.out_hidden = _Product(w_out[:, source_dim:], None, q)
+            else:
+                self.out_full = _Product(w_out, None, q)
+                self.in_product = _Product(self.w_in, None, q)
         extra = getattr(decoder, "additional_fc", None)
         self.additional_fc = _Product(extra.weight, extra.bias, q) if extra is not None else None
         if decoder.share_input_output_embed:
