@@ -345,9 +345,8 @@ class BeamDecoder:
             slot = torch.arange(k, device=device)
             new_done_len = c.done_len.masked_fill(slot.ge(had) & slot.lt(now), step + 1)
             finished = sel.finished | now.squeeze(1).ge(k) | max_lens.le(step)
-            if self.pruning.active:  # the only reader of best_finished
-                best = sel.top_score.masked_fill(~sel.eos_mask, -math.inf).amax(dim=1)
-                c.best_finished = torch.maximum(c.best_finished, best.to(c.best_finished.dtype))
+            best = sel.top_score.masked_fill(~sel.eos_mask, -math.inf).amax(dim=1)
+            c.best_finished = torch.maximum(c.best_finished, best.to(c.best_finished.dtype))
         finished_now = finished | c.empty
 
         # The step's one host read: per sentence, 1 if it ends (+2 for an
