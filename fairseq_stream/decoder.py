@@ -39,7 +39,8 @@ from fairseq_stream.ops import topk_log_softmax
 from fairseq_stream.output_choice import check_output_layer, choose_backend
 from fairseq_stream.runners import build_runner
 from fairseq_stream.search.pruning import Pruning
-from fairseq_stream.search.selection import select_fairseq, select_stay
+from fairseq_stream.ops.beam_step import reorder_beam_
+from fairseq_stream.search.selection import fairseq_step, select_stay
 from fairseq_stream.stats import DecodeStats
 
 logger = logging.getLogger(__name__)
@@ -327,37 +328,32 @@ class BeamDecoder:
         if stay:
             sel = select_stay(cand, local, self._done_scores(c.done_len, scores, S, k),
                               k, per_slot, self.eos, self.pad, self.pruning, word_of)
-            finished = sel.finished
             new_done_len = torch.where(
                 sel.fresh, torch.full_like(sel.parent, step + 1), c.done_len.gather(1, sel.parent)
             ).masked_fill(~sel.done, 0)
             n_final = None
+            finished_now = sel.finished | c.empty
+            flat_parent = (sel.parent + torch.arange(S, device=device).unsqueeze(1) * k).view(-1)
+            extended = (sel.live | sel.fresh).view(-1)
+            # The step's one host read: per sentence, 1 if it ends (+2 for an empty source) and its id.
+            parts = [finished_now.long() + c.empty.long() * 2, c.ids.long()]
         else:
-            sel = select_fairseq(cand, local, k, per_slot, self.eos, self.pruning, c.best_finished, word_of)
             # No finished hypothesis stays on the beam here, so done_len
-            # counts the finalized ones instead: slot j holds the length of
-            # the sentence's j-th (0: none yet). The count travels with the
-            # sentence when cohorts split or join, and tells on the device
-            # (not by a look at the host's lists) when a sentence has its k.
-            n_final = sel.eos_mask.sum(dim=1)
-            had = c.done_len.gt(0).sum(dim=1, keepdim=True)
-            now = (had + n_final.unsqueeze(1)).clamp(max=k)
-            slot = torch.arange(k, device=device)
-            new_done_len = c.done_len.masked_fill(slot.ge(had) & slot.lt(now), step + 1)
-            finished = sel.finished | now.squeeze(1).ge(k) | max_lens.le(step)
-            best = sel.top_score.masked_fill(~sel.eos_mask, -math.inf).amax(dim=1)
-            c.best_finished = torch.maximum(c.best_finished, best.to(c.best_finished.dtype))
-        finished_now = finished | c.empty
+            # counts the finalized ones instead (see fairseq_step): the count
+            # travels with the sentence when cohorts split or join.
+            step_out = fairseq_step(cand, local, k, per_slot, self.eos, self.pruning, step, c.done_len,
+                                    c.best_finished, max_lens, c.empty, c.ids, word_of)
+            sel, n_final, new_done_len = step_out.sel, step_out.n_final, step_out.done_len
+            c.best_finished, finished_now = step_out.best_finished, step_out.finished_now
+            flat_parent, extended = step_out.flat_parent, sel.live.view(-1)
+            # ... and the finalized counts.
+            parts = [step_out.summary]
 
-        # The step's one host read: per sentence, 1 if it ends (+2 for an
-        # empty source) and its id; the finalized counts; the live rows left.
+        # And the live rows left, where only those run.
         live = sel.live
-        parts = [finished_now.long() + c.empty.long() * 2, c.ids.long()]
-        if n_final is not None:
-            parts.append(n_final)
         if not self.dense:
             parts.append((live & ~finished_now.unsqueeze(1)).sum().view(1))
-        summary = torch.cat(parts).tolist()
+        summary = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
         ids = summary[S : 2 * S]
         ending = [s for s in range(S) if summary[s] & 1] if any(summary[:S]) else []
 
@@ -377,9 +373,7 @@ class BeamDecoder:
                     hyps, values = [self._empty_hypo(device)], [0.0]
                 results[ids[s]] = self._best_first(hyps, values)
 
-        # Build the next beam: slot j of sentence s continues slot parent[s, j].
-        flat_parent = (sel.parent + torch.arange(S, device=device).unsqueeze(1) * k).view(-1)
-        extended = (sel.live | sel.fresh).view(-1)
+        # Build the next beam: slot j of sentence s continues slot parent[s, j] (flat_parent).
         new_token, new_score = sel.token.view(-1), sel.score.view(-1)
         done_len = new_done_len
         if ending:
@@ -392,12 +386,11 @@ class BeamDecoder:
             live, done_len = live.index_select(0, keep), done_len.index_select(0, keep)
             c.ids, c.max_lens = c.ids.index_select(0, keep), max_lens.index_select(0, keep)
             c.empty, c.best_finished = c.empty.index_select(0, keep), c.best_finished.index_select(0, keep)
+            tokens[:, step + 1] = torch.where(extended, new_token, tokens[:, step + 1])
+            scores[:, step] = torch.where(extended, new_score, scores[:, step])
         else:
-            # Only the columns written so far need moving.
-            tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, flat_parent)
-            scores[:, :step] = scores[:, :step].index_select(0, flat_parent)
-        tokens[:, step + 1] = torch.where(extended, new_token, tokens[:, step + 1])
-        scores[:, step] = torch.where(extended, new_score, scores[:, step])
+            # In place; only the columns written so far need moving.
+            reorder_beam_(tokens, scores, flat_parent, extended, new_token, new_score, step)
         c.tokens, c.scores, c.live, c.done_len = tokens, scores, live, done_len
         c.step = step + 1
         c.run_rows = self._run_rows(live, None if self.dense else summary[-1])

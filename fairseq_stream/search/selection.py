@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from fairseq_stream.ops import beam_step
 from fairseq_stream.search.pruning import Pruning
 
 
@@ -110,6 +111,61 @@ def select_fairseq(cand, local, k, vocab, eos, pruning: Pruning, best_finished=N
         top_slot=beams[:, :k],
         top_score=top_scores[:, :k],
     )
+
+
+@dataclass
+class FairseqStep:
+    """A step of fairseq's rule with its bookkeeping (:func:`fairseq_step`); per sentence unless noted."""
+
+    sel: Step
+    n_final: Tensor  # (S,) hypotheses finalized now
+    done_len: Tensor  # (S, k) the lengths of the finalized hypotheses, in order (0: none yet)
+    best_finished: Tensor  # (S,) the best finalized cumulative score so far
+    finished_now: Tensor  # (S,) bool: the sentence ends now (empty sources included)
+    # (3S,) int64, the host's one read: finished_now + 2 * empty, ids, n_final
+    summary: Tensor
+    flat_parent: Tensor  # (S * k,) the row each new row continues
+
+
+def fairseq_step(cand, local, k, vocab, eos, pruning: Pruning, step, done_len, best_finished, max_lens, empty,
+                 ids, word_of=None, compiled: Optional[bool] = None) -> FairseqStep:
+    """:func:`select_fairseq` and what the decoder tracks after it, as one step.
+
+    ``done_len`` counts the finalized hypotheses (slot j holds the length of
+    the sentence's j-th, 0: none yet), so that a sentence with k of them is
+    known to end without a look at the host's lists. A sentence ends with k
+    finalized, at its maximum length (``max_lens`` <= ``step``), with an
+    empty beam (pruning), or at once for an empty source.
+
+    ``compiled`` (default: where it can) runs the CPU op of
+    :mod:`fairseq_stream.ops.beam_step`, one call instead of about 40 torch
+    ops, with identical results; it does not implement pruning.
+    """
+    if compiled is None:
+        compiled = not pruning.active and beam_step.available(cand.device)
+    if compiled:
+        (parent, token, score, live, eos_mask, top_slot, top_score, new_done_len, best, finished_now,
+         summary, flat_parent) = beam_step.fairseq_select(
+            cand, word_of, vocab, k, eos, step, done_len, best_finished, max_lens, empty, ids)
+        none = torch.zeros_like(live)
+        sel = Step(parent=parent, token=token, score=score, live=live, done=none, fresh=none,
+                   finished=~live.any(dim=1), eos_mask=eos_mask, top_slot=top_slot, top_score=top_score)
+        return FairseqStep(sel, summary[2 * cand.size(0):], new_done_len, best, finished_now, summary, flat_parent)
+
+    S = cand.size(0)
+    sel = select_fairseq(cand, local, k, vocab, eos, pruning, best_finished, word_of)
+    n_final = sel.eos_mask.sum(dim=1)
+    had = done_len.gt(0).sum(dim=1, keepdim=True)
+    now = (had + n_final.unsqueeze(1)).clamp(max=k)
+    slot = torch.arange(k, device=cand.device)
+    new_done_len = done_len.masked_fill(slot.ge(had) & slot.lt(now), step + 1)
+    finished = sel.finished | now.squeeze(1).ge(k) | max_lens.le(step)
+    best = sel.top_score.masked_fill(~sel.eos_mask, -math.inf).amax(dim=1)
+    best_finished = torch.maximum(best_finished, best.to(best_finished.dtype))
+    finished_now = finished | empty
+    summary = torch.cat([finished_now.long() + empty.long() * 2, ids.long(), n_final])
+    flat_parent = (sel.parent + torch.arange(S, device=cand.device).unsqueeze(1) * k).view(-1)
+    return FairseqStep(sel, n_final, new_done_len, best_finished, finished_now, summary, flat_parent)
 
 
 def select_stay(cand, local, done_scores, k, vocab, eos, pad, pruning: Pruning, word_of=None):

@@ -27,6 +27,7 @@
 #include <optional>
 #include <vector>
 
+#include "beam_step_cpu.h"
 #include "int16_linear_cpu.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -719,4 +720,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("simd") = "none";
 #endif
   register_int16_linear(m);
+  register_beam_step(m);
 }

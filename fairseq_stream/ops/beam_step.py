@@ -1,0 +1,74 @@
+"""The search step's bookkeeping as compiled CPU ops: fewer, larger calls one sentence at a time.
+
+One sentence at a time (beam 5, one CPU thread), a search step is about 40
+small torch ops whose dispatch costs more than their arithmetic: 0.37 ms of
+a 0.87 ms decoder call on the Multi30k LSTM (docs/BENCHMARKS.md, issue 14).
+The two ops here do the same work in one call each, in plain loops over the
+step's few hundred numbers (``csrc/cpu/beam_step_cpu.cpp``):
+
+* :func:`fairseq_select` — fixed-width beam search with fairseq's
+  finalization and no pruning: the selection of
+  :func:`fairseq_stream.search.selection.select_fairseq` and the
+  bookkeeping of :func:`fairseq_stream.search.selection.fairseq_step` (its
+  torch reference, which it equals exactly; ties among the best ``2k``
+  candidates come out in ``torch.topk``'s order because the op calls it).
+* :func:`reorder_beam_` — the move of the token and score histories to the
+  next beam, in place, for any search (the torch version is its reference).
+
+Both run on CPU tensors where the extension is built (:func:`available`);
+elsewhere (CUDA, no build) the torch code runs, with the same results.
+"""
+
+import importlib
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+_MODULE = []  # [module or None], loaded on first use
+
+
+def _extension():
+    if not _MODULE:
+        try:
+            module = importlib.import_module("fairseq_stream._ops_cpu")
+        except ImportError:  # not built: the torch code runs instead
+            module = None
+        _MODULE.append(module if module is not None and hasattr(module, "fairseq_select") else None)
+    return _MODULE[0]
+
+
+def available(device: torch.device) -> bool:
+    """Whether the compiled ops run for tensors on ``device`` (CPU, extension built)."""
+    return device.type == "cpu" and _extension() is not None
+
+
+def fairseq_select(cand: Tensor, word_of: Optional[Tensor], per_slot: int, k: int, eos: int, step: int,
+                   done_len: Tensor, best_finished: Tensor, max_lens: Tensor, empty: Tensor,
+                   ids: Tensor) -> List[Tensor]:
+    """The compiled :func:`~fairseq_stream.search.selection.fairseq_step` (no pruning), CPU only.
+
+    Returns [parent, token, score, live, eos_mask, top_slot, top_score,
+    done_len, best_finished, finished_now, summary, flat_parent] as that
+    function's :class:`~fairseq_stream.search.selection.FairseqStep` names them.
+    """
+    return _extension().fairseq_select(cand, word_of, per_slot, k, eos, step, done_len, best_finished,
+                                       max_lens, empty, ids)
+
+
+def reorder_beam_(tokens: Tensor, scores: Tensor, flat_parent: Tensor, extended: Tensor, new_token: Tensor,
+                  new_score: Tensor, step: int) -> None:
+    """Move the histories to the next beam in place: row ``r`` takes row ``flat_parent[r]``'s.
+
+    Tokens ``[0, step]`` and scores ``[0, step)`` are copied from the
+    parent; where ``extended``, the row's token ``step + 1`` and score
+    ``step`` become ``new_token`` and ``new_score``; elsewhere those columns
+    keep the row's own (untouched) values.
+    """
+    if available(tokens.device):
+        _extension().reorder_beam_(tokens, scores, flat_parent, extended, new_token, new_score, step)
+        return
+    tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, flat_parent)
+    scores[:, :step] = scores[:, :step].index_select(0, flat_parent)
+    tokens[:, step + 1] = torch.where(extended, new_token, tokens[:, step + 1])
+    scores[:, step] = torch.where(extended, new_score, scores[:, step])

@@ -1,0 +1,128 @@
+"""The compiled search step (``fairseq_stream.ops.beam_step``) against its torch reference.
+
+``fairseq_select`` must equal :func:`fairseq_stream.search.selection.fairseq_step`'s
+torch code exactly on every step of real decoding (the toy models, both
+finalization inputs: whole-vocabulary candidates and the fused layer's
+pre-selected ones), and ``reorder_beam_`` the torch moves it replaces.
+"""
+
+import math
+from dataclasses import fields
+
+import pytest
+import torch
+
+from conftest import decode, differences, sorted_batches
+from fairseq_stream import decoder as decoder_module
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.ops import beam_step
+from fairseq_stream.search import selection
+from fairseq_stream.search.pruning import Pruning
+
+torch.set_num_threads(1)
+
+pytestmark = pytest.mark.skipif(not beam_step.available(torch.device("cpu")),
+                                reason="the CPU extension is not built (python setup.py build_ext --inplace)")
+
+
+def assert_same_step(a, b):
+    for f in fields(a.sel):
+        x, y = getattr(a.sel, f.name), getattr(b.sel, f.name)
+        assert torch.equal(x, y), f.name
+        assert x.dtype == y.dtype, f.name
+    for name in ("n_final", "done_len", "best_finished", "finished_now", "summary", "flat_parent"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+
+
+@pytest.fixture
+def checked_steps(monkeypatch):
+    """Every fairseq_step of the decoder runs both ways and must agree; returns the count of steps checked."""
+    count = [0]
+
+    def both(*args, **kwargs):
+        compiled = selection.fairseq_step(*args, compiled=True, **kwargs)
+        reference = selection.fairseq_step(*args, compiled=False, **kwargs)
+        assert_same_step(compiled, reference)
+        count[0] += 1
+        return compiled
+
+    monkeypatch.setattr(decoder_module, "fairseq_step", both)
+    return count
+
+
+@pytest.mark.parametrize("model", ["transformer", "lstm"])
+@pytest.mark.parametrize("output_layer", ["torch", "fused"])
+@pytest.mark.parametrize("beam", [1, 5])
+def test_every_step_of_real_decoding_equals_the_reference(loaded, checked_steps, model, output_layer, beam):
+    models, task = loaded(model)
+    # max_len_b 12: some sentences end at their maximum length, others by k finalized hypotheses.
+    dec = BeamDecoder(models, task.target_dictionary, beam_size=beam, finalize="fairseq",
+                      output_layer=output_layer, keep_reference=False, max_len_b=12)
+    out = decode(dec, models, sorted_batches(task, 6, 40), None)
+    assert len(out) == 37 and checked_steps[0] > 20  # the whole toy test set
+
+
+def test_float64_steps_equal_the_reference(exact, checked_steps):
+    models, task = exact("transformer")
+    dec = BeamDecoder(models, task.target_dictionary, beam_size=4, finalize="fairseq")
+    assert len(decode(dec, models, sorted_batches(task, 5, 20), None)) == 20
+    assert checked_steps[0] > 10
+
+
+def test_decoding_with_and_without_the_compiled_ops_gives_the_same_n_best(loaded, monkeypatch):
+    models, task = loaded("transformer")
+    batches = sorted_batches(task, 8, 37)
+    make = lambda: BeamDecoder(models, task.target_dictionary, beam_size=5, finalize="fairseq")
+    compiled = decode(make(), models, batches, None)
+    monkeypatch.setattr(beam_step, "_MODULE", [None])  # as without the extension: the torch code
+    assert not beam_step.available(torch.device("cpu"))
+    reference = decode(make(), models, batches, None)
+    assert differences(reference, compiled, tolerance=0.0) == []
+
+
+def test_ties_come_out_in_torch_topk_order():
+    # Three sentences whose candidates are all equal, partly equal, or -inf
+    # but for one: the op ranks them with torch.topk itself.
+    k, V = 3, 7
+    cand = torch.tensor([[-1.0] * (k * V),
+                         [-2.0, -1.0, -1.0, -3.0, -1.0, -math.inf, -1.0] * k,
+                         [-math.inf] * (k * V - 1) + [-0.5]])
+    args = dict(k=k, vocab=V, eos=2, pruning=Pruning(), step=3,
+                done_len=torch.tensor([[4, 0, 0], [0, 0, 0], [2, 3, 0]]),
+                best_finished=torch.tensor([-5.0, -math.inf, -0.1]),
+                max_lens=torch.tensor([10, 10, 3]), empty=torch.tensor([False, False, True]),
+                ids=torch.tensor([7, 8, 9]))
+    a = selection.fairseq_step(cand, cand, compiled=True, **args)
+    b = selection.fairseq_step(cand, cand, compiled=False, **args)
+    assert_same_step(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reorder_moves_the_histories_as_the_torch_code(dtype):
+    g = torch.Generator().manual_seed(0)
+    rows, width, step = 10, 9, 5
+    tokens = torch.randint(0, 100, (rows, width + 2), generator=g)
+    scores = torch.randn(rows, width + 1, generator=g, dtype=dtype)
+    parent = torch.randint(0, rows, (rows,), generator=g)
+    extended = torch.rand(rows, generator=g) > 0.3
+    new_token = torch.randint(0, 100, (rows,), generator=g)
+    new_score = torch.randn(rows, generator=g, dtype=dtype)
+    expected_tokens, expected_scores = tokens.clone(), scores.clone()
+    expected_tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, parent)
+    expected_scores[:, :step] = scores[:, :step].index_select(0, parent)
+    expected_tokens[:, step + 1] = torch.where(extended, new_token, tokens[:, step + 1])
+    expected_scores[:, step] = torch.where(extended, new_score, scores[:, step])
+    beam_step.reorder_beam_(tokens, scores, parent, extended, new_token, new_score, step)
+    assert torch.equal(tokens, expected_tokens) and torch.equal(scores, expected_scores)
+
+
+def test_bad_arguments_are_refused_in_one_line():
+    cand = torch.zeros(2, 10)
+    with pytest.raises(RuntimeError, match="done_len must be"):
+        beam_step.fairseq_select(cand, None, 5, 2, 2, 0, torch.zeros(2, 3, dtype=torch.long), torch.zeros(2),
+                                 torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.bool),
+                                 torch.zeros(2, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="parent row out of range"):
+        beam_step.reorder_beam_(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 3), torch.tensor([0, 5]),
+                                torch.ones(2, dtype=torch.bool), torch.zeros(2, dtype=torch.long), torch.zeros(2), 1)
