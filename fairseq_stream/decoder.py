@@ -118,7 +118,8 @@ class BeamDecoder:
         self.stats = stats if stats is not None else DecodeStats()
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.min_len = min_len
-        self.max_len = self.runner.max_decoder_positions()
+        # An int: fairseq's LSTM reports a float (1e5), which made max_lengths() float.
+        self.max_len = int(min(self.runner.max_decoder_positions(), 2 ** 62))
         self.shortest_max_len = self._shortest_max_len()
         self.normalize_scores = normalize_scores
         self.len_penalty = len_penalty
@@ -241,7 +242,9 @@ class BeamDecoder:
         """
         t0 = time.perf_counter()
         # The fused layer takes each model's logits (positional: wrappers in tests pass *args).
-        out, _ = self.runner.step(c.state, c.tokens[c.run_rows, : c.step + 1], self.fused)
+        # Dense: the run rows are every row, in order; a view, not a gather of every prefix.
+        prefixes = c.tokens[:, : c.step + 1] if self.dense else c.tokens[c.run_rows, : c.step + 1]
+        out, _ = self.runner.step(c.state, prefixes, self.fused)
         self.stats.add_step(c.step + 1, c.rows, self._since(t0, out))
         return self.update(c, out)
 
@@ -393,7 +396,8 @@ class BeamDecoder:
             reorder_beam_(tokens, scores, flat_parent, extended, new_token, new_score, step)
         c.tokens, c.scores, c.live, c.done_len = tokens, scores, live, done_len
         c.step = step + 1
-        c.run_rows = self._run_rows(live, None if self.dense else summary[-1])
+        if ending or not self.dense:  # dense, no sentence gone: every row still runs, in order
+            c.run_rows = self._run_rows(live, None if self.dense else summary[-1])
         if self.dense:
             order = flat_parent  # every slot is a runner row
         else:
@@ -429,11 +433,14 @@ class BeamDecoder:
             logits, n, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty,
             temperature=self.temperature, ban_eos=step < self.min_len, force_eos=force_eos,
             backend=self.output_backend,
+            # The arguments are the decoder's own and keep their kinds from step to step.
+            check=step == 0,
         )
         top_local = out.values
-        top_scores = top_local + c.scores[rows, step - 1 : step] if step > 0 else top_local
-        if self.dense and step > 0:  # every slot is a run row, in order
+        if self.dense and step > 0:  # every slot is a run row, in order: a slice, not a gather
+            top_scores = top_local + c.scores[:, step - 1 : step]
             return top_scores.view(S, k * n), top_local.view(S, k * n), out.indices.view(S, k * n), n
+        top_scores = top_local + c.scores[rows, step - 1 : step] if step > 0 else top_local
         return (*self._by_slot(S, rows, top_scores, top_local, out.indices), n)
 
     def _by_slot(self, S: int, rows: Tensor, top_scores: Tensor, top_local: Tensor, top_words: Tensor):

@@ -49,8 +49,11 @@ def fairseq_select(cand: Tensor, word_of: Optional[Tensor], per_slot: int, k: in
     """The compiled :func:`~fairseq_stream.search.selection.fairseq_step` (no pruning), CPU only.
 
     Returns [parent, token, score, live, eos_mask, top_slot, top_score,
-    done_len, best_finished, finished_now, summary, flat_parent] as that
-    function's :class:`~fairseq_stream.search.selection.FairseqStep` names them.
+    done_len, best_finished, finished_now, summary, flat_parent, no_live,
+    zeros] as that function's :class:`~fairseq_stream.search.selection.FairseqStep`
+    and its ``Step`` name them (``no_live``: the Step's ``finished``, the
+    beam holds no live hypothesis; ``zeros``: an (S, k) bool for its empty
+    ``done`` and ``fresh``).
     """
     return _extension().fairseq_select(cand, word_of, per_slot, k, eos, step, done_len, best_finished,
                                        max_lens, empty, ids)

@@ -29,6 +29,7 @@ row's (or the weight's) largest magnitude.
 float32 rounding of the final multiply and add (:func:`error_bound`).
 """
 
+import functools
 import importlib
 import math
 from dataclasses import dataclass
@@ -84,7 +85,10 @@ def quantized_weight(p: PackedLinear) -> Tensor:
     return full[:p.out_features, :p.in_features]
 
 
+@functools.lru_cache(maxsize=None)
 def _extension():
+    # Cached: a decoder step calls the op about three times, and an import
+    # lookup each time cost 6 us a call (cProfile, one CPU thread).
     try:
         return importlib.import_module("fairseq_stream._ops_cpu")
     except ImportError:

@@ -145,11 +145,10 @@ def fairseq_step(cand, local, k, vocab, eos, pruning: Pruning, step, done_len, b
         compiled = not pruning.active and beam_step.available(cand.device)
     if compiled:
         (parent, token, score, live, eos_mask, top_slot, top_score, new_done_len, best, finished_now,
-         summary, flat_parent) = beam_step.fairseq_select(
+         summary, flat_parent, no_live, none) = beam_step.fairseq_select(
             cand, word_of, vocab, k, eos, step, done_len, best_finished, max_lens, empty, ids)
-        none = torch.zeros_like(live)
         sel = Step(parent=parent, token=token, score=score, live=live, done=none, fresh=none,
-                   finished=~live.any(dim=1), eos_mask=eos_mask, top_slot=top_slot, top_score=top_score)
+                   finished=no_live, eos_mask=eos_mask, top_slot=top_slot, top_score=top_score)
         return FairseqStep(sel, summary[2 * cand.size(0):], new_done_len, best, finished_now, summary, flat_parent)
 
     S = cand.size(0)

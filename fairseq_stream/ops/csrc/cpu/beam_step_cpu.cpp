@@ -57,6 +57,7 @@ void select_loop(const Tensor& top_scores, const Tensor& top_idx, const std::opt
   auto finished_now = out[9].accessor<bool, 1>();
   auto summary = out[10].accessor<int64_t, 1>();
   auto flat_parent = out[11].accessor<int64_t, 1>();
+  auto emptied = out[12].accessor<bool, 1>();
 
   std::vector<int64_t> words(n), beams(n);
   std::vector<char> is_eos(n);
@@ -102,6 +103,7 @@ void select_loop(const Tensor& top_scores, const Tensor& top_idx, const std::opt
     for (int64_t c = 0; c < k; ++c) had += dl[s][c] > 0;
     const int64_t now = std::min(had + n_final, k);
     for (int64_t c = 0; c < k; ++c) new_done_len[s][c] = (c >= had && c < now) ? step + 1 : dl[s][c];
+    emptied[s] = !any_live;
     new_best[s] = std::max(bf[s], best);
     const bool finished = !any_live || now >= k || ml[s] <= step;
     finished_now[s] = finished || em[s];
@@ -112,7 +114,8 @@ void select_loop(const Tensor& top_scores, const Tensor& top_idx, const std::opt
 }
 
 // Returns [parent, token, score, live, eos_mask, top_slot, top_score (all (S, k)), done_len (S, k),
-// best_finished (S,), finished_now (S,), summary (3S,), flat_parent (S*k,)].
+// best_finished (S,), finished_now (S,), summary (3S,), flat_parent (S*k,), no_live (S,), and an (S, k)
+// bool of zeros (the Step's done and fresh, which fairseq's rule leaves empty)].
 std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tensor>& word_of, int64_t per_slot,
                                    int64_t k, int64_t eos, int64_t step, const Tensor& done_len,
                                    const Tensor& best_finished, const Tensor& max_lens, const Tensor& empty,
@@ -142,7 +145,8 @@ std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tenso
   std::vector<Tensor> out = {
       at::empty({S, k}, lng), at::empty({S, k}, lng), at::empty({S, k}, cand.options()), at::empty({S, k}, bol),
       at::empty({S, k}, bol), at::empty({S, k}, lng), at::empty({S, k}, cand.options()), at::empty({S, k}, lng),
-      at::empty({S}, cand.options()), at::empty({S}, bol), at::empty({3 * S}, lng), at::empty({S * k}, lng)};
+      at::empty({S}, cand.options()), at::empty({S}, bol), at::empty({3 * S}, lng), at::empty({S * k}, lng),
+      at::empty({S}, bol), at::zeros({S, k}, bol)};
   AT_DISPATCH_FLOATING_TYPES(cand.scalar_type(), "fairseq_select", [&] {
     select_loop<scalar_t>(top_scores, top_idx, word_of, per_slot, k, eos, step, done_len, best_finished, max_lens,
                           empty, ids, out);
@@ -205,7 +209,7 @@ void register_beam_step(pybind11::module& m) {
   m.def("fairseq_select", &fairseq_select,
         "(cand (S, W), word_of (S, W) or None, per_slot, k, eos, step, done_len (S, k), best_finished (S,), "
         "max_lens (S,), empty (S,), ids (S,)) -> [parent, token, score, live, eos_mask, top_slot, top_score, "
-        "done_len, best_finished, finished_now, summary, flat_parent]; see fairseq_stream/ops/beam_step.py",
+        "done_len, best_finished, finished_now, summary, flat_parent, no_live, zeros]; see fairseq_stream/ops/beam_step.py",
         pybind11::arg("cand"), pybind11::arg("word_of"), pybind11::arg("per_slot"), pybind11::arg("k"),
         pybind11::arg("eos"), pybind11::arg("step"), pybind11::arg("done_len"), pybind11::arg("best_finished"),
         pybind11::arg("max_lens"), pybind11::arg("empty"), pybind11::arg("ids"));
