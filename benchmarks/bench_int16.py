@@ -13,7 +13,9 @@ fairseq's length-sorted batches). Methods, in the layout of Devlin's Table 1
   fairseq's own decoder calls, with the fused output layer;
 * ``rnn runner, no tricks``: our LSTM step, float32, every trick off;
 * ``+ int16 products``, ``+ embedding table``, ``+ attention table``,
-  ``+ merged states``: cumulative; the last row is ``--rnn-int16``;
+  ``+ merged states``, ``+ fused step`` (the step in one compiled call with
+  vectorized sigmoid and tanh, section 4.4): cumulative; the last row is
+  ``--rnn-int16``;
 * ``rnn runner fp32`` (every exact trick, no int16: ``--runner rnn``).
 
 Words/s counts the words of the detokenized best hypotheses per second of
@@ -54,7 +56,7 @@ from fairseq_stream.decoder import BeamDecoder  # noqa: E402
 from fairseq_stream.ops import int16_linear  # noqa: E402
 from fairseq_stream.runners.rnn import RnnOptions, unsupported_reason  # noqa: E402
 
-BASELINE, PEER, ALL_TRICKS = "fairseq fp32", "torch int8 (dynamic)", "+ merged states (--rnn-int16)"
+BASELINE, PEER, ALL_TRICKS = "fairseq fp32", "torch int8 (dynamic)", "+ fused step (--rnn-int16)"
 
 
 def quantized_copies(models):
@@ -77,9 +79,11 @@ def methods(models, int8_models, d, beam):
     yield PEER, int8_models, lambda: SequenceGenerator(int8_models, d, beam_size=beam)
     yield "ours, fairseq runner", models, ours("fairseq")
     yield "rnn runner, no tricks", models, ours("rnn", **none)
-    yield "+ int16 products", models, ours("rnn", **dict(none, int16=True))
-    yield "+ embedding table", models, ours("rnn", int16=True, attention_table=False, merge_states=False)
-    yield "+ attention table", models, ours("rnn", int16=True, merge_states=False)
+    yield "+ int16 products", models, ours("rnn", **dict(none, int16=True, fused_step=False))
+    yield "+ embedding table", models, ours("rnn", int16=True, attention_table=False, merge_states=False,
+                                            fused_step=False)
+    yield "+ attention table", models, ours("rnn", int16=True, merge_states=False, fused_step=False)
+    yield "+ merged states", models, ours("rnn", int16=True, fused_step=False)
     yield ALL_TRICKS, models, ours("rnn", int16=True)
     yield "rnn runner fp32 (exact tricks)", models, ours("rnn")
 

@@ -248,7 +248,7 @@ def test_fairseq_generate_rnn_int16(toy, capsys):
     assert sum(ours[s][1] == ref[s][1] for s in ref) >= 36
     off = printed(toy, capsys, "--search", "var-stream", "--rnn-int16", "--no-rnn-embed-table",
                   "--no-rnn-attention-table", "--no-rnn-merge-states", "--no-rnn-int16-output",
-                  "--rnn-embed-table-words", "100")
+                  "--no-rnn-fused-step", "--rnn-embed-table-words", "100")
     assert sorted(off) == list(range(37))
 
 

@@ -24,18 +24,24 @@ section 4 tricks, each with its own switch (:class:`RnnOptions`):
   reorder only records each row's parent.
 * **int16 output**: with int16, the output layer too (logits go to the fused
   top-k when ``--output-layer`` picks it).
+* **fused step** (with int16; section 4.4's vectorized nonlinearities): the
+  whole step in one compiled call (:mod:`fairseq_stream.ops.rnn_step`): the
+  int16 products, and the cells, the attention and its output in vectorized
+  loops with approximate exp and tanh, instead of about 35 torch ops. It
+  needs the attention table (or a model without attention); otherwise, or
+  without the compiled extension, the torch step runs.
 
-Section 4.4 (vectorized nonlinearities) is torch's own: ``sigmoid`` and ``tanh``
-are vectorized CPU kernels already; lookup tables would change results and
-are not used.
+Without the fused step, sigmoid and tanh are torch's own vectorized CPU
+kernels; lookup tables would change results more and are not used.
 
 Exactness: every trick except int16 is an identity of the arithmetic, so in
 float64 the n-best lists equal the fairseq runner's (tests/test_rnn_runner.py;
 fairseq rounds attention scores to float32 even in a float64 model, which
 bounds the agreement at ~1e-7 where the attention table reorders that sum).
 int16 products differ from float ones by the bound in
-:mod:`~fairseq_stream.ops.int16_linear`; benchmarks/bench_int16.py measures
-how many translations that changes.
+:mod:`~fairseq_stream.ops.int16_linear`, and the fused step from the torch
+int16 step by float rounding (:mod:`fairseq_stream.ops.rnn_step`);
+benchmarks/bench_int16.py measures how many translations that changes.
 """
 
 from dataclasses import dataclass, field
@@ -47,6 +53,7 @@ from torch import Tensor
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import int16_linear as int16
+from fairseq_stream.ops import rnn_step as compiled_step
 from fairseq_stream.runners.own_step import OwnStepRunner
 from fairseq_stream.runners.packing import pack_by_sentence
 
@@ -69,6 +76,7 @@ class RnnOptions:
     attention_table: bool = True
     merge_states: bool = True
     int16_output: bool = True
+    fused_step: bool = True
 
     def describe(self) -> str:
         """The tricks in use, for the log line."""
@@ -79,6 +87,8 @@ class RnnOptions:
             used.append("attention table")
         if self.merge_states:
             used.append("merged states")
+        if self.int16 and self.fused_step:
+            used.append("fused step")
         return ", ".join(used) or "no tricks"
 
 
@@ -116,6 +126,12 @@ class _Product:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         return int16.int16_linear(x, self.packed).to(x.dtype)
+
+    def compiled(self):
+        """The same product for :func:`fairseq_stream.ops.rnn_step.rnn_step`."""
+        if self.packed is not None:
+            return compiled_step.product(self.packed)
+        return compiled_step.product(weight=self.weight, bias=self.bias)
 
 
 def _bias(cell) -> Tensor:
@@ -172,6 +188,24 @@ class RnnModel:
         else:
             out_weight, out_bias = decoder.fc_out.weight, decoder.fc_out.bias
         self.output = _Product(out_weight, out_bias, q and options.int16_output)
+        self.fused = self._fused_products() if self.fuses_step() else None
+
+    def fuses_step(self) -> bool:
+        """Whether this model's steps run as one compiled call (:mod:`fairseq_stream.ops.rnn_step`)."""
+        o = self.options
+        return (o.int16 and o.fused_step and compiled_step.available()
+                and (not self.attention or o.attention_table))
+
+    def _fused_products(self):
+        def each(products):
+            return [p.compiled() for p in products]
+
+        return dict(
+            recurrent=each(self.recurrent), upper_input=each(self.upper_input),
+            out_hidden=self.out_hidden.compiled() if self.attention else None,
+            additional_fc=self.additional_fc.compiled() if self.additional_fc is not None else None,
+            output=self.output.compiled(),
+        )
 
     def encode(self, net_input):
         """fairseq's encoder; then the per-sentence tensors and the initial state (one parent per sentence)."""
@@ -475,14 +509,31 @@ class RnnRunner(OwnStepRunner):
             at += s.rows
         outs, new = [], []
         for i, model in enumerate(self.rnn):
-            out, state = self._model_step(model, recurrent[i], parent, last_tokens,
-                                          [(s.sources[i], s.packing()) for s in states], bounds)
+            if model.fused is not None:
+                out, state = self._fused_model_step(model, recurrent[i], parent, last_tokens,
+                                                    [(s.sources[i], s.row_sentence) for s in states])
+            else:
+                out, state = self._model_step(model, recurrent[i], parent, last_tokens,
+                                              [(s.sources[i], s.packing()) for s in states], bounds)
             outs.append(out)
             new.append(state)
         for s, (a, b) in zip(states, bounds):
             s.recurrent = [_Recurrent(r.h[:, a:b], r.c[:, a:b], r.feed[a:b]) for r in new]
             s.parent = None
         return self._ensemble(outs, logits)
+
+    @staticmethod
+    def _fused_model_step(model: RnnModel, rec: _Recurrent, parent: Optional[Tensor], tokens: Tensor, groups):
+        """:meth:`_model_step` as one compiled call; ``groups``: (source, row_sentence) per state."""
+        f = model.fused
+        attention = [[], [], [], []]
+        if model.attention:
+            attention = [[src.keys for src, _ in groups], [src.values for src, _ in groups],
+                         [src.mask for src, _ in groups], [rows for _, rows in groups]]
+        logits, h, c, out = compiled_step.rnn_step(
+            model.input_part(tokens), rec.feed, rec.h, rec.c, parent, f["recurrent"], f["upper_input"],
+            model.residuals, *attention, f["out_hidden"], f["additional_fc"], f["output"])
+        return logits, _Recurrent(h, c, out)
 
     def _model_step(self, model: RnnModel, rec: _Recurrent, parent: Optional[Tensor], tokens: Tensor,
                     sources, bounds):

@@ -64,6 +64,11 @@ class DecodeStatsConfig(FairseqDataclass):
         default=False,
         metadata={"help": "with --rnn-int16: keep the output layer in float32"},
     )
+    no_rnn_fused_step: bool = field(
+        default=False,
+        metadata={"help": "with --rnn-int16: run the decoder step as torch operations instead of one compiled "
+                  "call (vectorized approximate sigmoid and tanh)"},
+    )
     output_layer: OutputLayerChoice = field(
         default="auto",
         metadata={"help": "output layer: torch (log-softmax over the vocabulary, then the rules and "
@@ -98,6 +103,7 @@ def rnn_options(search_cfg):
         attention_table=not getattr(search_cfg, "no_rnn_attention_table", False),
         merge_states=not getattr(search_cfg, "no_rnn_merge_states", False),
         int16_output=not getattr(search_cfg, "no_rnn_int16_output", False),
+        fused_step=not getattr(search_cfg, "no_rnn_fused_step", False),
     )
 
 
