@@ -40,7 +40,7 @@ from fairseq_stream.output_choice import check_output_layer, choose_backend
 from fairseq_stream.runners import build_runner
 from fairseq_stream.search.pruning import Pruning
 from fairseq_stream.ops.beam_step import reorder_beam_
-from fairseq_stream.search.selection import fairseq_step, select_stay
+from fairseq_stream.search.selection import fairseq_step, stay_step
 from fairseq_stream.stats import DecodeStats
 
 logger = logging.getLogger(__name__)
@@ -329,34 +329,25 @@ class BeamDecoder:
             per_slot = n
 
         if stay:
-            sel = select_stay(cand, local, self._done_scores(c.done_len, scores, S, k),
-                              k, per_slot, self.eos, self.pad, self.pruning, word_of)
-            new_done_len = torch.where(
-                sel.fresh, torch.full_like(sel.parent, step + 1), c.done_len.gather(1, sel.parent)
-            ).masked_fill(~sel.done, 0)
+            step_out = stay_step(cand, local, k, per_slot, self.eos, self.pad, self.pruning, step, c.done_len,
+                                 scores, c.empty, c.ids, word_of)
             n_final = None
-            finished_now = sel.finished | c.empty
-            flat_parent = (sel.parent + torch.arange(S, device=device).unsqueeze(1) * k).view(-1)
-            extended = (sel.live | sel.fresh).view(-1)
-            # The step's one host read: per sentence, 1 if it ends (+2 for an empty source) and its id.
-            parts = [finished_now.long() + c.empty.long() * 2, c.ids.long()]
         else:
             # No finished hypothesis stays on the beam here, so done_len
             # counts the finalized ones instead (see fairseq_step): the count
             # travels with the sentence when cohorts split or join.
             step_out = fairseq_step(cand, local, k, per_slot, self.eos, self.pruning, step, c.done_len,
                                     c.best_finished, max_lens, c.empty, c.ids, word_of)
-            sel, n_final, new_done_len = step_out.sel, step_out.n_final, step_out.done_len
-            c.best_finished, finished_now = step_out.best_finished, step_out.finished_now
-            flat_parent, extended = step_out.flat_parent, sel.live.view(-1)
-            # ... and the finalized counts.
-            parts = [step_out.summary]
-
-        # And the live rows left, where only those run.
+            n_final = step_out.n_final
+            c.best_finished = step_out.best_finished
+        sel, new_done_len, finished_now = step_out.sel, step_out.done_len, step_out.finished_now
+        flat_parent = step_out.flat_parent
+        extended = step_out.extended if stay else sel.live.view(-1)
         live = sel.live
-        if not self.dense:
-            parts.append((live & ~finished_now.unsqueeze(1)).sum().view(1))
-        summary = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
+        # The step's one host read (the summary): per sentence, 1 if it ends
+        # (+2 for an empty source) and its id, under fairseq's rule the
+        # hypotheses each finalized, and the live rows left.
+        summary = step_out.summary.tolist()
         ids = summary[S : 2 * S]
         ending = [s for s in range(S) if summary[s] & 1] if any(summary[:S]) else []
 
@@ -596,12 +587,6 @@ class BeamDecoder:
         else:
             order = torch.sort(torch.tensor(keys), descending=True)[1].tolist()
         return [hyps[i] for i in order]
-
-    @staticmethod
-    def _done_scores(done_len, scores, S, k):
-        """Cumulative score of each finished slot on the beam (-inf elsewhere)."""
-        last = scores.view(S, k, -1).gather(2, (done_len - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        return last.masked_fill(done_len.eq(0), -math.inf)
 
     def _hypotheses(self, rows: Tensor, lengths: Tensor, lens: List[int], final: Tensor, tokens: Tensor,
                     scores: Tensor):

@@ -211,8 +211,10 @@ def decoder_options(search):
 def sorted_batches(task, size, limit, subset="test"):
     """fairseq's length-sorted batches of ``subset``, sentences with id < limit only."""
     dataset = task.dataset(subset)
-    itr = task.get_batch_iterator(dataset=dataset, max_sentences=size,
-                                  required_batch_size_multiple=1).next_epoch_itr(shuffle=False)
+    # disable_iterator_cache: the session's task is shared, and fairseq hands back the iterator
+    # another test made, whatever its max_sentences (a batch size of 6 got 8s).
+    itr = task.get_batch_iterator(dataset=dataset, max_sentences=size, required_batch_size_multiple=1,
+                                  disable_iterator_cache=True).next_epoch_itr(shuffle=False)
     ids = [i for b in itr for i in b["id"].tolist() if i < limit]
     return [dataset.collater([dataset[i] for i in ids[j:j + size]]) for j in range(0, len(ids), size)]
 

@@ -23,7 +23,8 @@ SEARCHES = sorted(DECODER_OPTIONS)
 def batches(task, size=8):
     dataset = task.dataset("test")
     return list(task.get_batch_iterator(dataset=dataset, max_sentences=size,
-                                        required_batch_size_multiple=1).next_epoch_itr(shuffle=False))
+                                        required_batch_size_multiple=1,
+                                        disable_iterator_cache=True).next_epoch_itr(shuffle=False))
 
 
 def decode_counted(decoder, models, samples, stream=False):

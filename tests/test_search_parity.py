@@ -22,7 +22,8 @@ torch.set_num_threads(1)
 def batches(task, size=8):
     dataset = task.dataset("test")
     return list(task.get_batch_iterator(dataset=dataset, max_sentences=size,
-                                        required_batch_size_multiple=1).next_epoch_itr(shuffle=False))
+                                        required_batch_size_multiple=1,
+                                        disable_iterator_cache=True).next_epoch_itr(shuffle=False))
 
 
 def decode(generator, models, task):

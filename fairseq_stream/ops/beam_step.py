@@ -6,12 +6,17 @@ a 0.87 ms decoder call on the Multi30k LSTM (docs/BENCHMARKS.md, issue 14).
 The two ops here do the same work in one call each, in plain loops over the
 step's few hundred numbers (``csrc/cpu/beam_step_cpu.cpp``):
 
-* :func:`fairseq_select` — fixed-width beam search with fairseq's
-  finalization and no pruning: the selection of
-  :func:`fairseq_stream.search.selection.select_fairseq` and the
-  bookkeeping of :func:`fairseq_stream.search.selection.fairseq_step` (its
-  torch reference, which it equals exactly; ties among the best ``2k``
-  candidates come out in ``torch.topk``'s order because the op calls it).
+* :func:`fairseq_select` — fairseq's finalization (``fixed``, ``greedy``,
+  ``var --finalize fairseq``): the selection of
+  :func:`fairseq_stream.search.selection.select_fairseq` with any pruning
+  heuristics, and the bookkeeping of
+  :func:`fairseq_stream.search.selection.fairseq_step` (its torch
+  reference, which it equals exactly; ties among the best ``2k`` candidates
+  come out in ``torch.topk``'s order because the op calls it).
+* :func:`stay_select` — the streaming paper's rule (``--finalize stay``:
+  ``var-batch``, ``var-stream``, ``fixed --finalize stay``):
+  :func:`fairseq_stream.search.selection.select_stay` with pruning, and the
+  bookkeeping of :func:`fairseq_stream.search.selection.stay_step`.
 * :func:`reorder_beam_` — the move of the token and score histories to the
   next beam, in place, for any search (the torch version is its reference).
 
@@ -34,7 +39,7 @@ def _extension():
             module = importlib.import_module("fairseq_stream._ops_cpu")
         except ImportError:  # not built: the torch code runs instead
             module = None
-        _MODULE.append(module if module is not None and hasattr(module, "fairseq_select") else None)
+        _MODULE.append(module if module is not None and hasattr(module, "stay_select") else None)
     return _MODULE[0]
 
 
@@ -43,10 +48,17 @@ def available(device: torch.device) -> bool:
     return device.type == "cpu" and _extension() is not None
 
 
-def fairseq_select(cand: Tensor, word_of: Optional[Tensor], per_slot: int, k: int, eos: int, step: int,
-                   done_len: Tensor, best_finished: Tensor, max_lens: Tensor, empty: Tensor,
-                   ids: Tensor) -> List[Tensor]:
-    """The compiled :func:`~fairseq_stream.search.selection.fairseq_step` (no pruning), CPU only.
+def _pruning(pruning):
+    """The heuristics as the ops take them: a negative value is off."""
+    off = -1.0
+    return (off if pruning.rp is None else float(pruning.rp), off if pruning.ap is None else float(pruning.ap),
+            off if pruning.rpl is None else float(pruning.rpl), -1 if pruning.mc is None else int(pruning.mc))
+
+
+def fairseq_select(cand: Tensor, local: Optional[Tensor], word_of: Optional[Tensor], per_slot: int, k: int,
+                   eos: int, step: int, done_len: Tensor, best_finished: Tensor, max_lens: Tensor, empty: Tensor,
+                   ids: Tensor, pruning) -> List[Tensor]:
+    """The compiled :func:`~fairseq_stream.search.selection.fairseq_step`, CPU only.
 
     Returns [parent, token, score, live, eos_mask, top_slot, top_score,
     done_len, best_finished, finished_now, summary, flat_parent, no_live,
@@ -55,8 +67,22 @@ def fairseq_select(cand: Tensor, word_of: Optional[Tensor], per_slot: int, k: in
     beam holds no live hypothesis; ``zeros``: an (S, k) bool for its empty
     ``done`` and ``fresh``).
     """
-    return _extension().fairseq_select(cand, word_of, per_slot, k, eos, step, done_len, best_finished,
-                                       max_lens, empty, ids)
+    return _extension().fairseq_select(cand, local, word_of, per_slot, k, eos, step, done_len, best_finished,
+                                       max_lens, empty, ids, *_pruning(pruning))
+
+
+def stay_select(cand: Tensor, local: Optional[Tensor], word_of: Optional[Tensor], per_slot: int, k: int, eos: int,
+                pad: int, step: int, done_len: Tensor, scores: Tensor, empty: Tensor, ids: Tensor,
+                pruning) -> List[Tensor]:
+    """The compiled :func:`~fairseq_stream.search.selection.stay_step`, CPU only.
+
+    Returns [parent, token, score, live, done, fresh, no_live, done_len,
+    finished_now, summary, flat_parent, extended] as that function's
+    :class:`~fairseq_stream.search.selection.StayStep` and its ``Step`` name
+    them (``no_live``: the Step's ``finished``).
+    """
+    return _extension().stay_select(cand, local, word_of, per_slot, k, eos, pad, step, done_len, scores, empty,
+                                    ids, *_pruning(pruning))
 
 
 def reorder_beam_(tokens: Tensor, scores: Tensor, flat_parent: Tensor, extended: Tensor, new_token: Tensor,

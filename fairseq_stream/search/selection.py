@@ -122,7 +122,8 @@ class FairseqStep:
     done_len: Tensor  # (S, k) the lengths of the finalized hypotheses, in order (0: none yet)
     best_finished: Tensor  # (S,) the best finalized cumulative score so far
     finished_now: Tensor  # (S,) bool: the sentence ends now (empty sources included)
-    # (3S,) int64, the host's one read: finished_now + 2 * empty, ids, n_final
+    # (3S + 1,) int64, the host's one read: finished_now + 2 * empty, ids,
+    # n_final, and the live rows left in the sentences that go on
     summary: Tensor
     flat_parent: Tensor  # (S * k,) the row each new row continues
 
@@ -137,19 +138,20 @@ def fairseq_step(cand, local, k, vocab, eos, pruning: Pruning, step, done_len, b
     finalized, at its maximum length (``max_lens`` <= ``step``), with an
     empty beam (pruning), or at once for an empty source.
 
-    ``compiled`` (default: where it can) runs the CPU op of
-    :mod:`fairseq_stream.ops.beam_step`, one call instead of about 40 torch
-    ops, with identical results; it does not implement pruning.
+    ``compiled`` (default: on CPU tensors where the extension is built) runs
+    the op of :mod:`fairseq_stream.ops.beam_step`, one call instead of about
+    40 torch ops, with identical results.
     """
     if compiled is None:
-        compiled = not pruning.active and beam_step.available(cand.device)
+        compiled = beam_step.available(cand.device)
     if compiled:
         (parent, token, score, live, eos_mask, top_slot, top_score, new_done_len, best, finished_now,
          summary, flat_parent, no_live, none) = beam_step.fairseq_select(
-            cand, word_of, vocab, k, eos, step, done_len, best_finished, max_lens, empty, ids)
+            cand, local, word_of, vocab, k, eos, step, done_len, best_finished, max_lens, empty, ids, pruning)
         sel = Step(parent=parent, token=token, score=score, live=live, done=none, fresh=none,
                    finished=no_live, eos_mask=eos_mask, top_slot=top_slot, top_score=top_score)
-        return FairseqStep(sel, summary[2 * cand.size(0):], new_done_len, best, finished_now, summary, flat_parent)
+        S = cand.size(0)
+        return FairseqStep(sel, summary[2 * S : 3 * S], new_done_len, best, finished_now, summary, flat_parent)
 
     S = cand.size(0)
     sel = select_fairseq(cand, local, k, vocab, eos, pruning, best_finished, word_of)
@@ -162,7 +164,8 @@ def fairseq_step(cand, local, k, vocab, eos, pruning: Pruning, step, done_len, b
     best = sel.top_score.masked_fill(~sel.eos_mask, -math.inf).amax(dim=1)
     best_finished = torch.maximum(best_finished, best.to(best_finished.dtype))
     finished_now = finished | empty
-    summary = torch.cat([finished_now.long() + empty.long() * 2, ids.long(), n_final])
+    live_left = (sel.live & ~finished_now.unsqueeze(1)).sum().view(1)
+    summary = torch.cat([finished_now.long() + empty.long() * 2, ids.long(), n_final, live_left])
     flat_parent = (sel.parent + torch.arange(S, device=cand.device).unsqueeze(1) * k).view(-1)
     return FairseqStep(sel, n_final, new_done_len, best_finished, finished_now, summary, flat_parent)
 
@@ -203,3 +206,53 @@ def select_stay(cand, local, done_scores, k, vocab, eos, pad, pruning: Pruning, 
         fresh=fresh,
         finished=~live.any(dim=1),
     )
+
+
+@dataclass
+class StayStep:
+    """A step of the streaming paper's rule with its bookkeeping (:func:`stay_step`)."""
+
+    sel: Step
+    done_len: Tensor  # (S, k) the length of each finished entry on the beam (0: not finished)
+    finished_now: Tensor  # (S,) bool: the sentence ends now (empty sources included)
+    # (2S + 1,) int64, the host's one read: finished_now + 2 * empty, ids, and
+    # the live rows left in the sentences that go on
+    summary: Tensor
+    flat_parent: Tensor  # (S * k,) the row each new row continues
+    extended: Tensor  # (S * k,) bool: the row adds a token this step (live or just finished)
+
+
+def done_scores(done_len: Tensor, scores: Tensor, S: int, k: int) -> Tensor:
+    """Cumulative score of each finished slot on the beam (-inf elsewhere), from the score history."""
+    last = scores.view(S, k, -1).gather(2, (done_len - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return last.masked_fill(done_len.eq(0), -math.inf)
+
+
+def stay_step(cand, local, k, vocab, eos, pad, pruning: Pruning, step, done_len, scores, empty, ids,
+              word_of=None, compiled: Optional[bool] = None) -> StayStep:
+    """:func:`select_stay` and what the decoder tracks after it, as one step.
+
+    ``scores`` is the cohort's (S * k, width) history of cumulative scores,
+    from which each finished entry's score is read (``done_len`` is its
+    length). A sentence ends when no live hypothesis is left on its beam, or
+    at once for an empty source. ``compiled``: as :func:`fairseq_step`.
+    """
+    if compiled is None:
+        compiled = beam_step.available(cand.device)
+    S = cand.size(0)
+    if compiled:
+        (parent, token, score, live, done, fresh, no_live, new_done_len, finished_now, summary, flat_parent,
+         extended) = beam_step.stay_select(cand, local, word_of, vocab, k, eos, pad, step, done_len, scores,
+                                           empty, ids, pruning)
+        sel = Step(parent=parent, token=token, score=score, live=live, done=done, fresh=fresh, finished=no_live)
+        return StayStep(sel, new_done_len, finished_now, summary, flat_parent, extended)
+
+    sel = select_stay(cand, local, done_scores(done_len, scores, S, k), k, vocab, eos, pad, pruning, word_of)
+    new_done_len = torch.where(
+        sel.fresh, torch.full_like(sel.parent, step + 1), done_len.gather(1, sel.parent)
+    ).masked_fill(~sel.done, 0)
+    finished_now = sel.finished | empty
+    live_left = (sel.live & ~finished_now.unsqueeze(1)).sum().view(1)
+    summary = torch.cat([finished_now.long() + empty.long() * 2, ids.long(), live_left])
+    flat_parent = (sel.parent + torch.arange(S, device=cand.device).unsqueeze(1) * k).view(-1)
+    return StayStep(sel, new_done_len, finished_now, summary, flat_parent, (sel.live | sel.fresh).view(-1))

@@ -1,17 +1,18 @@
-// One search step of fixed-width beam search with fairseq's finalization, in one call: the
-// selection of fairseq_stream/search/selection.py:select_fairseq with no pruning, and the
-// bookkeeping BeamDecoder.update does after it (finalized counts and lengths, which sentences
-// end, the best finished score, the step's summary for the host). The Python functions are the
-// reference; fairseq_stream/ops/beam_step.py documents the op and tests/test_beam_step.py
-// compares the two on real decoding.
+// One search step in one call: the selection of fairseq_stream/search/selection.py
+// (select_fairseq or select_stay, with the pruning of search/pruning.py) and the bookkeeping
+// BeamDecoder.update does after it (finalized counts and lengths, which sentences end, the best
+// finished score, the step's summary for the host). The Python functions (fairseq_step,
+// stay_step) are the reference; fairseq_stream/ops/beam_step.py documents the ops and
+// tests/test_beam_step.py compares the two on every step of real decoding.
 //
 // Why: one sentence at a time, the step above is about 40 small torch ops, and on one CPU thread
 // their dispatch costs more than their arithmetic (docs/BENCHMARKS.md, issue 14). Here the (S, 2k)
 // candidates are a few hundred numbers walked in plain loops.
 //
-// The one ranking with possible ties, the best 2k candidates of each sentence, is at::topk itself,
-// so that equal scores come out in torch.topk's order, as in the reference. The rest is exact:
-// comparisons, copies and integer counts, no floating-point arithmetic but a max.
+// The one ranking with possible ties, each sentence's best candidates, is at::topk itself, so that
+// equal scores come out in torch.topk's order, as in the reference. The rest is exact: comparisons,
+// copies and integer counts; the pruning thresholds are one float32 addition each, as torch
+// computes them (a Python float added to a float32 tensor is rounded to float32 first).
 //
 // reorder_beam_ is the in-place move of the token and score histories to the next beam (the
 // update's step when no sentence ends), for any search.
@@ -29,11 +30,56 @@ namespace {
 
 using torch::Tensor;
 
+// Freitag & Al-Onaizan's heuristics (search/pruning.py: Pruning.keep); a negative value is "off".
+struct PruneOptions {
+  double rp = -1, ap = -1, rpl = -1;
+  int64_t mc = -1;
+  bool active() const { return rp >= 0 || ap >= 0 || rpl >= 0 || mc >= 0; }
+};
+
+// Which of one sentence's n candidates (sorted best first) survive: Pruning.keep, row by row.
+template <typename scalar_t>
+void keep_row(const scalar_t* score, const scalar_t* local, const int64_t* parent, const char* carried,
+              int64_t n, scalar_t best_finished, const PruneOptions& o, char* keep) {
+  for (int64_t c = 0; c < n; ++c) keep[c] = std::isfinite(static_cast<double>(score[c]));
+  if (!o.active() || n == 0) return;
+  const scalar_t best = std::max(score[0], best_finished);
+  if (o.rp >= 0) {
+    const scalar_t bound = best + static_cast<scalar_t>(std::log(o.rp));
+    for (int64_t c = 0; c < n; ++c) keep[c] = keep[c] && score[c] >= bound;
+  }
+  if (o.ap >= 0) {
+    const scalar_t bound = best - static_cast<scalar_t>(o.ap);
+    for (int64_t c = 0; c < n; ++c) keep[c] = keep[c] && score[c] >= bound;
+  }
+  if (o.rpl >= 0) {
+    scalar_t best_local = -std::numeric_limits<scalar_t>::infinity();
+    for (int64_t c = 0; c < n; ++c) {
+      if (!carried[c] && std::isfinite(static_cast<double>(score[c]))) best_local = std::max(best_local, local[c]);
+    }
+    const scalar_t bound = best_local + static_cast<scalar_t>(std::log(o.rpl));
+    for (int64_t c = 0; c < n; ++c) keep[c] = keep[c] && (carried[c] || local[c] >= bound);
+  }
+  if (o.mc >= 0) {
+    // Rank among the earlier eligible candidates extending the same slot (parents clamped at 0).
+    for (int64_t c = 0; c < n; ++c) {
+      const bool eligible = !carried[c] && std::isfinite(static_cast<double>(score[c]));
+      if (!eligible) continue;
+      int64_t rank = 0;
+      for (int64_t e = 0; e < c; ++e) {
+        rank += !carried[e] && std::isfinite(static_cast<double>(score[e])) &&
+                std::max<int64_t>(parent[e], 0) == std::max<int64_t>(parent[c], 0);
+      }
+      keep[c] = keep[c] && rank < o.mc;
+    }
+  }
+}
+
 template <typename scalar_t>
 void select_loop(const Tensor& top_scores, const Tensor& top_idx, const std::optional<Tensor>& word_of,
                  int64_t per_slot, int64_t k, int64_t eos, int64_t step, const Tensor& done_len,
                  const Tensor& best_finished, const Tensor& max_lens, const Tensor& empty, const Tensor& ids,
-                 std::vector<Tensor>& out) {
+                 const std::optional<Tensor>& local, const PruneOptions& prune, std::vector<Tensor>& out) {
   const int64_t S = top_scores.size(0), n = top_scores.size(1);
   auto ts = top_scores.accessor<scalar_t, 2>();
   auto ti = top_idx.accessor<int64_t, 2>();
@@ -59,24 +105,33 @@ void select_loop(const Tensor& top_scores, const Tensor& top_idx, const std::opt
   auto flat_parent = out[11].accessor<int64_t, 1>();
   auto emptied = out[12].accessor<bool, 1>();
 
+  std::optional<at::TensorAccessor<scalar_t, 2>> lo;
+  if (local) lo.emplace(local->accessor<scalar_t, 2>());
   std::vector<int64_t> words(n), beams(n);
-  std::vector<char> is_eos(n);
+  std::vector<char> is_eos(n), keep(n), carried(n, 0);
+  std::vector<scalar_t> row_score(n), row_local(n, 0);
+  int64_t live_left = 0;
   for (int64_t s = 0; s < S; ++s) {
     for (int64_t c = 0; c < n; ++c) {
       const int64_t idx = ti[s][c];
       beams[c] = idx / per_slot;
       words[c] = wo ? (*wo)[s][idx] : idx % per_slot;
-      // select_fairseq: words.eq(eos) & isfinite(top_scores); keep = isfinite (no pruning).
+      // select_fairseq: words.eq(eos) & isfinite(top_scores)
       is_eos[c] = words[c] == eos && std::isfinite(static_cast<double>(ts[s][c]));
+      row_score[c] = ts[s][c];
+      if (lo) row_local[c] = (*lo)[s][idx];
     }
+    // Pruning sees no carried candidates here; the best finished score may be the best.
+    keep_row<scalar_t>(row_score.data(), row_local.data(), beams.data(), carried.data(), n, bf[s], prune,
+                       keep.data());
     // The best k candidates of this rank: finalized where they end in EOS.
     int64_t n_final = 0;
     scalar_t best = -std::numeric_limits<scalar_t>::infinity();
     for (int64_t c = 0; c < k; ++c) {
-      eos_mask[s][c] = is_eos[c];
+      eos_mask[s][c] = is_eos[c] && keep[c];
       top_slot[s][c] = beams[c];
       top_score[s][c] = ts[s][c];
-      if (is_eos[c]) {
+      if (eos_mask[s][c]) {
         ++n_final;
         best = std::max(best, ts[s][c]);
       }
@@ -92,7 +147,7 @@ void select_loop(const Tensor& top_scores, const Tensor& top_idx, const std::opt
         flat_parent[s * k + j] = s * k + beams[c];
         token[s][j] = words[c];
         score[s][j] = ts[s][c];
-        const bool l = !is_eos[c] && std::isfinite(static_cast<double>(ts[s][c]));
+        const bool l = keep[c] && !is_eos[c];
         live[s][j] = l;
         any_live = any_live || l;
         ++j;
@@ -110,19 +165,48 @@ void select_loop(const Tensor& top_scores, const Tensor& top_idx, const std::opt
     summary[s] = static_cast<int64_t>(finished_now[s]) + 2 * static_cast<int64_t>(em[s]);
     summary[S + s] = id[s];
     summary[2 * S + s] = n_final;
+    if (!finished_now[s]) {
+      for (int64_t c = 0; c < k; ++c) live_left += live[s][c];
+    }
   }
+  summary[3 * S] = live_left;
 }
 
 // Returns [parent, token, score, live, eos_mask, top_slot, top_score (all (S, k)), done_len (S, k),
-// best_finished (S,), finished_now (S,), summary (3S,), flat_parent (S*k,), no_live (S,), and an (S, k)
+// best_finished (S,), finished_now (S,), summary (3S + 1,), flat_parent (S*k,), no_live (S,), and an (S, k)
 // bool of zeros (the Step's done and fresh, which fairseq's rule leaves empty)].
-std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tensor>& word_of, int64_t per_slot,
-                                   int64_t k, int64_t eos, int64_t step, const Tensor& done_len,
-                                   const Tensor& best_finished, const Tensor& max_lens, const Tensor& empty,
-                                   const Tensor& ids) {
-  TORCH_CHECK(cand.dim() == 2 && cand.device().is_cpu(), "fairseq_select: cand must be a 2-d CPU tensor");
-  TORCH_CHECK(cand.scalar_type() == at::kFloat || cand.scalar_type() == at::kDouble,
-              "fairseq_select: cand must be float32 or float64");
+PruneOptions prune_options(double rp, double ap, double rpl, int64_t mc) {
+  PruneOptions o;
+  o.rp = rp;
+  o.ap = ap;
+  o.rpl = rpl;
+  o.mc = mc;
+  return o;
+}
+
+void check_common(const Tensor& cand, const std::optional<Tensor>& local, const std::optional<Tensor>& word_of,
+                  const char* op) {
+  TORCH_CHECK(cand.dim() == 2 && cand.device().is_cpu(), op, ": cand must be a 2-d CPU tensor");
+  TORCH_CHECK(cand.scalar_type() == at::kFloat || cand.scalar_type() == at::kDouble, op,
+              ": cand must be float32 or float64");
+  if (local) {
+    TORCH_CHECK(local->sizes() == cand.sizes() && local->scalar_type() == cand.scalar_type(), op,
+                ": local must be shaped and typed as cand");
+  }
+  if (word_of) {
+    TORCH_CHECK(word_of->sizes() == cand.sizes() && word_of->scalar_type() == at::kLong, op,
+                ": word_of must be int64 and shaped as cand");
+  }
+}
+
+std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tensor>& local,
+                                   const std::optional<Tensor>& word_of, int64_t per_slot, int64_t k, int64_t eos,
+                                   int64_t step, const Tensor& done_len, const Tensor& best_finished,
+                                   const Tensor& max_lens, const Tensor& empty, const Tensor& ids, double rp,
+                                   double ap, double rpl, int64_t mc) {
+  check_common(cand, local, word_of, "fairseq_select");
+  const PruneOptions prune = prune_options(rp, ap, rpl, mc);
+  TORCH_CHECK(!(prune.rpl >= 0) || local.has_value(), "fairseq_select: --prune-rpl needs local");
   TORCH_CHECK(best_finished.scalar_type() == cand.scalar_type(), "fairseq_select: best_finished dtype");
   TORCH_CHECK(done_len.scalar_type() == at::kLong && max_lens.scalar_type() == at::kLong &&
                   ids.scalar_type() == at::kLong && empty.scalar_type() == at::kBool,
@@ -130,10 +214,6 @@ std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tenso
   const int64_t S = cand.size(0), W = cand.size(1);
   TORCH_CHECK(done_len.dim() == 2 && done_len.size(0) == S && done_len.size(1) == k,
               "fairseq_select: done_len must be (S, k)");
-  if (word_of) {
-    TORCH_CHECK(word_of->sizes() == cand.sizes() && word_of->scalar_type() == at::kLong,
-                "fairseq_select: word_of must be int64 and shaped as cand");
-  }
   // fairseq's bound (size - 1) on whole-vocabulary candidates; pre-selected ones are all usable.
   const int64_t n = std::min(2 * k, W - (word_of ? 0 : 1));
   TORCH_CHECK(n >= k && per_slot > 0, "fairseq_select: fewer candidates than the beam");
@@ -145,11 +225,131 @@ std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tenso
   std::vector<Tensor> out = {
       at::empty({S, k}, lng), at::empty({S, k}, lng), at::empty({S, k}, cand.options()), at::empty({S, k}, bol),
       at::empty({S, k}, bol), at::empty({S, k}, lng), at::empty({S, k}, cand.options()), at::empty({S, k}, lng),
-      at::empty({S}, cand.options()), at::empty({S}, bol), at::empty({3 * S}, lng), at::empty({S * k}, lng),
+      at::empty({S}, cand.options()), at::empty({S}, bol), at::empty({3 * S + 1}, lng), at::empty({S * k}, lng),
       at::empty({S}, bol), at::zeros({S, k}, bol)};
   AT_DISPATCH_FLOATING_TYPES(cand.scalar_type(), "fairseq_select", [&] {
     select_loop<scalar_t>(top_scores, top_idx, word_of, per_slot, k, eos, step, done_len, best_finished, max_lens,
-                          empty, ids, out);
+                          empty, ids, local, prune, out);
+  });
+  return out;
+}
+
+template <typename scalar_t>
+void stay_loop(const Tensor& top_scores, const Tensor& top_idx, const std::optional<Tensor>& local,
+               const std::optional<Tensor>& word_of, int64_t W, int64_t per_slot, int64_t k, int64_t eos, int64_t pad,
+               int64_t step, const Tensor& done_len, const Tensor& empty, const Tensor& ids, const PruneOptions& prune,
+               std::vector<Tensor>& out) {
+  const int64_t S = top_scores.size(0);
+  auto ts = top_scores.accessor<scalar_t, 2>();
+  auto ti = top_idx.accessor<int64_t, 2>();
+  auto dl = done_len.accessor<int64_t, 2>();
+  auto em = empty.accessor<bool, 1>();
+  auto id = ids.accessor<int64_t, 1>();
+  std::optional<at::TensorAccessor<int64_t, 2>> wo;
+  if (word_of) wo.emplace(word_of->accessor<int64_t, 2>());
+  std::optional<at::TensorAccessor<scalar_t, 2>> lo;
+  if (local) lo.emplace(local->accessor<scalar_t, 2>());
+
+  auto parent = out[0].accessor<int64_t, 2>();
+  auto token = out[1].accessor<int64_t, 2>();
+  auto score = out[2].accessor<scalar_t, 2>();
+  auto live = out[3].accessor<bool, 2>();
+  auto done = out[4].accessor<bool, 2>();
+  auto fresh = out[5].accessor<bool, 2>();
+  auto no_live = out[6].accessor<bool, 1>();
+  auto new_done_len = out[7].accessor<int64_t, 2>();
+  auto finished_now = out[8].accessor<bool, 1>();
+  auto summary = out[9].accessor<int64_t, 1>();
+  auto flat_parent = out[10].accessor<int64_t, 1>();
+  auto extended = out[11].accessor<bool, 1>();
+
+  std::vector<int64_t> beams(k), words(k);
+  std::vector<char> carried(k), keep(k);
+  std::vector<scalar_t> row_score(k), row_local(k);
+  int64_t live_left = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t c = 0; c < k; ++c) {
+      const int64_t idx = ti[s][c];
+      carried[c] = idx >= W;  // a finished entry of the beam, carried over unchanged
+      beams[c] = carried[c] ? idx - W : idx / per_slot;
+      const int64_t expansion = std::min(idx, W - 1);
+      words[c] = carried[c] ? pad : (wo ? (*wo)[s][expansion] : expansion % per_slot);
+      row_score[c] = ts[s][c];
+      row_local[c] = carried[c] || !lo ? scalar_t(0) : (*lo)[s][idx];
+    }
+    keep_row<scalar_t>(row_score.data(), row_local.data(), beams.data(), carried.data(), k,
+                       -std::numeric_limits<scalar_t>::infinity(), prune, keep.data());
+    bool any_live = false;
+    for (int64_t c = 0; c < k; ++c) {
+      const bool f = keep[c] && !carried[c] && words[c] == eos;
+      const bool d = (keep[c] && carried[c]) || f;
+      const bool l = keep[c] && !carried[c] && !f;
+      parent[s][c] = beams[c];
+      token[s][c] = words[c];
+      score[s][c] = ts[s][c];
+      live[s][c] = l;
+      done[s][c] = d;
+      fresh[s][c] = f;
+      any_live = any_live || l;
+      // A finished entry keeps its length; a fresh one has this step's.
+      new_done_len[s][c] = !d ? 0 : (f ? step + 1 : dl[s][beams[c]]);
+      flat_parent[s * k + c] = s * k + beams[c];
+      extended[s * k + c] = l || f;
+    }
+    no_live[s] = !any_live;
+    finished_now[s] = !any_live || em[s];
+    summary[s] = static_cast<int64_t>(finished_now[s]) + 2 * static_cast<int64_t>(em[s]);
+    summary[S + s] = id[s];
+    if (!finished_now[s]) {
+      for (int64_t c = 0; c < k; ++c) live_left += live[s][c];
+    }
+  }
+  summary[2 * S] = live_left;
+}
+
+// Returns [parent, token, score, live, done, fresh (all (S, k)), no_live (S,), done_len (S, k),
+// finished_now (S,), summary (2S + 1,): finished_now + 2 * empty, ids, live rows left,
+// flat_parent (S*k,), extended (S*k,)].
+std::vector<Tensor> stay_select(const Tensor& cand, const std::optional<Tensor>& local,
+                                const std::optional<Tensor>& word_of, int64_t per_slot, int64_t k, int64_t eos,
+                                int64_t pad, int64_t step, const Tensor& done_len, const Tensor& scores,
+                                const Tensor& empty, const Tensor& ids, double rp, double ap, double rpl,
+                                int64_t mc) {
+  check_common(cand, local, word_of, "stay_select");
+  const PruneOptions prune = prune_options(rp, ap, rpl, mc);
+  TORCH_CHECK(!(prune.rpl >= 0) || local.has_value(), "stay_select: --prune-rpl needs local");
+  const int64_t S = cand.size(0), W = cand.size(1);
+  TORCH_CHECK(done_len.scalar_type() == at::kLong && done_len.dim() == 2 && done_len.size(0) == S &&
+                  done_len.size(1) == k,
+              "stay_select: done_len must be (S, k) int64");
+  TORCH_CHECK(scores.dim() == 2 && scores.size(0) == S * k && scores.scalar_type() == cand.scalar_type(),
+              "stay_select: scores must be (S * k, width) of cand's dtype");
+  TORCH_CHECK(empty.scalar_type() == at::kBool && ids.scalar_type() == at::kLong, "stay_select: empty, ids");
+  TORCH_CHECK(W >= 1 && per_slot > 0, "stay_select: no candidates");
+  // The finished entries compete with the expansions: their cumulative scores, -inf for other slots.
+  Tensor done_scores = at::empty({S, k}, cand.options());
+  AT_DISPATCH_FLOATING_TYPES(cand.scalar_type(), "stay_select_done", [&] {
+    auto dl = done_len.accessor<int64_t, 2>();
+    auto sc = scores.accessor<scalar_t, 2>();
+    auto ds = done_scores.accessor<scalar_t, 2>();
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t len = dl[s][j];
+        TORCH_CHECK(len <= scores.size(1), "stay_select: done_len beyond the scores");
+        ds[s][j] = len > 0 ? sc[s * k + j][len - 1] : -std::numeric_limits<scalar_t>::infinity();
+      }
+    }
+  });
+  auto top = at::topk(at::cat({cand, done_scores}, 1), k, 1, /*largest=*/true, /*sorted=*/true);
+  auto lng = cand.options().dtype(at::kLong);
+  auto bol = cand.options().dtype(at::kBool);
+  std::vector<Tensor> out = {
+      at::empty({S, k}, lng), at::empty({S, k}, lng), at::empty({S, k}, cand.options()), at::empty({S, k}, bol),
+      at::empty({S, k}, bol), at::empty({S, k}, bol), at::empty({S}, bol), at::empty({S, k}, lng),
+      at::empty({S}, bol), at::empty({2 * S + 1}, lng), at::empty({S * k}, lng), at::empty({S * k}, bol)};
+  AT_DISPATCH_FLOATING_TYPES(cand.scalar_type(), "stay_select", [&] {
+    stay_loop<scalar_t>(std::get<0>(top), std::get<1>(top), local, word_of, W, per_slot, k, eos, pad, step, done_len,
+                        empty, ids, prune, out);
   });
   return out;
 }
@@ -207,12 +407,23 @@ void reorder_beam(Tensor tokens, Tensor scores, const Tensor& flat_parent, const
 
 void register_beam_step(pybind11::module& m) {
   m.def("fairseq_select", &fairseq_select,
-        "(cand (S, W), word_of (S, W) or None, per_slot, k, eos, step, done_len (S, k), best_finished (S,), "
-        "max_lens (S,), empty (S,), ids (S,)) -> [parent, token, score, live, eos_mask, top_slot, top_score, "
-        "done_len, best_finished, finished_now, summary, flat_parent, no_live, zeros]; see fairseq_stream/ops/beam_step.py",
-        pybind11::arg("cand"), pybind11::arg("word_of"), pybind11::arg("per_slot"), pybind11::arg("k"),
-        pybind11::arg("eos"), pybind11::arg("step"), pybind11::arg("done_len"), pybind11::arg("best_finished"),
-        pybind11::arg("max_lens"), pybind11::arg("empty"), pybind11::arg("ids"));
+        "(cand (S, W), local (S, W) or None, word_of (S, W) or None, per_slot, k, eos, step, done_len (S, k), "
+        "best_finished (S,), max_lens (S,), empty (S,), ids (S,), rp, ap, rpl, mc (negative: off)) -> [parent, "
+        "token, score, live, eos_mask, top_slot, top_score, done_len, best_finished, finished_now, summary, "
+        "flat_parent, no_live, zeros]; see fairseq_stream/ops/beam_step.py",
+        pybind11::arg("cand"), pybind11::arg("local"), pybind11::arg("word_of"), pybind11::arg("per_slot"),
+        pybind11::arg("k"), pybind11::arg("eos"), pybind11::arg("step"), pybind11::arg("done_len"),
+        pybind11::arg("best_finished"), pybind11::arg("max_lens"), pybind11::arg("empty"), pybind11::arg("ids"),
+        pybind11::arg("rp"), pybind11::arg("ap"), pybind11::arg("rpl"), pybind11::arg("mc"));
+  m.def("stay_select", &stay_select,
+        "(cand (S, W), local (S, W) or None, word_of (S, W) or None, per_slot, k, eos, pad, step, done_len (S, k), "
+        "scores (S*k, width), empty (S,), ids (S,), rp, ap, rpl, mc (negative: off)) -> [parent, token, score, "
+        "live, done, fresh, no_live, done_len, finished_now, summary, flat_parent, extended]; see "
+        "fairseq_stream/ops/beam_step.py",
+        pybind11::arg("cand"), pybind11::arg("local"), pybind11::arg("word_of"), pybind11::arg("per_slot"),
+        pybind11::arg("k"), pybind11::arg("eos"), pybind11::arg("pad"), pybind11::arg("step"),
+        pybind11::arg("done_len"), pybind11::arg("scores"), pybind11::arg("empty"), pybind11::arg("ids"),
+        pybind11::arg("rp"), pybind11::arg("ap"), pybind11::arg("rpl"), pybind11::arg("mc"));
   m.def("reorder_beam_", &reorder_beam,
         "(tokens (R, L) int64, scores (R, L') float, flat_parent (R,), extended (R,) bool, new_token (R,), "
         "new_score (R,), step): in place, rows take their parent's history and, where extended, the new "
