@@ -168,6 +168,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; wall clock is the median")
     parser.add_argument("--batch-size", type=int, default=64, help="batch size, and var-stream's pool size")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--output-layer", default="auto", choices=["auto", "torch", "fused"],
+                        help="our decoders' output layer, as fairseq-generate's option (auto: the fused kernel "
+                             "except for the dense fixed search, which keeps the reference)")
     parser.add_argument("--limit", type=int, default=0, help="only sentences with id < LIMIT (0: all)")
     parser.add_argument("--limit-k50", type=int, default=0,
                         help="var-stream at the wide k: only ids < this too (0: as --limit)")
@@ -205,6 +208,7 @@ def main():
     var = Pruning(ap=1.5, mc=5)
     methods = []
     runner_classes = {}
+    output_layers = {}  # search -> the output layer our decoders use ("torch": the reference)
 
     def fairseq_generator(search, beam):
         gen = SequenceGenerator(models, d, beam_size=beam)
@@ -224,7 +228,10 @@ def main():
 
     def ours(search, beam, finalize, pruning, runner, stream=False):
         try:
-            dec = BeamDecoder(models, d, beam_size=beam, finalize=finalize, pruning=pruning, runner=runner)
+            # The output layer as fairseq-generate picks it (--output-layer auto): greedy does not keep
+            # the reference path (GreedySearch.build), the dense fixed search does.
+            dec = BeamDecoder(models, d, beam_size=beam, finalize=finalize, pruning=pruning, runner=runner,
+                              output_layer=args.output_layer, keep_reference=False if beam == 1 else None)
         except ImportError as e:
             sys.exit("bench_step: runner {!r} is not available ({}); run with --runners fairseq".format(runner, e))
         # build_runner falls back to the fairseq runner for models the lean one
@@ -233,6 +240,7 @@ def main():
         if runner != "fairseq" and isinstance(dec.runner, ModelRunner):
             sys.exit("bench_step: asked for runner {!r}, got the fairseq runner (the log says why)".format(runner))
         runner_classes[runner] = type(dec.runner).__name__
+        output_layers[search] = dec.output_backend
         log = CallLog()
         dec.runner.step = log.wrap(dec.runner.step, lambda a: a[1].size(0))
         dec.runner.step_mixed = log.wrap(dec.runner.step_mixed, lambda a: a[1].size(0))
@@ -288,6 +296,9 @@ def main():
         n_sent, n_wide, k_wide, args.batch_size, where, args.repeats, time.strftime("%Y-%m-%d")), flush=True)
     print("runners: {}; CTranslate2: {}".format(
         ", ".join("{} ({})".format(r, runner_classes[r]) for r in args.runners), ct2_note), flush=True)
+    print("output layer (--output-layer {}): {}".format(args.output_layer, ", ".join(
+        "{} {}".format(search, "torch (reference)" if b == "torch" else "fused ({} kernel)".format(b))
+        for search, b in output_layers.items())), flush=True)
 
     execute(methods, args)
 
@@ -302,6 +313,7 @@ def main():
                 "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": where, "torch": torch.__version__,
                 "ctranslate2": ct2_note, "sentences": n_sent, "sentences_wide": n_wide,
                 "batch_size": args.batch_size, "repeats": args.repeats, "runners": runner_classes,
+                "output_layers": output_layers,
                 "beams": [k, k_wide], "max_len": "max_len_a=0, max_len_b={} (CTranslate2: max_decoding_length={}, "
                 "min_decoding_length={})".format(ctranslate2_peer.MAX_LEN_B, ctranslate2_peer.MAX_LEN_B,
                                                  ctranslate2_peer.MIN_LEN),

@@ -44,6 +44,8 @@ def main():
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--runner", choices=("fairseq", "lean"), default="fairseq")
+    parser.add_argument("--output-layer", choices=("auto", "torch", "fused"), default="auto",
+                        help="as fairseq-generate's option (auto: the fused kernel where it is built)")
     parser.add_argument("--kernels", action="store_true", help="CUDA: also total the GPU's kernel time")
     args = parser.parse_args()
 
@@ -54,7 +56,7 @@ def main():
 
     def run():
         dec = BeamDecoder(models, task.target_dictionary, beam_size=args.beam, finalize="stay",
-                          pruning=Pruning(ap=1.5, mc=5), runner=args.runner)
+                          pruning=Pruning(ap=1.5, mc=5), runner=args.runner, output_layer=args.output_layer)
         with torch.no_grad():
             if stream is None:
                 decode_batch(dec, models, batches)
