@@ -151,6 +151,15 @@ Tensor contiguous_float(const Tensor& t, const char* name) {
   return t.contiguous();
 }
 
+// One of the step's activations over a tensor, for tests of its accuracy.
+template <float (*F)(float)>
+Tensor elementwise(const Tensor& x) {
+  Tensor y = contiguous_float(x, "x").clone();
+  float* p = y.data_ptr<float>();
+  for (int64_t i = 0; i < y.numel(); ++i) p[i] = F(p[i]);
+  return y;
+}
+
 }  // namespace
 
 std::vector<Tensor> rnn_step(const Tensor& x_in, const Tensor& feed_in, const Tensor& h_in, const Tensor& c_in,
@@ -267,22 +276,7 @@ void register_rnn_step(pybind11::module& m) {
         pybind11::arg("recurrent"), pybind11::arg("upper_input"), pybind11::arg("residuals"), pybind11::arg("keys"),
         pybind11::arg("values"), pybind11::arg("masks"), pybind11::arg("row_sentences"), pybind11::arg("out_hidden"),
         pybind11::arg("additional_fc"), pybind11::arg("output"));
-  m.def("exp_approx", [](Tensor x) {
-    Tensor y = contiguous_float(x, "x").clone();
-    float* p = y.data_ptr<float>();
-    for (int64_t i = 0; i < y.numel(); ++i) p[i] = exp_approx(p[i]);
-    return y;
-  }, "the step's exp, elementwise (for tests)");
-  m.def("sigmoid_approx", [](Tensor x) {
-    Tensor y = contiguous_float(x, "x").clone();
-    float* p = y.data_ptr<float>();
-    for (int64_t i = 0; i < y.numel(); ++i) p[i] = sigmoid_approx(p[i]);
-    return y;
-  }, "the step's sigmoid, elementwise (for tests)");
-  m.def("tanh_approx", [](Tensor x) {
-    Tensor y = contiguous_float(x, "x").clone();
-    float* p = y.data_ptr<float>();
-    for (int64_t i = 0; i < y.numel(); ++i) p[i] = tanh_approx(p[i]);
-    return y;
-  }, "the step's tanh, elementwise (for tests)");
+  m.def("exp_approx", &elementwise<exp_approx>, "the step's exp, elementwise (for tests)");
+  m.def("sigmoid_approx", &elementwise<sigmoid_approx>, "the step's sigmoid, elementwise (for tests)");
+  m.def("tanh_approx", &elementwise<tanh_approx>, "the step's tanh, elementwise (for tests)");
 }
