@@ -24,23 +24,18 @@ Both run on CPU tensors where the extension is built (:func:`available`);
 elsewhere (CUDA, no build) the torch code runs, with the same results.
 """
 
-import importlib
 from typing import List, Optional
 
 import torch
 from torch import Tensor
 
-_MODULE = []  # [module or None], loaded on first use
+from fairseq_stream.ops.output_layer import compiled_module
 
 
 def _extension():
-    if not _MODULE:
-        try:
-            module = importlib.import_module("fairseq_stream._ops_cpu")
-        except ImportError:  # not built: the torch code runs instead
-            module = None
-        _MODULE.append(module if module is not None and hasattr(module, "stay_select") else None)
-    return _MODULE[0]
+    """The CPU module where it is built with these ops; None: the torch code runs instead."""
+    module = compiled_module("cpu")
+    return module if hasattr(module, "stay_select") else None
 
 
 def available(device: torch.device) -> bool:

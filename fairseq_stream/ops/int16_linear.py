@@ -29,14 +29,14 @@ row's (or the weight's) largest magnitude.
 float32 rounding of the final multiply and add (:func:`error_bound`).
 """
 
-import functools
-import importlib
 import math
 from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
 from torch import Tensor
+
+from fairseq_stream.ops.output_layer import compiled_module
 
 INT32_MAX = 2 ** 31 - 1
 INT16_MAX = 32767
@@ -85,14 +85,8 @@ def quantized_weight(p: PackedLinear) -> Tensor:
     return full[:p.out_features, :p.in_features]
 
 
-@functools.lru_cache(maxsize=None)
 def _extension():
-    # Cached: a decoder step calls the op about three times, and an import
-    # lookup each time cost 6 us a call (cProfile, one CPU thread).
-    try:
-        return importlib.import_module("fairseq_stream._ops_cpu")
-    except ImportError:
-        return None
+    return compiled_module("cpu")
 
 
 def kernels() -> List[str]:

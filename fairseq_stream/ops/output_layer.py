@@ -85,8 +85,12 @@ class OutputLayerResult(NamedTuple):
     eos: Tensor
 
 
-def _extension(kind: str):
-    """The compiled module for ``kind`` ("cpu" or "cuda"), or None if it is not built."""
+def compiled_module(kind: str):
+    """The compiled module for ``kind`` ("cpu" or "cuda"), or None if it is not built.
+
+    Loaded once and cached (a miss too, with its reason for :func:`missing_reason`);
+    every op of this package reaches its kernels through it.
+    """
     if kind not in _EXTENSIONS:
         try:
             _EXTENSIONS[kind] = importlib.import_module("fairseq_stream._ops_" + kind)
@@ -98,7 +102,7 @@ def _extension(kind: str):
 
 def missing_reason(kind: str) -> str:
     """Why the compiled module for ``kind`` is not loaded ("" where it is)."""
-    if _extension(kind) is not None:
+    if compiled_module(kind) is not None:
         return ""
     return _MISSING.get(kind, "not found")
 
@@ -106,9 +110,9 @@ def missing_reason(kind: str) -> str:
 def available_backends() -> List[str]:
     """The backends that can run here: always "torch", then "cpu" and "cuda" where built (and usable)."""
     names = ["torch"]
-    if _extension("cpu") is not None:
+    if compiled_module("cpu") is not None:
         names.append("cpu")
-    if torch.cuda.is_available() and _extension("cuda") is not None:
+    if torch.cuda.is_available() and compiled_module("cuda") is not None:
         names.append("cuda")
     return names
 
@@ -122,7 +126,7 @@ def auto_backend(device: Union[str, torch.device] = "cpu", n: Optional[int] = No
     kind = device.type if isinstance(device, torch.device) else torch.device(device).type
     if kind == "cuda" and n is not None and n > CUDA_MAX_N:
         return "torch"
-    if kind in ("cpu", "cuda") and _extension(kind) is not None:
+    if kind in ("cpu", "cuda") and compiled_module(kind) is not None:
         return kind
     return "torch"
 
@@ -223,7 +227,7 @@ def topk_log_softmax(
     ban_all = ban_eos is True
     ban_rows = ban_eos.contiguous() if isinstance(ban_eos, Tensor) else None
     force_rows = force_eos.contiguous() if force_eos is not None else None
-    values, indices, eos_out = _extension(name).topk_log_softmax(
+    values, indices, eos_out = compiled_module(name).topk_log_softmax(
         members, bias_list, int(n), int(pad), int(eos), -1 if unk is None else int(unk),
         float(unk_penalty), float(temperature), ban_all, ban_rows, force_rows,
         add.contiguous() if add is not None else None,
@@ -252,7 +256,7 @@ def _resolve(backend: str, device: torch.device, n: int) -> str:
         return auto_backend(device, n)
     if backend == "torch":
         return backend
-    if _extension(backend) is None:
+    if compiled_module(backend) is None:
         raise FairseqStreamError(
             "output-layer backend '{}' is not built (fairseq_stream._ops_{}: {}); build it with "
             "'python setup.py build_ext --inplace', or use backend 'auto' or 'torch'".format(

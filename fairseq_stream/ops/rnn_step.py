@@ -30,21 +30,17 @@ residuals, the attention with its pre-computed tables (or no attention),
 its torch step.
 """
 
-import functools
-import importlib
 from typing import List, Optional, Sequence, Tuple
 
 from torch import Tensor
 
 from fairseq_stream.ops.int16_linear import PackedLinear
+from fairseq_stream.ops.output_layer import compiled_module
 
 
-@functools.lru_cache(maxsize=None)
 def _extension():
-    try:
-        module = importlib.import_module("fairseq_stream._ops_cpu")
-    except ImportError:  # not built: the runner keeps its torch step
-        return None
+    """The CPU module where it is built with the step; None: the runner keeps its torch step."""
+    module = compiled_module("cpu")
     return module if hasattr(module, "rnn_step") else None
 
 
