@@ -341,8 +341,7 @@ class BeamDecoder:
             n_final = step_out.n_final
             c.best_finished = step_out.best_finished
         sel, new_done_len, finished_now = step_out.sel, step_out.done_len, step_out.finished_now
-        flat_parent = step_out.flat_parent
-        extended = step_out.extended if stay else sel.live.view(-1)
+        flat_parent, extended = step_out.flat_parent, step_out.extended
         live = sel.live
         # The step's one host read (the summary): per sentence, 1 if it ends
         # (+2 for an empty source) and its id, under fairseq's rule the

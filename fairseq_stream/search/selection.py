@@ -127,6 +127,11 @@ class FairseqStep:
     summary: Tensor
     flat_parent: Tensor  # (S * k,) the row each new row continues
 
+    @property
+    def extended(self) -> Tensor:
+        """(S * k,) bool: the row adds a token this step; under fairseq's rule, the live ones."""
+        return self.sel.live.view(-1)
+
 
 def fairseq_step(cand, local, k, vocab, eos, pruning: Pruning, step, done_len, best_finished, max_lens, empty,
                  ids, word_of=None, compiled: Optional[bool] = None) -> FairseqStep:
