@@ -61,6 +61,23 @@ def random_lstm(task, **overrides):
     return model
 
 
+def perturbed_copy(model):
+    """A second ensemble member: ``model`` with every weight moved by 0.05 x N(0, 1) noise (seed 1)."""
+    other = copy.deepcopy(model)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return other
+
+
+def two_layer_lstm(task):
+    """Two layers with residuals, unidirectional encoder, tied embeddings, out dim = hidden (random weights)."""
+    return random_lstm(task, encoder_embed_dim=32, encoder_hidden_size=48, encoder_layers=2,
+                       decoder_embed_dim=48, decoder_hidden_size=48, decoder_out_embed_dim=48,
+                       decoder_layers=2, residuals=True, share_decoder_input_output_embed=True)
+
+
 @pytest.fixture(scope="module")
 def lstms64(exact):
     """name -> (float64 models, task): the toy LSTM, a two-model ensemble, a random two-layer LSTM."""
@@ -72,17 +89,9 @@ def lstms64(exact):
             if name == "lstm":
                 cache[name] = ([toy], task)
             elif name == "ensemble":
-                other = copy.deepcopy(toy)
-                torch.manual_seed(1)
-                with torch.no_grad():
-                    for p in other.parameters():
-                        p.add_(0.05 * torch.randn_like(p))
-                cache[name] = ([toy, other], task)
-            else:  # two layers with residuals, unidirectional encoder, tied embeddings, out dim = hidden
-                model = random_lstm(task, encoder_embed_dim=32, encoder_hidden_size=48, encoder_layers=2,
-                                    decoder_embed_dim=48, decoder_hidden_size=48, decoder_out_embed_dim=48,
-                                    decoder_layers=2, residuals=True, share_decoder_input_output_embed=True)
-                cache[name] = ([model.double()], task)
+                cache[name] = ([toy, perturbed_copy(toy)], task)
+            else:
+                cache[name] = ([two_layer_lstm(task).double()], task)
         return cache[name]
 
     return load

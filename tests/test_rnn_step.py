@@ -9,8 +9,6 @@ and with two groups of rows in one call, and end to end on every toy
 sentence; the activations against float64 references.
 """
 
-import copy
-
 import pytest
 import torch
 
@@ -18,7 +16,7 @@ from conftest import decode, decoder_options, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.ops import rnn_step
 from fairseq_stream.runners.rnn import RnnOptions, RnnRunner
-from test_rnn_runner import SCHEDULERS, agreement, random_lstm, toy_sentences
+from test_rnn_runner import SCHEDULERS, agreement, perturbed_copy, toy_sentences, two_layer_lstm
 
 torch.set_num_threads(1)
 
@@ -53,15 +51,8 @@ def test_activations_are_within_their_bounds():
 def models32(loaded):
     """name -> (float32 models, task): the toy LSTM, a two-model ensemble, a random two-layer LSTM."""
     (toy,), task = loaded("lstm")
-    other = copy.deepcopy(toy)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in other.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    two_layer = random_lstm(task, encoder_embed_dim=32, encoder_hidden_size=48, encoder_layers=2,
-                            decoder_embed_dim=48, decoder_hidden_size=48, decoder_out_embed_dim=48,
-                            decoder_layers=2, residuals=True, share_decoder_input_output_embed=True)
-    return {"lstm": ([toy], task), "ensemble": ([toy, other], task), "two-layer": ([two_layer], task)}
+    return {"lstm": ([toy], task), "ensemble": ([toy, perturbed_copy(toy)], task),
+            "two-layer": ([two_layer_lstm(task)], task)}
 
 
 def close(a, b):
