@@ -76,6 +76,7 @@ from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from fairseq_stream.decoder import BeamDecoder  # noqa: E402
 from fairseq_stream.runner import ModelRunner  # noqa: E402
+from fairseq_stream.runners.lean import LeanRunner  # noqa: E402
 from fairseq_stream.search.pruning import Pruning  # noqa: E402
 
 # The targets.
@@ -163,8 +164,10 @@ class Method:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_input_arguments(parser)
-    parser.add_argument("--runners", nargs="+", default=["fairseq", "lean"], choices=["fairseq", "lean"],
-                        help="our loop's runners to measure (fairseq alone until the lean runner exists)")
+    parser.add_argument("--runners", nargs="+", default=["fairseq", "lean"],
+                        choices=["fairseq", "lean", "lean-torch-gemm"],
+                        help="our loop's runners to measure; lean-torch-gemm: the lean runner with F.linear "
+                             "instead of its MKL-prepacked products (what that packing is worth)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; wall clock is the median")
     parser.add_argument("--batch-size", type=int, default=64, help="batch size, and var-stream's pool size")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -230,8 +233,11 @@ def main():
         try:
             # The output layer as fairseq-generate picks it (--output-layer auto): greedy does not keep
             # the reference path (GreedySearch.build), the dense fixed search does.
-            dec = BeamDecoder(models, d, beam_size=beam, finalize=finalize, pruning=pruning, runner=runner,
+            dec = BeamDecoder(models, d, beam_size=beam, finalize=finalize, pruning=pruning,
+                              runner="lean" if runner == "lean-torch-gemm" else runner,
                               output_layer=args.output_layer, keep_reference=False if beam == 1 else None)
+            if runner == "lean-torch-gemm":
+                dec.runner = LeanRunner(models, prepack=False)
         except ImportError as e:
             sys.exit("bench_step: runner {!r} is not available ({}); run with --runners fairseq".format(runner, e))
         # build_runner falls back to the fairseq runner for models the lean one

@@ -13,7 +13,10 @@ reads a ``TransformerModel``'s weights once and runs the step itself:
   heads, source, head_dim)``; a step packs its queries by sentence (a
   ``(sentences, widest beam)`` layout) so that every row attends to its own
   sentence's keys without a per-row copy;
-* query, key and value come from one fused projection;
+* query, key and value come from one fused projection; in float32 on the
+  CPU every product runs on a weight packed once for MKL
+  (:mod:`fairseq_stream.ops.prepacked_linear`: skinny products 1.3-2.6x
+  faster than ``F.linear``, which packs the weight again on every call);
 * attention is two batched matmuls over the cache in place (torch's
   ``scaled_dot_product_attention`` for a few rows), no copy of the keys;
 * rows name their cache slot through an index: a reorder copies only the
@@ -28,7 +31,7 @@ their segments, each attending over its own length. Projections, layer norms
 and the feed-forward blocks run over all rows at once.
 
 Exactness: the arithmetic is fairseq's, in another order (fused projections,
-the attention kernel): in float64 the n-best lists equal the fairseq
+the attention kernel, MKL's packed products in float32): in float64 the n-best lists equal the fairseq
 runner's to about 1e-12 (tests/test_lean_runner.py); in float32 printed
 hypotheses differ on a few sentences of a test set in a thousand
 (benchmarks/bench_step.py measures it).
@@ -42,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fairseq_stream.ops import prepacked_linear
 from fairseq_stream.runners.own_step import OwnStepRunner
 from fairseq_stream.runners.packing import pack_by_sentence
 
@@ -101,32 +105,30 @@ def _apply_norm(x, norm):
     return F.layer_norm(x, shape, weight, bias, eps)
 
 
-def _linear(module):
-    return (module.weight, module.bias)
+def _joined(modules, prepack: bool) -> prepacked_linear.Linear:
+    """One product for the ``nn.Linear`` modules' outputs side by side (fused projections)."""
+    weight = modules[0].weight if len(modules) == 1 else torch.cat([m.weight for m in modules])
+    biases = [m.bias for m in modules]
+    bias = None if biases[0] is None else (biases[0] if len(modules) == 1 else torch.cat(biases))
+    return prepacked_linear.linear(weight, bias, prepack)
 
 
 class _Layer:
-    """One decoder layer's weights, arranged for the step."""
+    """One decoder layer's weights, arranged for the step; products are callables (:mod:`prepacked_linear`)."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, prepack: bool):
         self_attn, cross = layer.self_attn, layer.encoder_attn
         self.pre_norm = layer.normalize_before
-        self.qkv = (
-            torch.cat([self_attn.q_proj.weight, self_attn.k_proj.weight, self_attn.v_proj.weight]),
-            torch.cat([self_attn.q_proj.bias, self_attn.k_proj.bias, self_attn.v_proj.bias]),
-        )
-        self.self_out = _linear(self_attn.out_proj)
+        self.qkv = _joined([self_attn.q_proj, self_attn.k_proj, self_attn.v_proj], prepack)
+        self.self_out = _joined([self_attn.out_proj], prepack)
         self.self_norm = _norm(layer.self_attn_layer_norm)
         self.scaling = self_attn.scaling
-        self.cross_q = _linear(cross.q_proj)
-        self.cross_kv = (
-            torch.cat([cross.k_proj.weight, cross.v_proj.weight]),
-            torch.cat([cross.k_proj.bias, cross.v_proj.bias]),
-        )
-        self.cross_out = _linear(cross.out_proj)
+        self.cross_q = _joined([cross.q_proj], prepack)
+        self.cross_kv = _joined([cross.k_proj, cross.v_proj], prepack)
+        self.cross_out = _joined([cross.out_proj], prepack)
         self.cross_norm = _norm(layer.encoder_attn_layer_norm)
         self.cross_scaling = cross.scaling
-        self.fc1, self.fc2 = _linear(layer.fc1), _linear(layer.fc2)
+        self.fc1, self.fc2 = _joined([layer.fc1], prepack), _joined([layer.fc2], prepack)
         self.activation = layer.activation_fn
         self.final_norm = _norm(layer.final_layer_norm)
 
@@ -138,25 +140,30 @@ class _Layer:
 
     def feed_forward(self, x: Tensor) -> Tensor:
         """The feed-forward sub-layer, with its residual and norm."""
-        return self.residual(x, self.final_norm, lambda h: F.linear(self.activation(F.linear(h, *self.fc1)), *self.fc2))
+        return self.residual(x, self.final_norm, lambda h: self.fc2(self.activation(self.fc1(h))))
 
 
 class LeanModel:
-    """One fairseq transformer's decoder weights, arranged for the lean step (views of its parameters)."""
+    """One fairseq transformer's decoder weights, arranged for the lean step.
 
-    def __init__(self, model):
+    With ``prepack`` (and float32 weights on the CPU) the products hold
+    copies packed for MKL (:mod:`fairseq_stream.ops.prepacked_linear`), made
+    here: later changes to the model's parameters are not seen.
+    """
+
+    def __init__(self, model, prepack: bool = True):
         decoder = model.decoder
         self.model = model
         self.embed = decoder.embed_tokens.weight
         self.embed_scale = decoder.embed_scale
         self.padding_idx = decoder.padding_idx
-        self.project_in = _linear(decoder.project_in_dim) if decoder.project_in_dim is not None else None
-        self.project_out = _linear(decoder.project_out_dim) if decoder.project_out_dim is not None else None
+        self.project_in = _joined([decoder.project_in_dim], prepack) if decoder.project_in_dim is not None else None
+        self.project_out = (_joined([decoder.project_out_dim], prepack)
+                            if decoder.project_out_dim is not None else None)
         self.embed_norm = _norm(decoder.layernorm_embedding)
         self.final_norm = _norm(decoder.layer_norm)
-        self.output = decoder.output_projection.weight
-        self.output_bias = decoder.output_projection.bias
-        self.layers = [_Layer(layer) for layer in decoder.layers]
+        self.output = _joined([decoder.output_projection], prepack)
+        self.layers = [_Layer(layer, prepack) for layer in decoder.layers]
         first = decoder.layers[0].self_attn
         self.heads, self.head_dim, self.dim = first.num_heads, first.head_dim, first.embed_dim
         self.positions = self._position_table(decoder)
@@ -184,7 +191,7 @@ class LeanModel:
         """
         x = self.embed_scale * F.embedding(tokens, self.embed)
         if self.project_in is not None:
-            x = F.linear(x, *self.project_in)
+            x = self.project_in(x)
         if self.positions is not None:
             x = x + (self.positions[where] if isinstance(where, int) else self.positions.index_select(0, where))
         if self.embed_norm is not None:
@@ -196,8 +203,8 @@ class LeanModel:
         if self.final_norm is not None:
             x = _apply_norm(x, self.final_norm)
         if self.project_out is not None:
-            x = F.linear(x, *self.project_out)
-        return F.linear(x, self.output, self.output_bias)
+            x = self.project_out(x)
+        return self.output(x)
 
     def encode(self, net_input):
         """fairseq's encoder, then every layer's encoder keys and values, once per sentence."""
@@ -206,7 +213,7 @@ class LeanModel:
         T, S = enc.size(0), enc.size(1)
         keys, values = [], []
         for layer in self.layers:
-            kv = F.linear(enc, *layer.cross_kv).view(T, S, 2, self.heads, self.head_dim)
+            kv = layer.cross_kv(enc).view(T, S, 2, self.heads, self.head_dim)
             kv = kv.permute(2, 1, 3, 0, 4)  # (2, S, H, T, hd)
             keys.append(kv[0].contiguous())
             values.append(kv[1].contiguous())
@@ -376,16 +383,20 @@ class LeanRunner(OwnStepRunner):
         models: fairseq transformer models (an ensemble of one or more) that
             :func:`unsupported_reason` accepts.
         temperature: divides the decoder logits, as fairseq's ``--temperature``.
+        prepack: float32 products on the CPU with weights packed once for MKL
+            (:mod:`fairseq_stream.ops.prepacked_linear`); False keeps
+            ``F.linear``'s arithmetic.
     """
 
     name = "lean"
 
-    def __init__(self, models, temperature: float = 1.0):
+    def __init__(self, models, temperature: float = 1.0, prepack: bool = True):
         super().__init__(models, temperature)
+        self.prepack = prepack
         self._build()
 
     def _build(self):
-        self.lean = [LeanModel(m) for m in self.model.models]
+        self.lean = [LeanModel(m, self.prepack) for m in self.model.models]
 
     # -- the interface -----------------------------------------------------
 
@@ -584,7 +595,7 @@ class LeanRunner(OwnStepRunner):
 
             def self_attention(h):
                 # Write this position's key and value, attend over the prefix.
-                q, k, v = F.linear(h, *layer.qkv).split(D, dim=-1)
+                q, k, v = layer.qkv(h).split(D, dim=-1)
                 outs = []
                 for s, (a, b) in zip(segments, bounds):
                     n, L = b - a, s.length
@@ -601,11 +612,11 @@ class LeanRunner(OwnStepRunner):
                         query = q.new_zeros(keys.size(0), D).index_copy_(0, s.slot, q[a:b])
                         out = _attend_prefix(query, keys, values, L + 1, layer.scaling)
                         outs.append(out.index_select(0, s.slot))
-                return F.linear(outs[0] if len(outs) == 1 else torch.cat(outs), *layer.self_out)
+                return layer.self_out(outs[0] if len(outs) == 1 else torch.cat(outs))
 
             def encoder_attention(h):
                 # Queries packed by sentence, one key set per sentence.
-                q = F.linear(h, *layer.cross_q)
+                q = layer.cross_q(h)
                 outs = []
                 for s, (a, b) in zip(segments, bounds):
                     enc = s.encoder[index]
@@ -615,7 +626,7 @@ class LeanRunner(OwnStepRunner):
                     out = _attend_source(packed.view(enc.sentences, width, H, hd), enc.keys[l], enc.values[l],
                                          enc.mask, layer.cross_scaling)
                     outs.append(out.reshape(enc.sentences * width, D)[where])
-                return F.linear(outs[0] if len(outs) == 1 else torch.cat(outs), *layer.cross_out)
+                return layer.cross_out(outs[0] if len(outs) == 1 else torch.cat(outs))
 
             x = layer.residual(x, layer.self_norm, self_attention)
             x = layer.residual(x, layer.cross_norm, encoder_attention)

@@ -134,19 +134,19 @@ class WindowRunner:
         for l, layer in enumerate(lean.layers):
 
             def self_attention(h):
-                q, k, v = F.linear(h, *layer.qkv).split(D, dim=-1)
+                q, k, v = layer.qkv(h).split(D, dim=-1)
                 keys, values = cache[2 * l], cache[2 * l + 1]
                 keys[row_index, :, steps] = k.view(rows, width, H, hd)
                 values[row_index, :, steps] = v.view(rows, width, H, hd)
                 out = F.scaled_dot_product_attention(
                     q.view(rows, width, H, hd).transpose(1, 2), keys[:, :, :needed], values[:, :, :needed],
                     attn_mask=visible, scale=layer.scaling)
-                return F.linear(out.transpose(1, 2).reshape(rows * width, D), *layer.self_out)
+                return layer.self_out(out.transpose(1, 2).reshape(rows * width, D))
 
             def encoder_attention(h):
-                q = F.linear(h, *layer.cross_q).view(rows, width, H, hd)
+                q = layer.cross_q(h).view(rows, width, H, hd)
                 out = _attend_source(q, encoder.keys[l], encoder.values[l], encoder.mask, layer.cross_scaling)
-                return F.linear(out.reshape(rows * width, D), *layer.cross_out)
+                return layer.cross_out(out.reshape(rows * width, D))
 
             x = layer.residual(x, layer.self_norm, self_attention)
             x = layer.residual(x, layer.cross_norm, encoder_attention)

@@ -29,6 +29,7 @@
 
 #include "beam_step_cpu.h"
 #include "int16_linear_cpu.h"
+#include "prepacked_linear_cpu.h"
 #include "rnn_step_cpu.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -723,4 +724,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_int16_linear(m);
   register_beam_step(m);
   register_rnn_step(m);
+  register_prepacked_linear(m);
 }

@@ -1,0 +1,24 @@
+// float32 x W^T + b on a weight packed once by MKL's cblas_sgemm_pack (prepacked_linear_cpu.cpp),
+// bound into the same extension module as the fused output layer.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+
+struct __attribute__((visibility("hidden"))) PrepackedLinear {
+  torch::Tensor packed;  // MKL's opaque packed form of W^T; never copied or moved (MKL's rule)
+  int64_t out_features;
+  int64_t in_features;
+  std::optional<torch::Tensor> bias;
+
+  torch::Tensor operator()(const torch::Tensor& x) const;
+};
+
+// "" where MKL's packed sgemm was found in the process (torch's own MKL), else why not.
+std::string prepacked_linear_missing();
+
+PrepackedLinear prepack_linear(const torch::Tensor& weight, std::optional<torch::Tensor> bias);
+
+void register_prepacked_linear(pybind11::module& m);

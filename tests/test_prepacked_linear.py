@@ -1,0 +1,83 @@
+"""The prepacked float32 product (MKL's packed sgemm) against float64, and where the lean runner uses it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fairseq_stream.ops import prepacked_linear as P
+
+needs_mkl = pytest.mark.skipif(not P.available(), reason="no prepacked product here: " + (P.missing_reason() or ""))
+
+
+def float32_bound(x, w, b):
+    """Two float32 sums of the same products in any order differ from the exact sum by at most this (per output)."""
+    k = x.size(-1)
+    magnitude = x.double().abs() @ w.double().abs().t() + (b.double().abs() if b is not None else 0)
+    return 2 * k * torch.finfo(torch.float32).eps * magnitude + 1e-30
+
+
+@needs_mkl
+@pytest.mark.parametrize("out_features, in_features", [(1, 1), (17, 5), (768, 256), (256, 1024), (1000, 256)])
+@pytest.mark.parametrize("rows", [0, 1, 2, 5, 13, 64, 301])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_equals_float64_within_float32_rounding(out_features, in_features, rows, with_bias):
+    g = torch.Generator().manual_seed(rows * 7 + in_features)
+    w = torch.randn(out_features, in_features, generator=g) * 0.1
+    b = torch.randn(out_features, generator=g) if with_bias else None
+    x = torch.randn(rows, in_features, generator=g)
+    f = P.linear(w, b)
+    assert not isinstance(f, P.TorchLinear)
+    y = f(x)
+    assert y.shape == (rows, out_features) and y.dtype == torch.float32
+    exact = F.linear(x.double(), w.double(), b.double() if b is not None else None)
+    assert ((y.double() - exact).abs() <= float32_bound(x, w, b)).all()
+
+
+@needs_mkl
+def test_leaves_weight_and_bias_alone_and_repeats_itself():
+    # One row once wrote its output into the bias (expand().contiguous() of one row is the bias itself).
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
+    w0, b0 = w.clone(), b.clone()
+    f = P.linear(w, b)
+    x = torch.randn(1, 24, generator=g)
+    first = f(x)
+    for rows in (1, 3, 1):
+        f(torch.randn(rows, 24, generator=g))
+    assert torch.equal(f(x), first)
+    assert torch.equal(w, w0) and torch.equal(b, b0)
+
+
+@needs_mkl
+def test_any_leading_shape_and_strided_input():
+    g = torch.Generator().manual_seed(2)
+    w, b = torch.randn(30, 16, generator=g), torch.randn(30, generator=g)
+    f = P.linear(w, b)
+    x = torch.randn(3, 4, 32, generator=g)[..., ::2]  # (3, 4, 16), not contiguous
+    y = f(x)
+    assert y.shape == (3, 4, 30)
+    assert torch.allclose(y, F.linear(x, w, b), rtol=0, atol=1e-5)
+    with pytest.raises(RuntimeError, match="16 features"):
+        f(torch.randn(2, 15))
+
+
+def test_torch_where_it_does_not_apply():
+    w, b = torch.randn(8, 4), torch.randn(8)
+    for f in (P.linear(w.double(), b.double()), P.linear(w, b, prepack=False), P.linear(w.half(), None)):
+        assert isinstance(f, P.TorchLinear)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    assert torch.equal(P.linear(w.double(), b.double())(x), F.linear(x, w.double(), b.double()))
+
+
+@needs_mkl
+def test_lean_runner_prepacks_float32_cpu_products_only(loaded, exact):
+    from fairseq_stream.runners.lean import LeanRunner
+
+    models, _ = loaded("transformer")
+    lean = LeanRunner(models).lean[0]
+    products = [lean.output] + [getattr(l, n) for l in lean.layers
+                                for n in ("qkv", "self_out", "cross_q", "cross_kv", "cross_out", "fc1", "fc2")]
+    assert all(not isinstance(p, P.TorchLinear) for p in products)
+    assert isinstance(LeanRunner(models, prepack=False).lean[0].output, P.TorchLinear)
+    models64, _ = exact("transformer")
+    assert isinstance(LeanRunner(models64).lean[0].output, P.TorchLinear)
