@@ -68,7 +68,9 @@ class BeamDecoder:
         keep_reference: ``auto`` runner and output layer stay on the
             references (fairseq, torch); default: when the search is dense
             (fixed width, ``--finalize fairseq``), whose promise is bitwise
-            identity with fairseq's SequenceGenerator.
+            identity with fairseq's SequenceGenerator. The promise needs
+            fairseq's runner: on another one (asked for by ``runner``), the
+            ``auto`` output layer is the fused one.
         rnn_options: the rnn runner's tricks
             (:class:`~fairseq_stream.runners.rnn.RnnOptions`; default: all on,
             int16 off).
@@ -158,9 +160,14 @@ class BeamDecoder:
         return min(2 * k, V)
 
     def _output_backend(self) -> str:
+        from fairseq_stream.runner import ModelRunner
+
         device = next(self.runner.model.parameters()).device
+        # Bitwise fairseq needs fairseq's runner and output layer together: without the one, the other
+        # keeps nothing.
+        bitwise = self.keep_reference and isinstance(self.runner, ModelRunner)
         return choose_backend(self.output_layer, self.runner, device, self.candidates_per_row,
-                              keep_reference=self.keep_reference,
+                              keep_reference=bitwise,
                               no_repeat_ngram_size=self.no_repeat_ngram_size)
 
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):

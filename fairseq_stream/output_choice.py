@@ -8,7 +8,9 @@
   into each row's best candidates, the rules applied in the same pass.
 * ``auto``: ``fused`` where a kernel is built for the models' device and
   nothing below rules it out, else ``torch``; ``--search fixed --finalize
-  fairseq`` keeps ``torch`` (its promise is bitwise identity with fairseq).
+  fairseq`` keeps ``torch`` (its promise is bitwise identity with fairseq)
+  unless another runner than fairseq's is asked for (``--runner lean``),
+  which gives that promise up.
 
 What rules the fused layer out (a log line, then ``torch``):
 ``--no-repeat-ngram-size`` (it needs every word's log-probability), a model

@@ -125,6 +125,9 @@ def test_auto_choices(loaded, caplog):
     # --search fixed --finalize fairseq: bitwise fairseq's, unless fused is asked for.
     assert BeamDecoder(models, d, beam_size=5, output_layer="auto").output_backend == "torch"
     assert BeamDecoder(models, d, beam_size=5, output_layer="fused").output_backend == "cpu"
+    assert BeamDecoder(models, d, beam_size=5, runner="auto", output_layer="auto").output_backend == "torch"
+    # ... and unless another runner is asked for: without fairseq's runner the promise is gone.
+    assert BeamDecoder(models, d, beam_size=5, runner="lean", output_layer="auto").output_backend == "cpu"
     with caplog.at_level("INFO"):
         dec = BeamDecoder(models, d, beam_size=5, finalize="stay", output_layer="fused", no_repeat_ngram_size=2)
     assert dec.output_backend == "torch"
