@@ -77,6 +77,12 @@ from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 from fairseq_stream.decoder import BeamDecoder  # noqa: E402
 from fairseq_stream.runner import ModelRunner  # noqa: E402
 from fairseq_stream.runners.lean import LeanRunner  # noqa: E402
+
+# The lean runner with one compiled part on its torch reference.
+LEAN_VARIANTS = {
+    "lean-torch-gemm": dict(prepack=False),  # F.linear instead of the MKL-prepacked products
+    "lean-torch-attention": dict(compiled_attention=False),  # the attentions as torch ops
+}
 from fairseq_stream.search.pruning import Pruning  # noqa: E402
 
 # The targets.
@@ -165,9 +171,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_input_arguments(parser)
     parser.add_argument("--runners", nargs="+", default=["fairseq", "lean"],
-                        choices=["fairseq", "lean", "lean-torch-gemm"],
-                        help="our loop's runners to measure; lean-torch-gemm: the lean runner with F.linear "
-                             "instead of its MKL-prepacked products (what that packing is worth)")
+                        choices=["fairseq", "lean"] + sorted(LEAN_VARIANTS),
+                        help="our loop's runners to measure; the lean-torch-* variants are the lean runner with "
+                             "one of its compiled parts replaced by its torch reference (what that part is worth)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; wall clock is the median")
     parser.add_argument("--batch-size", type=int, default=64, help="batch size, and var-stream's pool size")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -234,10 +240,10 @@ def main():
             # The output layer as fairseq-generate picks it (--output-layer auto): greedy does not keep
             # the reference path (GreedySearch.build), the dense fixed search does.
             dec = BeamDecoder(models, d, beam_size=beam, finalize=finalize, pruning=pruning,
-                              runner="lean" if runner == "lean-torch-gemm" else runner,
+                              runner="lean" if runner in LEAN_VARIANTS else runner,
                               output_layer=args.output_layer, keep_reference=False if beam == 1 else None)
-            if runner == "lean-torch-gemm":
-                dec.runner = LeanRunner(models, prepack=False)
+            if runner in LEAN_VARIANTS:
+                dec.runner = LeanRunner(models, **LEAN_VARIANTS[runner])
         except ImportError as e:
             sys.exit("bench_step: runner {!r} is not available ({}); run with --runners fairseq".format(runner, e))
         # build_runner falls back to the fairseq runner for models the lean one

@@ -10,18 +10,18 @@ reads a ``TransformerModel``'s weights once and runs the step itself:
   and group of rows, ``(2 * layers, rows, heads, capacity, head_dim)``; a
   step writes one position in place, and rows and capacity double when full;
 * encoder keys and values are computed once per sentence, ``(sentences,
-  heads, source, head_dim)``; a step packs its queries by sentence (a
-  ``(sentences, widest beam)`` layout) so that every row attends to its own
-  sentence's keys without a per-row copy;
+  heads, source, head_dim)``, and every row attends to its own sentence's
+  keys without a per-row copy;
 * query, key and value come from one fused projection; in float32 on the
   CPU every product runs on a weight packed once for MKL
   (:mod:`fairseq_stream.ops.prepacked_linear`: skinny products 1.3-2.6x
   faster than ``F.linear``, which packs the weight again on every call);
-* attention is two batched matmuls over the cache in place (torch's
-  ``scaled_dot_product_attention`` for a few rows), no copy of the keys;
+* each attention is one compiled call on the CPU
+  (:mod:`fairseq_stream.ops.attention`: the cache write and the attention
+  of every row and head over its own keys); elsewhere, torch ops over the
+  cache in place (queries packed by sentence for the encoder attention);
 * rows name their cache slot through an index: a reorder copies only the
-  rows that a parent passes to a second child, and a step attends in slot
-  order.
+  rows that a parent passes to a second child.
 
 A state is a list of *segments*: groups of rows that were started together,
 each with its own caches, encoder keys and prefix length. Joining cohorts
@@ -31,8 +31,8 @@ their segments, each attending over its own length. Projections, layer norms
 and the feed-forward blocks run over all rows at once.
 
 Exactness: the arithmetic is fairseq's, in another order (fused projections,
-the attention kernel, MKL's packed products in float32): in float64 the n-best lists equal the fairseq
-runner's to about 1e-12 (tests/test_lean_runner.py); in float32 printed
+the attention kernels, MKL's packed products in float32): in float64 the
+n-best lists equal the fairseq runner's to about 1e-12 (tests/test_lean_runner.py); in float32 printed
 hypotheses differ on a few sentences of a test set in a thousand
 (benchmarks/bench_step.py measures it).
 """
@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_stream.ops import prepacked_linear
+from fairseq_stream.ops import attention, prepacked_linear
 from fairseq_stream.runners.own_step import OwnStepRunner
 from fairseq_stream.runners.packing import pack_by_sentence
 
@@ -225,58 +225,6 @@ class LeanModel:
         return _EncoderKeys(keys, values, mask)
 
 
-# Below this many rows torch's fused attention is faster than two bmm calls
-# on one CPU thread (measured: 0.02 against 0.04 ms at 5 rows); above it,
-# about half as fast (2.5 against 1.2 ms at 320 rows).
-BMM_ATTENTION_ROWS = 16
-
-
-def _attend_prefix(q: Tensor, keys: Tensor, values: Tensor, length: int, scale: float) -> Tensor:
-    """One query per row over the first ``length`` cached positions.
-
-    Args:
-        q: (rows, heads * head_dim).
-        keys, values: (rows, heads, capacity, head_dim), contiguous.
-
-    Returns:
-        (rows, heads * head_dim).
-    """
-    rows, heads, capacity, head_dim = keys.shape
-    if rows < BMM_ATTENTION_ROWS:
-        return F.scaled_dot_product_attention(
-            q.view(rows, heads, 1, head_dim), keys[:, :, :length], values[:, :, :length],
-            scale=scale).view(rows, -1)
-    # (rows * heads) batches of one query; the cache slices stay views.
-    k = keys.view(rows * heads, capacity, head_dim)[:, :length]
-    v = values.view(rows * heads, capacity, head_dim)[:, :length]
-    weights = torch.bmm(q.reshape(rows * heads, 1, head_dim) * scale, k.transpose(1, 2))
-    return torch.bmm(torch.softmax(weights, dim=-1), v).view(rows, -1)
-
-
-def _attend_source(q: Tensor, keys: Tensor, values: Tensor, mask: Optional[Tensor], scale: float) -> Tensor:
-    """Queries packed by sentence over each sentence's encoder keys.
-
-    Args:
-        q: (sentences, width, heads, head_dim).
-        keys, values: (sentences, heads, source, head_dim).
-        mask: (sentences, 1, 1, source) additive, or None.
-
-    Returns:
-        (sentences, width, heads, head_dim).
-    """
-    S, W, H, hd = q.shape
-    T = keys.size(2)
-    if S * W < BMM_ATTENTION_ROWS:
-        return F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
-                                              scale=scale).transpose(1, 2)
-    query = q.transpose(1, 2).reshape(S * H, W, hd) * scale
-    weights = torch.bmm(query, keys.view(S * H, T, hd).transpose(1, 2))
-    if mask is not None:
-        weights = (weights.view(S, H, W, T) + mask).view(S * H, W, T)
-    out = torch.bmm(torch.softmax(weights, dim=-1), values.view(S * H, T, hd))
-    return out.view(S, H, W, hd).transpose(1, 2)
-
-
 def _resized(cache: Tensor, rows: int, positions: int, length: int) -> Tensor:
     """``cache`` in a new tensor of ``rows`` x ``positions``; only the first ``length`` positions are kept."""
     # Not zeroed (a pass over the whole cache): free slots take part in
@@ -386,13 +334,17 @@ class LeanRunner(OwnStepRunner):
         prepack: float32 products on the CPU with weights packed once for MKL
             (:mod:`fairseq_stream.ops.prepacked_linear`); False keeps
             ``F.linear``'s arithmetic.
+        compiled_attention: both attentions in one compiled call each on the
+            CPU (:mod:`fairseq_stream.ops.attention`); False keeps their torch
+            references.
     """
 
     name = "lean"
 
-    def __init__(self, models, temperature: float = 1.0, prepack: bool = True):
+    def __init__(self, models, temperature: float = 1.0, prepack: bool = True, compiled_attention: bool = True):
         super().__init__(models, temperature)
         self.prepack = prepack
+        self.compiled_attention = compiled_attention
         self._build()
 
     def _build(self):
@@ -581,7 +533,8 @@ class LeanRunner(OwnStepRunner):
         return self._ensemble(outs, logits)
 
     def _model_step(self, index: int, lean: LeanModel, segments, bounds, last_tokens):
-        H, hd, D = lean.heads, lean.head_dim, lean.dim
+        D = lean.dim
+        compiled = self.compiled_attention
         position = None
         if lean.positions is not None:
             index_of = [lean.padding_idx + s.length + 1 for s in segments]
@@ -596,36 +549,21 @@ class LeanRunner(OwnStepRunner):
             def self_attention(h):
                 # Write this position's key and value, attend over the prefix.
                 q, k, v = layer.qkv(h).split(D, dim=-1)
-                outs = []
-                for s, (a, b) in zip(segments, bounds):
-                    n, L = b - a, s.length
-                    keys, values = s.caches[index][2 * l], s.caches[index][2 * l + 1]
-                    if s.slot is None:
-                        keys[:n, :, L] = k[a:b].view(n, H, hd)
-                        values[:n, :, L] = v[a:b].view(n, H, hd)
-                        outs.append(_attend_prefix(q[a:b], keys[:n], values[:n], L + 1, layer.scaling))
-                    else:
-                        # Attend in slot order (free slots included, their output
-                        # dropped) rather than gathering every row's keys.
-                        keys[s.slot, :, L] = k[a:b].view(n, H, hd)
-                        values[s.slot, :, L] = v[a:b].view(n, H, hd)
-                        query = q.new_zeros(keys.size(0), D).index_copy_(0, s.slot, q[a:b])
-                        out = _attend_prefix(query, keys, values, L + 1, layer.scaling)
-                        outs.append(out.index_select(0, s.slot))
+                outs = [attention.cached_attention_(q[a:b], k[a:b], v[a:b], s.caches[index][2 * l],
+                                                    s.caches[index][2 * l + 1], s.slot, s.length, layer.scaling,
+                                                    compiled)
+                        for s, (a, b) in zip(segments, bounds)]
                 return layer.self_out(outs[0] if len(outs) == 1 else torch.cat(outs))
 
             def encoder_attention(h):
-                # Queries packed by sentence, one key set per sentence.
+                # Every row attends over its own sentence's keys (no per-row copy).
                 q = layer.cross_q(h)
                 outs = []
                 for s, (a, b) in zip(segments, bounds):
                     enc = s.encoder[index]
-                    where, width = s.packing()
-                    packed = q.new_zeros(enc.sentences * width, D)
-                    packed[where] = q[a:b]
-                    out = _attend_source(packed.view(enc.sentences, width, H, hd), enc.keys[l], enc.values[l],
-                                         enc.mask, layer.cross_scaling)
-                    outs.append(out.reshape(enc.sentences * width, D)[where])
+                    outs.append(attention.source_attention(
+                        q[a:b], enc.keys[l], enc.values[l], enc.mask, layer.cross_scaling, s.row_sentence,
+                        None if compiled else s.packing(), compiled))
                 return layer.cross_out(outs[0] if len(outs) == 1 else torch.cat(outs))
 
             x = layer.residual(x, layer.self_norm, self_attention)

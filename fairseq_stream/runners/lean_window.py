@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_stream.runners.lean import LeanRunner, _attend_source, _EncoderKeys
+from fairseq_stream.ops.attention import attend_packed_source
+from fairseq_stream.runners.lean import LeanRunner, _EncoderKeys
 
 
 @dataclass
@@ -145,7 +146,8 @@ class WindowRunner:
 
             def encoder_attention(h):
                 q = layer.cross_q(h).view(rows, width, H, hd)
-                out = _attend_source(q, encoder.keys[l], encoder.values[l], encoder.mask, layer.cross_scaling)
+                out = attend_packed_source(q, encoder.keys[l], encoder.values[l], encoder.mask,
+                                           layer.cross_scaling)
                 return layer.cross_out(out.reshape(rows * width, D))
 
             x = layer.residual(x, layer.self_norm, self_attention)

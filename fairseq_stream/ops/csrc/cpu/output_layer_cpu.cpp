@@ -27,6 +27,7 @@
 #include <optional>
 #include <vector>
 
+#include "attention_cpu.h"
 #include "beam_step_cpu.h"
 #include "int16_linear_cpu.h"
 #include "prepacked_linear_cpu.h"
@@ -725,4 +726,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_beam_step(m);
   register_rnn_step(m);
   register_prepacked_linear(m);
+  register_attention(m);
 }

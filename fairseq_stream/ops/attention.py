@@ -1,0 +1,149 @@
+"""The lean runner's two attentions of a decoder step (one query per row), compiled on the CPU.
+
+* :func:`cached_attention_`: self-attention. Writes each row's key and value
+  at position ``length`` of its cache slot, then attends over positions
+  ``0..length`` of that slot.
+* :func:`source_attention`: encoder attention. Each row attends over its
+  sentence's encoder keys and values (``row_sentence``), padding masked.
+
+In torch each is a handful of ops whose fixed cost dominates at decoder-step
+sizes (a cache write by index; batched matmuls of one query by a few dozen
+keys per row and head; a softmax; for the encoder attention, packing the rows
+by sentence and back). The compiled versions
+(``csrc/cpu/attention_cpu.cpp``) run each (row, head) as one short loop over
+its own keys, in float32 or float64. The torch references below are what runs
+elsewhere (CUDA, no extension) and what the tests compare against.
+
+**Arithmetic.** The compiled kernels sum in another order than torch's, and
+float32's exp is the Cephes approximation (within 1 ulp), so results differ
+from the references by rounding: within 1e-5 in float32 and 1e-12 in float64
+(tests/test_attention.py). Each row is computed on its own.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fairseq_stream.ops.output_layer import compiled_module
+from fairseq_stream.runners.packing import pack_by_sentence
+
+# Below this many rows torch's fused attention is faster than two bmm calls
+# on one CPU thread (measured: 0.02 against 0.04 ms at 5 rows); above it,
+# about half as fast (2.5 against 1.2 ms at 320 rows).
+BMM_ATTENTION_ROWS = 16
+
+
+def _extension():
+    module = compiled_module("cpu")
+    return module if hasattr(module, "cached_attention_") else None
+
+
+def compiled_applies(q: Tensor) -> bool:
+    """Whether the compiled kernels run for queries ``q`` (CPU, float32 or float64, extension built)."""
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and _extension() is not None
+
+
+def cached_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, slot: Optional[Tensor],
+                      length: int, scale: float, compiled: bool = True) -> Tensor:
+    """Write ``k``, ``v`` at ``length`` of each row's cache slot, then attend over positions ``0..length``.
+
+    Args:
+        q, k, v: (rows, heads * head_dim); rows may be strided (views of a
+            fused projection).
+        keys, values: (slots, heads, capacity, head_dim), contiguous; written
+            in place.
+        slot: (rows,) each row's slot, or None: row i is slot i.
+        compiled: False for the torch reference.
+
+    Returns:
+        (rows, heads * head_dim).
+    """
+    if compiled and compiled_applies(q):
+        return _extension().cached_attention_(q, k, v, keys, values, slot, length, scale)
+    n = q.size(0)
+    H, hd = keys.size(1), keys.size(3)
+    if slot is None:
+        keys[:n, :, length] = k.view(n, H, hd)
+        values[:n, :, length] = v.view(n, H, hd)
+        return attend_prefix(q, keys[:n], values[:n], length + 1, scale)
+    # Attend in slot order (free slots included, their output dropped)
+    # rather than gathering every row's keys.
+    keys[slot, :, length] = k.view(n, H, hd)
+    values[slot, :, length] = v.view(n, H, hd)
+    query = q.new_zeros(keys.size(0), q.size(1)).index_copy_(0, slot, q)
+    return attend_prefix(query, keys, values, length + 1, scale).index_select(0, slot)
+
+
+def source_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Optional[Tensor], scale: float,
+                     row_sentence: Tensor, packing: Optional[Tuple[Tensor, int]] = None,
+                     compiled: bool = True) -> Tensor:
+    """Each row's query over its sentence's encoder keys and values.
+
+    Args:
+        q: (rows, heads * head_dim); rows may be strided.
+        keys, values: (sentences, heads, source, head_dim), contiguous.
+        mask: (sentences, 1, 1, source) additive (0 or -inf), or None.
+        row_sentence: (rows,) each row's sentence.
+        packing: :func:`pack_by_sentence` of ``row_sentence``, if the caller
+            keeps it (the reference needs it; the compiled kernel does not).
+        compiled: False for the torch reference.
+
+    Returns:
+        (rows, heads * head_dim).
+    """
+    if compiled and compiled_applies(q):
+        return _extension().source_attention(q, keys, values, row_sentence, mask, scale)
+    S, H, _, hd = keys.shape
+    where, width = packing if packing is not None else pack_by_sentence(row_sentence, S)
+    packed = q.new_zeros(S * width, q.size(1))
+    packed[where] = q
+    out = attend_packed_source(packed.view(S, width, H, hd), keys, values, mask, scale)
+    return out.reshape(S * width, q.size(1))[where]
+
+
+def attend_prefix(q: Tensor, keys: Tensor, values: Tensor, length: int, scale: float) -> Tensor:
+    """Torch: one query per row over the first ``length`` cached positions.
+
+    Args:
+        q: (rows, heads * head_dim).
+        keys, values: (rows, heads, capacity, head_dim), contiguous.
+
+    Returns:
+        (rows, heads * head_dim).
+    """
+    rows, heads, capacity, head_dim = keys.shape
+    if rows < BMM_ATTENTION_ROWS:
+        return F.scaled_dot_product_attention(
+            q.reshape(rows, heads, 1, head_dim), keys[:, :, :length], values[:, :, :length],
+            scale=scale).view(rows, -1)
+    # (rows * heads) batches of one query; the cache slices stay views.
+    k = keys.view(rows * heads, capacity, head_dim)[:, :length]
+    v = values.view(rows * heads, capacity, head_dim)[:, :length]
+    weights = torch.bmm(q.reshape(rows * heads, 1, head_dim) * scale, k.transpose(1, 2))
+    return torch.bmm(torch.softmax(weights, dim=-1), v).view(rows, -1)
+
+
+def attend_packed_source(q: Tensor, keys: Tensor, values: Tensor, mask: Optional[Tensor], scale: float) -> Tensor:
+    """Torch: queries packed by sentence over each sentence's encoder keys.
+
+    Args:
+        q: (sentences, width, heads, head_dim).
+        keys, values: (sentences, heads, source, head_dim).
+        mask: (sentences, 1, 1, source) additive, or None.
+
+    Returns:
+        (sentences, width, heads, head_dim).
+    """
+    S, W, H, hd = q.shape
+    T = keys.size(2)
+    if S * W < BMM_ATTENTION_ROWS:
+        return F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
+                                              scale=scale).transpose(1, 2)
+    query = q.transpose(1, 2).reshape(S * H, W, hd) * scale
+    weights = torch.bmm(query, keys.view(S * H, T, hd).transpose(1, 2))
+    if mask is not None:
+        weights = (weights.view(S, H, W, T) + mask).view(S * H, W, T)
+    out = torch.bmm(torch.softmax(weights, dim=-1), values.view(S * H, T, hd))
+    return out.view(S, H, W, hd).transpose(1, 2)

@@ -1,0 +1,102 @@
+"""The compiled attentions of the lean runner's step against their torch references.
+
+Real decoding with them is covered by tests/test_lean_runner.py (float64 n-best
+lists equal the fairseq runner's, the kernels included) and the float32
+comparisons there and in tests/test_jacobi.py.
+"""
+
+import math
+
+import pytest
+import torch
+
+from fairseq_stream.ops import attention as A
+
+needs_kernel = pytest.mark.skipif(not A.compiled_applies(torch.zeros(1)),
+                                  reason="the compiled CPU extension is not built")
+TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-12}
+
+
+def projection(rows, dim, dtype, g):
+    """q, k, v as the runner has them: strided views of one fused projection."""
+    qkv = torch.randn(rows, 3 * dim, generator=g, dtype=dtype)
+    return qkv.split(dim, dim=-1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows, slots, length, with_slots", [
+    (1, 1, 0, False), (5, 5, 7, False), (20, 24, 30, False), (3, 8, 4, True), (17, 40, 12, True), (6, 6, 31, True),
+])
+def test_cached_attention_writes_and_attends_as_the_reference(dtype, rows, slots, length, with_slots):
+    g = torch.Generator().manual_seed(rows * 100 + length)
+    H, hd, capacity = 4, 16, 32
+    q, k, v = projection(rows, H * hd, dtype, g)
+    cache = torch.randn(2, slots, H, capacity, hd, generator=g, dtype=dtype)
+    slot = torch.randperm(slots, generator=g)[:rows] if with_slots else None
+    ours_cache, ref_cache = cache.clone(), cache.clone()
+    ours = A.cached_attention_(q, k, v, ours_cache[0], ours_cache[1], slot, length, 0.25)
+    ref = A.cached_attention_(q, k, v, ref_cache[0], ref_cache[1], slot, length, 0.25, compiled=False)
+    assert torch.equal(ours_cache, ref_cache)  # the same positions written with the same values
+    assert ours.shape == (rows, H * hd)
+    assert (ours - ref).abs().max() <= TOLERANCE[dtype]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("masked", [False, True])
+def test_source_attention_as_the_reference(dtype, masked):
+    g = torch.Generator().manual_seed(3)
+    S, H, T, hd = 6, 4, 11, 16
+    keys = torch.randn(S, H, T, hd, generator=g, dtype=dtype)
+    values = torch.randn(S, H, T, hd, generator=g, dtype=dtype)
+    mask = None
+    if masked:  # sentence i has its last i positions padded
+        mask = torch.zeros(S, 1, 1, T, dtype=dtype)
+        for i in range(S):
+            mask[i, ..., T - i:] = -math.inf
+    # Rows of a few sentences (sentence 2 has none), a sentence's rows not all together.
+    row_sentence = torch.tensor([0, 0, 1, 3, 3, 3, 4, 5, 1, 5])
+    q = projection(row_sentence.numel(), H * hd, dtype, g)[0]
+    ours = A.source_attention(q, keys, values, mask, 0.25, row_sentence)
+    ref = A.source_attention(q, keys, values, mask, 0.25, row_sentence, compiled=False)
+    assert (ours - ref).abs().max() <= TOLERANCE[dtype]
+    if masked:  # padded positions get no weight: changing their values changes nothing
+        values[5, :, T - 5:] = 1e6
+        assert torch.equal(A.source_attention(q, keys, values, mask, 0.25, row_sentence), ours)
+
+
+@needs_kernel
+def test_rows_do_not_depend_on_their_call_or_threads():
+    g = torch.Generator().manual_seed(4)
+    H, hd, T = 4, 16, 9
+    keys, values = torch.randn(2, 3, H, T, hd, generator=g).unbind(0)
+    row_sentence = torch.tensor([0, 1, 2, 2, 1, 0, 2])
+    q = torch.randn(7, H * hd, generator=g)
+    whole = A.source_attention(q, keys, values, None, 0.3, row_sentence)
+    alone = torch.cat([A.source_attention(q[i:i + 1], keys, values, None, 0.3, row_sentence[i:i + 1])
+                       for i in range(7)])
+    assert torch.equal(whole, alone)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(A.source_attention(q, keys, values, None, 0.3, row_sentence), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_bad_arguments_are_one_line_errors():
+    keys = torch.zeros(2, 4, 8, 16)
+    q = torch.zeros(2, 64)
+    with pytest.raises(RuntimeError, match="past the capacity"):
+        A.cached_attention_(q, q, q, keys, keys.clone(), None, 8, 1.0)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        A.cached_attention_(q, q, q, keys, keys.clone(), torch.tensor([0, 2]), 3, 1.0)
+    with pytest.raises(RuntimeError, match="sentence out of range"):
+        A.source_attention(q, keys, keys.clone(), None, 1.0, torch.tensor([0, 5]))
+
+
+def test_other_types_take_the_reference():
+    assert not A.compiled_applies(torch.zeros(1, dtype=torch.float16))
+    assert not A.compiled_applies(torch.zeros(1, dtype=torch.bfloat16))
