@@ -402,7 +402,8 @@ class BeamDecoder:
             prev_row = torch.full((S * k,), -1, dtype=torch.long, device=device)
             prev_row.index_copy_(0, run_rows, torch.arange(run_rows.numel(), device=device))
             order = prev_row.index_select(0, flat_parent.index_select(0, c.run_rows))
-        if c.size:
+        # One row per sentence (greedy) and none gone: every row continues itself, nothing to move.
+        if c.size and not (self.dense and k == 1 and not ending):
             self.runner.reorder(c.state, order)
         return results
 

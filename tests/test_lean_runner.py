@@ -133,14 +133,18 @@ def test_auto_picks_lean_for_transformers_and_keeps_fairseq_where_promised(loade
                for r in caplog.records)
 
 
+@pytest.mark.parametrize("compiled_attention", [True, False], ids=["compiled-attention", "torch-attention"])
 @pytest.mark.parametrize("tight", [False, True])
-def test_cohort_split_and_join_keep_lean_state_consistent(exact, float64_fairseq, monkeypatch, tight):
+def test_cohort_split_and_join_keep_lean_state_consistent(exact, float64_fairseq, monkeypatch, tight,
+                                                          compiled_attention):
     """A pool that splits cohorts to respect a capacity and joins them again: same n-best as batch.
 
     ``tight`` makes every state-management path run: every join merges
     caches and encoder keys of different source lengths into one segment,
     caches start at 2 positions (they double as prefixes grow) and are
-    compacted as soon as half their slots are free.
+    compacted as soon as half their slots are free. Both attentions run: the
+    compiled one (the CPU's) and the torch reference (what CUDA runs), whose
+    packing by sentence the splits and joins must keep right too.
     """
     from fairseq_stream.runners import lean
 
@@ -153,5 +157,18 @@ def test_cohort_split_and_join_keep_lean_state_consistent(exact, float64_fairseq
     opts = decoder_options("var-batch")
     ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts), models, batches, None)
     dec = BeamDecoder(models, task.target_dictionary, runner="lean", **opts)
+    dec.runner.compiled_attention = compiled_attention
     ours = decode(dec, models, batches, dict(pool_size=16, eps=1 / 6, order="shortest", capacity=7))
     assert differences(ref, ours) == []
+
+
+@pytest.mark.parametrize("scheduler", ["batch", "fifo"])
+def test_torch_attention_nbest_equals_fairseq_runner_float64(models64, float64_fairseq, scheduler):
+    """The attentions' torch references (CUDA's path) in real decoding: an ensemble, fixed-width beams."""
+    models, task = models64("ensemble")
+    batches = sorted_batches(task, 8, 24)
+    opts = dict(decoder_options("fixed-stay"), max_len_a=0, max_len_b=200)
+    ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts), models, batches, None)
+    dec = BeamDecoder(models, task.target_dictionary, runner="lean", **opts)
+    dec.runner.compiled_attention = False
+    assert differences(ref, decode(dec, models, batches, SCHEDULERS[scheduler])) == []

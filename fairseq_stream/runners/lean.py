@@ -516,7 +516,13 @@ class LeanRunner(OwnStepRunner):
         new_sentence = segment.row_sentence.index_select(0, order)
         if not torch.equal(new_sentence, segment.row_sentence):
             segment.row_sentence = new_sentence
-            self._compacted(segment)
+            segment.pack = None
+            # The compiled attention reads only its rows' sentences, so keys of sentences without rows cost
+            # it nothing but memory: they are dropped once they are the larger part (copies stay amortized).
+            # The torch attention packs every sentence: drop them at once.
+            if (not (self.compiled_attention and attention.compiled_applies(segment.encoder[0].keys[0]))
+                    or 2 * segment.rows <= segment.encoder[0].sentences):
+                self._compacted(segment)
 
     def _forward(self, segments: List[_Segment], last_tokens: Tensor, logits: bool = False):
         """One step of every model over the segments' rows; the ensemble's log-probabilities (or logits)."""
