@@ -35,14 +35,19 @@ from fairseq_stream.runners.packing import pack_by_sentence
 BMM_ATTENTION_ROWS = 16
 
 
+_KERNELS = []  # the module with the kernels, or None; looked up once (twice a layer and step asks)
+
+
 def _extension():
-    module = compiled_module("cpu")
-    return module if hasattr(module, "cached_attention_") else None
+    if not _KERNELS:
+        module = compiled_module("cpu")
+        _KERNELS.append(module if hasattr(module, "cached_attention_") else None)
+    return _KERNELS[0]
 
 
 def compiled_applies(q: Tensor) -> bool:
     """Whether the compiled kernels run for queries ``q`` (CPU, float32 or float64, extension built)."""
-    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and _extension() is not None
+    return q.is_cpu and q.dtype in (torch.float32, torch.float64) and _extension() is not None
 
 
 def cached_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, slot: Optional[Tensor],

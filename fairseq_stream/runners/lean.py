@@ -532,6 +532,11 @@ class LeanRunner(OwnStepRunner):
             at += s.rows
         for s in segments:
             if s.length >= s.caches[0].size(3):
+                # Grown caches keep only the rows' own slots: a long output is often one row of a batch
+                # whose other slots freed up, and copying those would cost more than the step.
+                if s.slot is not None or s.rows < s.caches[0].size(1):
+                    s.caches = [c.index_select(1, s.slots()) for c in s.caches]
+                    s.slot = None
                 s.caches = [_resized(c, c.size(1), 2 * c.size(3), s.length) for c in s.caches]
         outs = [self._model_step(i, lean, segments, bounds, last_tokens) for i, lean in enumerate(self.lean)]
         for s in segments:
