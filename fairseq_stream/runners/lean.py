@@ -423,7 +423,10 @@ class LeanRunner(OwnStepRunner):
     # -- internals ---------------------------------------------------------
 
     def _new_cache(self, lean: LeanModel, rows: int, positions: int, device):
-        return torch.zeros(2 * len(lean.layers), rows, lean.heads, positions, lean.head_dim,
+        # Not zeroed (at k=5 and 64 sentences, 63 MB: 22 ms a batch, 3% of decoding): a row reads only
+        # positions it wrote, and the torch attention's free slots, read with the others, are dropped
+        # (as in _resized).
+        return torch.empty(2 * len(lean.layers), rows, lean.heads, positions, lean.head_dim,
                            dtype=lean.embed.dtype, device=device)
 
     @staticmethod
