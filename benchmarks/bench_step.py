@@ -82,6 +82,7 @@ from fairseq_stream.runners.lean import LeanRunner  # noqa: E402
 LEAN_VARIANTS = {
     "lean-torch-gemm": dict(prepack=False),  # F.linear instead of the MKL-prepacked products
     "lean-torch-attention": dict(compiled_attention=False),  # the attentions as torch ops
+    "lean-python-step": dict(compiled_step=False),  # the layers' ops called from Python
 }
 from fairseq_stream.search.pruning import Pruning  # noqa: E402
 

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_stream.ops import attention, prepacked_linear
+from fairseq_stream.ops import attention, lean_step, prepacked_linear
 from fairseq_stream.runners.own_step import OwnStepRunner
 from fairseq_stream.runners.packing import pack_by_sentence
 
@@ -164,6 +164,7 @@ class LeanModel:
         self.final_norm = _norm(decoder.layer_norm)
         self.output = _joined([decoder.output_projection], prepack)
         self.layers = [_Layer(layer, prepack) for layer in decoder.layers]
+        self.compiled = lean_step.compile_layers(self.layers)  # None: the Python step only
         first = decoder.layers[0].self_attn
         self.heads, self.head_dim, self.dim = first.num_heads, first.head_dim, first.embed_dim
         self.positions = self._position_table(decoder)
@@ -337,14 +338,19 @@ class LeanRunner(OwnStepRunner):
         compiled_attention: both attentions in one compiled call each on the
             CPU (:mod:`fairseq_stream.ops.attention`); False keeps their torch
             references.
+        compiled_step: with the compiled attention, all layers of a step in
+            one compiled call (:mod:`fairseq_stream.ops.lean_step`; the same
+            results); False keeps the Python step.
     """
 
     name = "lean"
 
-    def __init__(self, models, temperature: float = 1.0, prepack: bool = True, compiled_attention: bool = True):
+    def __init__(self, models, temperature: float = 1.0, prepack: bool = True, compiled_attention: bool = True,
+                 compiled_step: bool = True):
         super().__init__(models, temperature)
         self.prepack = prepack
         self.compiled_attention = compiled_attention
+        self.compiled_step = compiled_step
         self._build()
 
     def _build(self):
@@ -558,6 +564,13 @@ class LeanRunner(OwnStepRunner):
                 position = torch.cat([torch.full((s.rows,), i, dtype=torch.long, device=last_tokens.device)
                                       for s, i in zip(segments, index_of)])
         x = lean.embed_at(last_tokens, position)
+        if compiled and self.compiled_step and lean.compiled is not None and attention.compiled_applies(x):
+            encoders = [s.encoder[index] for s in segments]
+            x = lean_step.lean_layers(
+                x, lean.compiled, [s.caches[index] for s in segments], [s.slot for s in segments],
+                [s.length for s in segments], [a for a, _ in bounds] + [bounds[-1][1]], [e.keys for e in encoders],
+                [e.values for e in encoders], [e.mask for e in encoders], [s.row_sentence for s in segments])
+            return lean.logits(x)
         for l, layer in enumerate(lean.layers):
 
             def self_attention(h):

@@ -64,6 +64,8 @@ void check_rows(const Tensor& t, const char* name, int64_t rows, int64_t width, 
 // (row, head) pairs per parallel chunk: enough work to be worth a thread.
 int64_t grain(int64_t positions, int64_t hd) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, positions * hd)); }
 
+}  // namespace
+
 // Writes each row's key and value at position `length` of its cache slot, then attends over
 // positions 0..length of that slot.
 Tensor cached_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tensor keys, Tensor values,
@@ -151,8 +153,6 @@ Tensor source_attention(const Tensor& q, const Tensor& keys, const Tensor& value
   });
   return out;
 }
-
-}  // namespace
 
 void register_attention(pybind11::module& m) {
   m.def("cached_attention_", &cached_attention_,

@@ -4,4 +4,16 @@
 
 #include <torch/extension.h>
 
+#include <optional>
+
+// Writes each row's k, v (rows, heads * head_dim) at position `length` of its slot of keys/values
+// (slots, heads, capacity, head_dim), then attends over positions 0..length: (rows, heads * head_dim).
+torch::Tensor cached_attention_(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                torch::Tensor keys, torch::Tensor values, std::optional<torch::Tensor> slot,
+                                int64_t length, double scale);
+
+// Each row over its sentence's encoder keys/values (sentences, heads, source, head_dim), padding masked.
+torch::Tensor source_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                               const torch::Tensor& row_sentence, std::optional<torch::Tensor> mask, double scale);
+
 void register_attention(pybind11::module& m);

@@ -30,6 +30,7 @@
 #include "attention_cpu.h"
 #include "beam_step_cpu.h"
 #include "int16_linear_cpu.h"
+#include "lean_step_cpu.h"
 #include "prepacked_linear_cpu.h"
 #include "rnn_step_cpu.h"
 
@@ -727,4 +728,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_rnn_step(m);
   register_prepacked_linear(m);
   register_attention(m);
+  register_lean_step(m);
 }

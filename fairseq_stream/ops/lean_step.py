@@ -1,0 +1,86 @@
+"""The lean runner's decoder layers for one step as one compiled call (CPU).
+
+:meth:`LeanRunner._model_step <fairseq_stream.runners.lean.LeanRunner>` runs,
+per layer, the fused projection, the two attentions, the feed-forward block,
+three residual sums and three layer norms: about 50 torch ops and calls of our
+kernels a step for three layers, each paying Python's and the dispatcher's
+fixed cost. At a dozen rows a step (greedy over batches of 64, one Xeon
+thread) that cost was about 0.7 ms against 0.4 ms of products.
+:func:`lean_layers` (``csrc/cpu/lean_step_cpu.cpp``) makes the same calls from
+C++: the same ATen ops, prepacked products and attention kernels in the same
+order, so its results are bitwise those of the Python step
+(tests/test_lean_step.py), on every path the Python step has (segments,
+slots, masks, pre- and post-norm, relu and fairseq's gelu).
+
+It applies where :func:`compile_layers` can describe every layer (CPU
+weights, relu or fairseq's ``gelu``, layer norms present) and the attentions
+run compiled; elsewhere the runner keeps its Python step.
+"""
+
+from typing import List, Optional
+
+import torch.nn.functional as F
+
+from fairseq_stream.ops import prepacked_linear
+from fairseq_stream.ops.output_layer import compiled_module
+
+
+def _extension():
+    module = compiled_module("cpu")
+    return module if hasattr(module, "lean_layers") else None
+
+
+def available() -> bool:
+    """Whether the compiled layers are built (CPU extension)."""
+    return _extension() is not None
+
+
+def _activation(fn) -> Optional[int]:
+    """The kernel's code for a fairseq activation function: 0 relu, 1 fairseq's gelu (in float32); None: other."""
+    from fairseq.modules.gelu import gelu
+
+    if fn is F.relu:
+        return 0
+    if fn is gelu:
+        return 1
+    return None
+
+
+def _product(module, linear):
+    if isinstance(linear, prepacked_linear.TorchLinear):
+        if linear.weight.device.type != "cpu":
+            return None
+        return module.LeanProduct(linear.weight, linear.bias)
+    return module.LeanProduct(linear)
+
+
+def compile_layers(layers) -> Optional[List]:
+    """The compiled description of the runner's ``_Layer`` objects, or None where one cannot be described."""
+    module = _extension()
+    if module is None:
+        return None
+    compiled = []
+    for layer in layers:
+        activation = _activation(layer.activation)
+        norms = (layer.self_norm, layer.cross_norm, layer.final_norm)
+        if activation is None or any(n is None or n[1] is None or n[2] is None for n in norms):
+            return None
+        products = [_product(module, p) for p in (layer.qkv, layer.self_out, layer.cross_q, layer.cross_out,
+                                                  layer.fc1, layer.fc2)]
+        if any(p is None for p in products):
+            return None
+        compiled.append(module.LeanLayer(layer.pre_norm, products, [(n[1], n[2], n[3]) for n in norms],
+                                         layer.scaling, layer.cross_scaling, activation))
+    return compiled
+
+
+def lean_layers(x, compiled, caches, slots, lengths, starts, enc_keys, enc_values, masks, row_sentences):
+    """Every layer of one model for one step: ``x`` (rows, dim) in, the last layer's states out.
+
+    Per segment (rows ``starts[i]:starts[i + 1]``): its cache ``(2 * layers,
+    slots, heads, capacity, head_dim)``, slot index or None, length, each
+    layer's encoder keys and values, the additive mask or None, and each
+    row's sentence. Caches are written in place, as the Python step does.
+    """
+    return _extension().lean_layers(x, compiled, caches, slots, lengths, starts, enc_keys, enc_values, masks,
+                                    row_sentences)
