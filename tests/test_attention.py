@@ -100,3 +100,22 @@ def test_bad_arguments_are_one_line_errors():
 def test_other_types_take_the_reference():
     assert not A.compiled_applies(torch.zeros(1, dtype=torch.float16))
     assert not A.compiled_applies(torch.zeros(1, dtype=torch.bfloat16))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", [1, 3])
+def test_window_attention_writes_and_attends_as_the_reference(dtype, width):
+    g = torch.Generator().manual_seed(width)
+    rows, H, hd, capacity = 4, 4, 16, 24
+    q, k, v = projection(rows * width, H * hd, dtype, g)
+    cache = torch.randn(2, rows, H, capacity, hd, generator=g, dtype=dtype)
+    starts = torch.tensor([0, 5, 2, 11])
+    steps = starts.unsqueeze(1) + torch.arange(width)
+    needed = int(steps.max()) + 1
+    visible = torch.arange(needed).view(1, 1, 1, needed) <= steps.view(rows, 1, width, 1)
+    ours_cache, ref_cache = cache.clone(), cache.clone()
+    ours = A.window_attention_(q, k, v, ours_cache[0], ours_cache[1], starts, steps, visible, 0.25)
+    ref = A.window_attention_(q, k, v, ref_cache[0], ref_cache[1], starts, steps, visible, 0.25, compiled=False)
+    assert torch.equal(ours_cache, ref_cache)
+    assert (ours - ref).abs().max() <= TOLERANCE[dtype]

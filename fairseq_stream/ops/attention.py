@@ -81,6 +81,37 @@ def cached_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Ten
     return attend_prefix(query, keys, values, length + 1, scale).index_select(0, slot)
 
 
+def window_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, starts: Tensor, steps: Tensor,
+                      visible: Tensor, scale: float, compiled: bool = True) -> Tensor:
+    """Jacobi's window: write every window position's key and value, then attend causally inside the window.
+
+    Row r's W queries sit at cache positions ``starts[r] + j`` (``steps``,
+    (rows, W)); query (r, j) attends over positions ``0 .. starts[r] + j``.
+
+    Args:
+        q, k, v: (rows * W, heads * head_dim), row-major by (row, window position); rows may be strided.
+        keys, values: (rows, heads, capacity, head_dim), contiguous; written in place.
+        starts: (rows,) each row's first window position.
+        steps, visible: the window's positions and the reference's boolean mask
+            (rows, 1, W, positions read); the compiled kernel needs neither.
+        compiled: False for the torch reference.
+
+    Returns:
+        (rows * W, heads * head_dim).
+    """
+    rows, width = steps.shape
+    if compiled and compiled_applies(q):
+        return _extension().window_attention_(q, k, v, keys, values, starts, width, scale)
+    H, hd = keys.size(1), keys.size(3)
+    row_index = torch.arange(rows, device=q.device).unsqueeze(1)
+    keys[row_index, :, steps] = k.view(rows, width, H, hd)
+    values[row_index, :, steps] = v.view(rows, width, H, hd)
+    needed = visible.size(-1)
+    out = F.scaled_dot_product_attention(q.view(rows, width, H, hd).transpose(1, 2), keys[:, :, :needed],
+                                         values[:, :, :needed], attn_mask=visible, scale=scale)
+    return out.transpose(1, 2).reshape(rows * width, H * hd)
+
+
 def source_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Optional[Tensor], scale: float,
                      row_sentence: Tensor, packing: Optional[Tuple[Tensor, int]] = None,
                      compiled: bool = True) -> Tensor:

@@ -10,7 +10,10 @@ prefixes differ in length, so every row has its own start position. One call:
 * writes the window's self-attention keys and values into each row's
   preallocated cache at ``start .. start + W - 1`` and attends over the cache
   with a mask that lets window position ``j`` see positions ``<= start + j``
-  (causal inside the window, the verified prefix reused as it is);
+  (causal inside the window, the verified prefix reused as it is): on the
+  CPU one compiled call (:func:`fairseq_stream.ops.attention.window_attention_`),
+  and the encoder attention the lean runner's compiled one, each window row
+  reading its sentence's keys;
 * returns every window position's logits, one tensor per model.
 
 :meth:`WindowRunner.commit` then extends each row's verified prefix by the
@@ -26,10 +29,9 @@ from dataclasses import dataclass
 from typing import List
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_stream.ops.attention import attend_packed_source
+from fairseq_stream.ops import attention
 from fairseq_stream.runners.lean import LeanRunner, _EncoderKeys
 
 
@@ -87,7 +89,7 @@ class WindowRunner:
             state.caches = [self._grown(c, capacity, state.longest) for c in state.caches]
         steps = state.lengths.unsqueeze(1) + torch.arange(width, device=tokens.device)  # (rows, W)
         visible = torch.arange(needed, device=tokens.device).view(1, 1, 1, needed) <= steps.view(rows, 1, width, 1)
-        return [self._model_window(i, lean, state, tokens, steps, visible, needed)
+        return [self._model_window(i, lean, state, tokens, steps, visible)
                 for i, lean in enumerate(self.lean)]
 
     @staticmethod
@@ -120,7 +122,7 @@ class WindowRunner:
         return new
 
     def _model_window(self, index: int, lean, state: WindowState, tokens: Tensor, steps: Tensor,
-                      visible: Tensor, needed: int) -> Tensor:
+                      visible: Tensor) -> Tensor:
         rows, width = tokens.shape
         H, hd, D = lean.heads, lean.head_dim, lean.dim
         position = None
@@ -130,24 +132,27 @@ class WindowRunner:
             position = (steps.reshape(-1) + lean.padding_idx + 1).clamp(max=lean.positions.size(0) - 1)
         x = lean.embed_at(tokens.reshape(-1), position)
         cache = state.caches[index]
-        row_index = torch.arange(rows, device=tokens.device).unsqueeze(1)
         encoder = state.encoder[index]
+        # The lean runner's compiled attentions where they apply (its option too), else torch's.
+        compiled = self.runner.compiled_attention and attention.compiled_applies(x)
+        starts = steps[:, 0]
+        window_sentence = torch.arange(rows, device=tokens.device).repeat_interleave(width) if compiled else None
         for l, layer in enumerate(lean.layers):
 
             def self_attention(h):
                 q, k, v = layer.qkv(h).split(D, dim=-1)
-                keys, values = cache[2 * l], cache[2 * l + 1]
-                keys[row_index, :, steps] = k.view(rows, width, H, hd)
-                values[row_index, :, steps] = v.view(rows, width, H, hd)
-                out = F.scaled_dot_product_attention(
-                    q.view(rows, width, H, hd).transpose(1, 2), keys[:, :, :needed], values[:, :, :needed],
-                    attn_mask=visible, scale=layer.scaling)
-                return layer.self_out(out.transpose(1, 2).reshape(rows * width, D))
+                out = attention.window_attention_(q, k, v, cache[2 * l], cache[2 * l + 1], starts, steps, visible,
+                                                  layer.scaling, compiled)
+                return layer.self_out(out)
 
             def encoder_attention(h):
-                q = layer.cross_q(h).view(rows, width, H, hd)
-                out = attend_packed_source(q, encoder.keys[l], encoder.values[l], encoder.mask,
-                                           layer.cross_scaling)
+                q = layer.cross_q(h)
+                if compiled:  # each window row reads its own sentence's keys
+                    out = attention.source_attention(q, encoder.keys[l], encoder.values[l], encoder.mask,
+                                                     layer.cross_scaling, window_sentence)
+                else:
+                    out = attention.attend_packed_source(q.view(rows, width, H, hd), encoder.keys[l],
+                                                         encoder.values[l], encoder.mask, layer.cross_scaling)
                 return layer.cross_out(out.reshape(rows * width, D))
 
             x = layer.residual(x, layer.self_norm, self_attention)

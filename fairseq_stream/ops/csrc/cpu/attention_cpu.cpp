@@ -154,6 +154,59 @@ Tensor source_attention(const Tensor& q, const Tensor& keys, const Tensor& value
   return out;
 }
 
+// Jacobi's window: row r's W queries sit at positions starts[r] .. starts[r] + W - 1 of its cache
+// (slot r). Writes every window key and value first, then query (r, j) attends over positions
+// 0 .. starts[r] + j (causal inside the window, the verified prefix as it is).
+Tensor window_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tensor keys, Tensor values,
+                         const Tensor& starts, int64_t width, double scale) {
+  TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes(),
+              "window_attention_: keys and values (rows, heads, capacity, head_dim), contiguous");
+  const int64_t rows = keys.size(0), H = keys.size(1), capacity = keys.size(2), hd = keys.size(3);
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_rows(*t, name, rows * width, H * hd, keys.scalar_type());
+  const Tensor start = starts.contiguous();
+  TORCH_CHECK(start.scalar_type() == at::kLong && start.numel() == rows && width >= 1, "window_attention_: starts (rows,) int64");
+  const int64_t* start_of = start.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(start_of[r] >= 0 && start_of[r] + width <= capacity, "window_attention_: a window past the capacity");
+    longest = std::max(longest, start_of[r] + width);
+  }
+  Tensor out = at::empty({rows * width, H * hd}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(keys.scalar_type(), "window_attention_", [&] {
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    const scalar_t* kp = k.data_ptr<scalar_t>();
+    const scalar_t* vp = v.data_ptr<scalar_t>();
+    scalar_t* K = keys.data_ptr<scalar_t>();
+    scalar_t* V = values.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const scalar_t s = static_cast<scalar_t>(scale);
+    // Writes first: a query reads the keys of the window positions before it.
+    at::parallel_for(0, rows * H, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t r = i / H, h = i % H;
+        const int64_t base = (r * H + h) * capacity * hd;
+        for (int64_t j = 0; j < width; ++j) {
+          const int64_t row = r * width + j, at = start_of[r] + j;
+          std::copy_n(kp + row * k.stride(0) + h * hd, hd, K + base + at * hd);
+          std::copy_n(vp + row * v.stride(0) + h * hd, hd, V + base + at * hd);
+        }
+      }
+    });
+    at::parallel_for(0, rows * width * H, grain(longest, hd), [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> scores(longest), query(hd);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t row = i / H, h = i % H, r = row / width, j = row % width;
+        const int64_t base = (r * H + h) * capacity * hd;
+        const scalar_t* qr = qp + row * q.stride(0) + h * hd;
+        for (int64_t d = 0; d < hd; ++d) query[d] = qr[d] * s;
+        attend_one(query.data(), K + base, V + base, hd, start_of[r] + j + 1, static_cast<const scalar_t*>(nullptr),
+                   hd, scores.data(), o + row * H * hd + h * hd);
+      }
+    });
+  });
+  return out;
+}
+
 void register_attention(pybind11::module& m) {
   m.def("cached_attention_", &cached_attention_,
         "(q, k, v (rows, heads * head_dim), keys, values (slots, heads, capacity, head_dim), slot (rows,) or None, "
@@ -165,4 +218,9 @@ void register_attention(pybind11::module& m) {
         "mask (sentences, 1, 1, source) additive or None, scale) -> (rows, heads * head_dim)",
         pybind11::arg("q"), pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("row_sentence"),
         pybind11::arg("mask"), pybind11::arg("scale"));
+  m.def("window_attention_", &window_attention_,
+        "(q, k, v (rows * width, heads * head_dim), keys, values (rows, heads, capacity, head_dim), starts (rows,), "
+        "width, scale) -> (rows * width, heads * head_dim); writes the window's k, v first",
+        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("keys"), pybind11::arg("values"),
+        pybind11::arg("starts"), pybind11::arg("width"), pybind11::arg("scale"));
 }
