@@ -65,3 +65,21 @@ def test_layers_it_cannot_describe_keep_the_python_step(exact):
                                decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
                                activation_fn="tanh")
     assert LeanRunner([model]).lean[0].compiled is None
+
+
+@pytest.mark.parametrize("variant, block", [("hgj", 2), ("pgj", 3)])
+def test_jacobi_window_same_bits_as_the_python_window(loaded, monkeypatch, variant, block):
+    from fairseq_stream.jacobi.decoder import JacobiDecoder
+    from test_jacobi import greedy_decoder, run
+
+    models, task = loaded("ensemble")
+    batches = sorted_batches(task, 8, 24)
+    calls, counted = [], lean_step.lean_window_layers
+    monkeypatch.setattr(lean_step, "lean_window_layers", lambda *a: calls.append(1) or counted(*a))
+    results = []
+    for compiled in (False, True):
+        greedy = greedy_decoder(models, task)
+        greedy.runner.compiled_step = compiled
+        results.append(run(JacobiDecoder(greedy, variant, block, "ngram"), models, batches))
+        assert bool(calls) == compiled
+    assert differences(results[0], results[1], tolerance=0) == []

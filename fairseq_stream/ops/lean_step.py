@@ -84,3 +84,14 @@ def lean_layers(x, compiled, caches, slots, lengths, starts, enc_keys, enc_value
     """
     return _extension().lean_layers(x, compiled, caches, slots, lengths, starts, enc_keys, enc_values, masks,
                                     row_sentences)
+
+
+def lean_window_layers(x, compiled, cache, starts, width: int, enc_keys, enc_values, mask, window_sentence):
+    """Every layer of one model for one Jacobi window call (:mod:`fairseq_stream.runners.lean_window`).
+
+    ``x`` (rows * width, dim): row r's window at cache positions ``starts[r]
+    .. starts[r] + width - 1``; ``window_sentence`` (rows * width,): each window
+    row's sentence. The cache is written in place, as the Python window call does.
+    """
+    return _extension().lean_window_layers(x, compiled, cache, starts, width, enc_keys, enc_values, mask,
+                                           window_sentence)

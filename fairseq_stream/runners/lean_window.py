@@ -31,7 +31,7 @@ from typing import List
 import torch
 from torch import Tensor
 
-from fairseq_stream.ops import attention
+from fairseq_stream.ops import attention, lean_step
 from fairseq_stream.runners.lean import LeanRunner, _EncoderKeys
 
 
@@ -137,6 +137,11 @@ class WindowRunner:
         compiled = self.runner.compiled_attention and attention.compiled_applies(x)
         starts = steps[:, 0]
         window_sentence = torch.arange(rows, device=tokens.device).repeat_interleave(width) if compiled else None
+        if compiled and self.runner.compiled_step and lean.compiled is not None:
+            # The same calls from C++ (bitwise the same results; ops/lean_step.py).
+            x = lean_step.lean_window_layers(x, lean.compiled, cache, starts, width, encoder.keys, encoder.values,
+                                             encoder.mask, window_sentence)
+            return lean.logits(x)
         for l, layer in enumerate(lean.layers):
 
             def self_attention(h):

@@ -16,4 +16,9 @@ torch::Tensor cached_attention_(const torch::Tensor& q, const torch::Tensor& k, 
 torch::Tensor source_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                                const torch::Tensor& row_sentence, std::optional<torch::Tensor> mask, double scale);
 
+// Jacobi's window: row r's W queries at positions starts[r] + j of slot r, causal inside the window.
+torch::Tensor window_attention_(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                torch::Tensor keys, torch::Tensor values, const torch::Tensor& starts, int64_t width,
+                                double scale);
+
 void register_attention(pybind11::module& m);

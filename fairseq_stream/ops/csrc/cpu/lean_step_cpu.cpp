@@ -100,6 +100,29 @@ Tensor lean_layers(Tensor x, const std::vector<LeanLayer>& layers, const std::ve
   return x;
 }
 
+// The layers of one model for one Jacobi window call (runners/lean_window.py, op for op): row r's
+// W tokens at cache positions starts[r] .. starts[r] + W - 1, x and the result (rows * W, dim).
+Tensor lean_window_layers(Tensor x, const std::vector<LeanLayer>& layers, const Tensor& cache, const Tensor& starts,
+                          int64_t width, const std::vector<Tensor>& enc_keys, const std::vector<Tensor>& enc_values,
+                          std::optional<Tensor> mask, const Tensor& window_sentence) {
+  const int64_t D = x.size(-1);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LeanLayer& layer = layers[l];
+    x = layer.residual(x, layer.self_norm, [&](const Tensor& h) {
+      const Tensor qkv = layer.qkv(h);
+      return layer.self_out(window_attention_(qkv.slice(1, 0, D), qkv.slice(1, D, 2 * D), qkv.slice(1, 2 * D, 3 * D),
+                                              cache.select(0, 2 * l), cache.select(0, 2 * l + 1), starts, width,
+                                              layer.scaling));
+    });
+    x = layer.residual(x, layer.cross_norm, [&](const Tensor& h) {
+      return layer.cross_out(
+          source_attention(layer.cross_q(h), enc_keys[l], enc_values[l], window_sentence, mask, layer.cross_scaling));
+    });
+    x = layer.residual(x, layer.final_norm, [&](const Tensor& h) { return layer.fc2(layer.activate(layer.fc1(h))); });
+  }
+  return x;
+}
+
 }  // namespace
 
 void register_lean_step(pybind11::module& m) {
@@ -127,4 +150,9 @@ void register_lean_step(pybind11::module& m) {
         "encoder keys [layers], values [layers], mask or None, row_sentence) -> (rows, dim)",
         py::arg("x"), py::arg("layers"), py::arg("caches"), py::arg("slots"), py::arg("lengths"), py::arg("starts"),
         py::arg("enc_keys"), py::arg("enc_values"), py::arg("masks"), py::arg("row_sentences"));
+  m.def("lean_window_layers", &lean_window_layers,
+        "(x (rows * width, dim), layers, cache, starts (rows,), width, encoder keys [layers], values [layers], "
+        "mask or None, window_sentence (rows * width,)) -> (rows * width, dim)",
+        py::arg("x"), py::arg("layers"), py::arg("cache"), py::arg("starts"), py::arg("width"), py::arg("enc_keys"),
+        py::arg("enc_values"), py::arg("mask"), py::arg("window_sentence"));
 }
