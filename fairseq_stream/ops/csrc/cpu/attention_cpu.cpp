@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -61,6 +62,14 @@ void check_rows(const Tensor& t, const char* name, int64_t rows, int64_t width, 
               name, ": (", rows, ", ", width, ") CPU rows of the query's type, contiguous within a row");
 }
 
+// The data of a cached attention's queries, new keys and values, cache and output.
+template <typename T>
+std::tuple<const T*, const T*, const T*, T*, T*, T*> pointers(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                              Tensor& keys, Tensor& values, Tensor& out) {
+  return {q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), keys.data_ptr<T>(), values.data_ptr<T>(),
+          out.data_ptr<T>()};
+}
+
 // (row, head) pairs per parallel chunk: enough work to be worth a thread.
 int64_t grain(int64_t positions, int64_t hd) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, positions * hd)); }
 
@@ -89,12 +98,7 @@ Tensor cached_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
   }
   Tensor out = at::empty({rows, H * hd}, q.options());
   AT_DISPATCH_FLOATING_TYPES(keys.scalar_type(), "cached_attention_", [&] {
-    const scalar_t* qp = q.data_ptr<scalar_t>();
-    const scalar_t* kp = k.data_ptr<scalar_t>();
-    const scalar_t* vp = v.data_ptr<scalar_t>();
-    scalar_t* K = keys.data_ptr<scalar_t>();
-    scalar_t* V = values.data_ptr<scalar_t>();
-    scalar_t* o = out.data_ptr<scalar_t>();
+    const auto [qp, kp, vp, K, V, o] = pointers<scalar_t>(q, k, v, keys, values, out);
     const scalar_t s = static_cast<scalar_t>(scale);
     at::parallel_for(0, rows * H, grain(length + 1, hd), [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> scores(length + 1), query(hd);
@@ -173,12 +177,7 @@ Tensor window_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
   }
   Tensor out = at::empty({rows * width, H * hd}, q.options());
   AT_DISPATCH_FLOATING_TYPES(keys.scalar_type(), "window_attention_", [&] {
-    const scalar_t* qp = q.data_ptr<scalar_t>();
-    const scalar_t* kp = k.data_ptr<scalar_t>();
-    const scalar_t* vp = v.data_ptr<scalar_t>();
-    scalar_t* K = keys.data_ptr<scalar_t>();
-    scalar_t* V = values.data_ptr<scalar_t>();
-    scalar_t* o = out.data_ptr<scalar_t>();
+    const auto [qp, kp, vp, K, V, o] = pointers<scalar_t>(q, k, v, keys, values, out);
     const scalar_t s = static_cast<scalar_t>(scale);
     // Writes first: a query reads the keys of the window positions before it.
     at::parallel_for(0, rows * H, 1, [&](int64_t begin, int64_t end) {
