@@ -35,14 +35,10 @@ from fairseq_stream.runners.packing import pack_by_sentence
 BMM_ATTENTION_ROWS = 16
 
 
-_KERNELS = []  # the module with the kernels, or None; looked up once (twice a layer and step asks)
-
-
 def _extension():
-    if not _KERNELS:
-        module = compiled_module("cpu")
-        _KERNELS.append(module if hasattr(module, "cached_attention_") else None)
-    return _KERNELS[0]
+    """The CPU module where it is built with these kernels; None: the torch references run instead."""
+    module = compiled_module("cpu")
+    return module if hasattr(module, "cached_attention_") else None
 
 
 def compiled_applies(q: Tensor) -> bool:

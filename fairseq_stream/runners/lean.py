@@ -226,11 +226,18 @@ class LeanModel:
         return _EncoderKeys(keys, values, mask)
 
 
-def _resized(cache: Tensor, rows: int, positions: int, length: int) -> Tensor:
-    """``cache`` in a new tensor of ``rows`` x ``positions``; only the first ``length`` positions are kept."""
+def _resized(cache: Tensor, rows: int, positions: int, length: int, slot: Optional[Tensor] = None) -> Tensor:
+    """``cache`` in a new tensor of ``rows`` x ``positions``; only the first ``length`` positions are kept.
+
+    ``slot``: the slots that become rows ``0..rows-1`` (gathered in the same
+    copy); None keeps the first ``rows`` slots in place.
+    """
     # Not zeroed (a pass over the whole cache): free slots take part in
     # attention with whatever they hold, and their results are dropped.
     new = cache.new_empty(cache.size(0), rows, cache.size(2), positions, cache.size(4))
+    if slot is not None:
+        new[:, :, :, :length] = cache[:, slot, :, :length]
+        return new
     n = min(rows, cache.size(1))
     new[:, :n, :, :length] = cache[:, :n, :, :length]
     return new
@@ -467,8 +474,7 @@ class LeanRunner(OwnStepRunner):
         capacity = max(s.caches[0].size(3) for s in segments)
         caches = []
         for i in range(len(segments[0].caches)):
-            parts = [_resized(s.caches[i].index_select(1, s.slots()), s.rows, capacity, length)
-                     for s in segments]
+            parts = [_resized(s.caches[i], s.rows, capacity, length, s.slot) for s in segments]
             caches.append(torch.cat(parts, dim=1))
         offsets, sentence = 0, []
         for s in segments:
@@ -543,10 +549,8 @@ class LeanRunner(OwnStepRunner):
             if s.length >= s.caches[0].size(3):
                 # Grown caches keep only the rows' own slots: a long output is often one row of a batch
                 # whose other slots freed up, and copying those would cost more than the step.
-                if s.slot is not None or s.rows < s.caches[0].size(1):
-                    s.caches = [c.index_select(1, s.slots()) for c in s.caches]
-                    s.slot = None
-                s.caches = [_resized(c, c.size(1), 2 * c.size(3), s.length) for c in s.caches]
+                s.caches = [_resized(c, s.rows, 2 * c.size(3), s.length, s.slot) for c in s.caches]
+                s.slot = None
         outs = [self._model_step(i, lean, segments, bounds, last_tokens) for i, lean in enumerate(self.lean)]
         for s in segments:
             s.length += 1
