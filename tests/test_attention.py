@@ -104,18 +104,40 @@ def test_other_types_take_the_reference():
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("width", [1, 3])
-def test_window_attention_writes_and_attends_as_the_reference(dtype, width):
-    g = torch.Generator().manual_seed(width)
+@pytest.mark.parametrize("widths", [[1, 1, 1, 1], [3, 3, 3, 3], [2, 1, 4, 1]], ids=["one", "square", "ragged"])
+def test_window_attention_writes_and_attends_as_the_reference(dtype, widths):
+    g = torch.Generator().manual_seed(sum(widths))
     rows, H, hd, capacity = 4, 4, 16, 24
-    q, k, v = projection(rows * width, H * hd, dtype, g)
+    starts = [0, 5, 2, 11]
+    # Rows in another order than their slots, as after sentences end.
+    slots = [2, 0, 3, 1]
+    window_row = torch.tensor([slots[r] for r in range(rows) for _ in range(widths[r])])
+    window_step = torch.tensor([starts[r] + j for r in range(rows) for j in range(widths[r])])
+    q, k, v = projection(len(window_row), H * hd, dtype, g)
     cache = torch.randn(2, rows, H, capacity, hd, generator=g, dtype=dtype)
-    starts = torch.tensor([0, 5, 2, 11])
-    steps = starts.unsqueeze(1) + torch.arange(width)
-    needed = int(steps.max()) + 1
-    visible = torch.arange(needed).view(1, 1, 1, needed) <= steps.view(rows, 1, width, 1)
+    needed = int(window_step.max()) + 1
     ours_cache, ref_cache = cache.clone(), cache.clone()
-    ours = A.window_attention_(q, k, v, ours_cache[0], ours_cache[1], starts, steps, visible, 0.25)
-    ref = A.window_attention_(q, k, v, ref_cache[0], ref_cache[1], starts, steps, visible, 0.25, compiled=False)
+    ours = A.window_attention_(q, k, v, ours_cache[0], ours_cache[1], window_row, window_step, needed, 0.25)
+    ref = A.window_attention_(q, k, v, ref_cache[0], ref_cache[1], window_row, window_step, needed, 0.25,
+                              compiled=False)
     assert torch.equal(ours_cache, ref_cache)
     assert (ours - ref).abs().max() <= TOLERANCE[dtype]
+    # Causal inside the window: changing each row's last window position changes no other output.
+    last = torch.tensor([n + 1 == len(window_row) or bool(window_row[n + 1] != window_row[n])
+                         for n in range(len(window_row))])
+    k2, v2 = k.clone(), v.clone()
+    k2[last] += 1.0
+    v2[last] -= 1.0
+    again_cache = cache.clone()
+    again = A.window_attention_(q, k2, v2, again_cache[0], again_cache[1], window_row, window_step, needed, 0.25)
+    assert torch.equal(again[~last], ours[~last]) and not torch.equal(again[last], ours[last])
+
+
+@needs_kernel
+def test_window_attention_one_line_errors():
+    q = torch.zeros(2, 8)
+    keys = torch.zeros(2, 2, 4, 4)
+    with pytest.raises(RuntimeError, match="window row out of range"):
+        A.window_attention_(q, q, q, keys, keys.clone(), torch.tensor([0, 2]), torch.tensor([0, 1]), 2, 1.0)
+    with pytest.raises(RuntimeError, match="past the capacity"):
+        A.window_attention_(q, q, q, keys, keys.clone(), torch.tensor([0, 1]), torch.tensor([0, 4]), 5, 1.0)

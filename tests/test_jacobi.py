@@ -78,6 +78,33 @@ def test_property_random_sources_and_blocks_float64(exact):
         assert differences(expected, ours, tolerance=1e-9) == [], (trial, variant, block, draft, horizon)
 
 
+@pytest.mark.parametrize("compiled_attention", [True, False], ids=["compiled", "torch-attention"])
+def test_ngram_windows_sized_by_cost_give_greedys_output_float64(exact, compiled_attention):
+    """hgj/ngram runs per-row windows of 1..b positions in one call (rows' widths differ): greedy's output."""
+    models, task = exact("ensemble")
+    batches = sorted_batches(task, 8, 1000)
+    expected = run(greedy_decoder(models, task, **RULES), models, batches)
+    stats = []
+    for call_cost in (1e-3, 15.0, 1e6):  # no draft pays; the CPU's default; every draft pays
+        greedy = greedy_decoder(models, task, **RULES)
+        greedy.runner.compiled_attention = compiled_attention
+        dec = JacobiDecoder(greedy, "hgj", 4, "ngram", call_cost=call_cost)
+        ours = run(dec, models, batches)
+        assert differences(expected, ours, tolerance=1e-9) == [], call_cost
+        stats.append(dec.stats.summary())
+    none, cpu, every = stats
+    # "expansions" counts window positions, "iterations" rows' iterations.
+    assert none["expansions"] == none["iterations"] == none["greedy_steps"]
+    assert cpu["iterations"] > every["iterations"] and cpu["expansions"] / cpu["iterations"] > 1.0
+    assert every["expansions"] / every["iterations"] > cpu["expansions"] / cpu["iterations"]
+
+
+def test_call_cost_must_be_positive(loaded):
+    models, task = loaded("transformer")
+    with pytest.raises(FairseqStreamError, match="--jacobi-call-cost must be positive"):
+        JacobiDecoder(greedy_decoder(models, task), "hgj", 2, "ngram", call_cost=0)
+
+
 def test_jacobi_float32_prints_greedys_hypotheses(loaded):
     models, task = loaded("transformer")
     batches = sorted_batches(task, 16, 1000, subset="valid")
@@ -138,6 +165,21 @@ def test_ngram_pool_drafts_the_most_frequent_continuation():
     assert pool.lookup([4]) == ()
     assert next_draft([11, 12, 13], pool, [5, 6], 4, pad=1) == [8, 2, 13, 1]
     assert next_draft([11], None, [5, 6], 3, pad=1) == [11, 1, 1]
+
+
+def test_ngram_drafts_only_what_is_likely_enough():
+    pool = NgramPool(span=2)
+    for tokens in ([2, 5, 6, 7, 2], [2, 5, 6, 7, 2], [2, 5, 6, 8, 2]):
+        pool.add_output(tokens)
+    # After (5, 6): (7, 2) twice, (8, 2) once, one unseen: 2/4 for both tokens.
+    assert pool.draft([5, 6]) == ((7, 2), [0.5, 0.5])
+    assert next_draft([11, 12, 13], pool, [5, 6], 4, pad=1, threshold=0.5) == [7, 2]
+    assert next_draft([11, 12, 13], pool, [5, 6], 4, pad=1, threshold=0.6) == []
+    # A guess after the pool's tokens: GUESS_ACCEPTANCE times their chance.
+    assert next_draft([11, 12, 13], pool, [5, 6], 4, pad=1, threshold=0.03) == [7, 2, 13]
+    assert next_draft([11, 12, 13], pool, [5, 6], 1, pad=1, threshold=0.03) == [7]
+    assert next_draft([11, 12], None, [4], 3, pad=1, threshold=0.05) == [11]
+    assert next_draft([11, 12], None, [4], 3, pad=1, threshold=0.0) == [11, 12]
 
 
 def test_ddgviz_writes_a_picture_and_its_json(toy, tmp_path, capsys):

@@ -24,8 +24,15 @@ Variants (how wide a row's window is; ``b`` = ``--jacobi-block``):
   tokens (default: the whole sentence), greedy steps after it (Algorithm 3:
   parallel blocks, then autoregressive).
 
-One call serves a whole fairseq batch: each row has its own verified length
-and window start; finished sentences leave the batch. Per iteration the loop
+With ``pad`` drafts (and for ``pj``) every row runs its variant's whole window,
+as in the paper. With ``ngram`` drafts ``pgj`` and ``hgj`` run at most that
+window: a row drafts only the tokens whose chance of acceptance pays for their
+positions in this call (:meth:`JacobiDecoder._threshold`), so a row with no
+likely draft runs one position, a greedy step, and a batch mostly of such rows
+costs about what greedy's step costs.
+
+One call serves a whole fairseq batch: each row has its own verified length,
+window start and width; finished sentences leave the batch. Per iteration the loop
 reads the window's argmax tokens and values back once (the only host sync),
 which it needs anyway to accept tokens and draft the next window.
 """
@@ -48,9 +55,14 @@ from fairseq_stream.stats import DecodeStats
 VARIANTS = ("pj", "pgj", "hgj")
 # The n-gram pool's continuation length for pj, whose window has no block size.
 PJ_DRAFT_SPAN = 8
+# A decoder call's fixed cost in window positions (what one more position costs), per device:
+# :meth:`JacobiDecoder._threshold`. CPU: the Multi30k transformer's window call on one Xeon thread,
+# 0.97 ms for one position, + 0.059 ms a position at 64 rows (docs/BENCHMARKS.md, issue 12). CUDA:
+# a call's ~10 ms of host time against rows that are nearly free below hundreds (issue 10).
+CALL_COST = {"cpu": 15.0, "cuda": 200.0}
 
 
-def check_options(variant: str, block, draft: str, horizon):
+def check_options(variant: str, block, draft: str, horizon, call_cost=None):
     """One-line errors for Jacobi's options (the command line checks them before loading models)."""
     if variant not in VARIANTS:
         raise FairseqStreamError("--jacobi-variant must be one of {}, got {}".format(", ".join(VARIANTS), variant))
@@ -60,6 +72,8 @@ def check_options(variant: str, block, draft: str, horizon):
         raise FairseqStreamError("--jacobi-block must be at least 1, got {}".format(block))
     if horizon is not None and int(horizon) < 0:
         raise FairseqStreamError("--jacobi-horizon must be at least 0, got {}".format(horizon))
+    if call_cost is not None and not float(call_cost) > 0:
+        raise FairseqStreamError("--jacobi-call-cost must be positive, got {}".format(call_cost))
 
 
 class JacobiStats(DecodeStats):
@@ -134,11 +148,13 @@ class JacobiDecoder:
         horizon: ``hgj`` decodes by windows up to this many tokens, by
             greedy steps after (None: the whole sentence).
         trace_ids: sentence ids whose every iteration is recorded (DDGviz).
+        call_cost: a decoder call's fixed cost in window positions, which
+            decides how much ``ngram`` drafts (None: ``CALL_COST`` of the device).
     """
 
     def __init__(self, greedy, variant: str = "hgj", block: int = 2, draft: str = "ngram",
-                 horizon: Optional[int] = None, trace_ids=()):
-        check_options(variant, block, draft, horizon)
+                 horizon: Optional[int] = None, trace_ids=(), call_cost: Optional[float] = None):
+        check_options(variant, block, draft, horizon, call_cost)
         if not isinstance(greedy.runner, LeanRunner):
             raise FairseqStreamError(
                 "--search jacobi runs fairseq transformers on the lean runner only (this model: {}); "
@@ -149,6 +165,7 @@ class JacobiDecoder:
         self.greedy = greedy
         self.variant, self.block = variant, int(block)
         self.horizon = None if horizon is None else int(horizon)
+        self.call_cost = None if call_cost is None else float(call_cost)
         self.windows = WindowRunner(greedy.runner)
         self.eos, self.pad, self.unk = greedy.eos, greedy.pad, greedy.unk
         span = PJ_DRAFT_SPAN if variant == "pj" else max(1, self.block - 1)
@@ -216,14 +233,15 @@ class JacobiDecoder:
                 results[i] = [greedy._empty_hypo(device)]
                 continue
             trace = [] if ids[i] in self.trace_ids else None
-            row = _Row(i, bos, max_lens[i], [], trace)
-            row.draft = next_draft([], self.pool, row.tokens, self._draft_room(row), self.pad)
-            rows.append(row)
+            rows.append(_Row(i, bos, max_lens[i], [], trace))
+        threshold = self._threshold(len(rows), device)
+        for row in rows:
+            row.draft = next_draft([], self.pool, row.tokens, self._draft_room(row), self.pad, threshold)
         state = None
         if rows:
             state = self.windows.start(net_input)
             if len(rows) < S:
-                state = self.windows.keep(state, torch.tensor([r.index for r in rows], device=device), 0)
+                state = self.windows.keep(state, [r.index for r in rows])
         longest_output = 0
         while rows:
             rows, state, done = self._iterate(rows, state, device)
@@ -237,56 +255,69 @@ class JacobiDecoder:
         self.stats.greedy_calls += longest_output
         return results
 
+    def _threshold(self, rows: int, device) -> Optional[float]:
+        """The chance of acceptance a draft token needs to pay for its window position, or None (fixed windows).
+
+        An accepted token saves what a token costs (its position plus its
+        share of a call's fixed cost, ``call_cost`` positions over the
+        call's rows); a drafted one costs its position: worth drafting when
+        ``chance * (1 + call_cost / rows) >= 1``. One sentence drafts nearly
+        anything; a full CPU batch, only what is close to certain.
+        """
+        if self.pool is None or self.variant == "pj":
+            return None
+        call_cost = self.call_cost if self.call_cost is not None else CALL_COST.get(device.type, CALL_COST["cuda"])
+        return rows / (rows + call_cost)
+
     def _iterate(self, rows: List[_Row], state, device):
         """One window call over ``rows``; returns (rows still decoding, their state, rows finished)."""
         t0 = time.perf_counter()
-        widths = [self.width(len(r.tokens) - 1, r.max_len) for r in rows]
-        W = max(widths)
-        window = [[r.tokens[-1]] + (r.draft + [self.pad] * W)[: W - 1] for r in rows]
-        tokens = torch.tensor(window, dtype=torch.long, device=device)
-        logits = self.windows.window(state, tokens)
-        steps = state.lengths.unsqueeze(1) + torch.arange(W, device=device)
-        max_lens = torch.tensor([r.max_len for r in rows], device=device).unsqueeze(1)
+        windows = [[r.tokens[-1]] + r.draft for r in rows]
+        layout = self.windows.layout(state, windows, [r.max_len for r in rows])
+        logits = self.windows.window(state, layout)
         greedy = self.greedy
         out = topk_log_softmax(
             logits, 1, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=greedy.unk_penalty,
-            temperature=greedy.temperature, ban_eos=steps.lt(greedy.min_len).view(-1),
-            force_eos=steps.ge(max_lens).view(-1), backend=greedy.output_backend)
+            temperature=greedy.temperature, ban_eos=layout.steps.lt(greedy.min_len),
+            force_eos=layout.steps.ge(layout.limits), backend=greedy.output_backend)
         # The one read of the iteration: every window position's argmax and its log-probability,
         # in one tensor (word indices are exact in float32 below 2**24).
-        words, values = torch.stack([out.indices.view(len(rows), W).to(out.values.dtype),
-                                     out.values.view(len(rows), W)]).tolist()
-        words = [[int(w) for w in row] for row in words]
-        accepted, keep, done = [], [], []
+        words, values = torch.stack([out.indices.view(-1).to(out.values.dtype), out.values.view(-1)]).tolist()
+        accepted, keep, done, guesses = [], [], [], []
+        offset = 0
         for i, r in enumerate(rows):
-            g, width = words[i], widths[i]
+            window = windows[i]
+            width = len(window)
+            g = [int(w) for w in words[offset: offset + width]]
+            v = values[offset: offset + width]
+            offset += width
             m = 1
-            while m < width and window[i][m] == g[m - 1] and g[m - 1] != self.eos:
+            while m < width and window[m] == g[m - 1] and g[m - 1] != self.eos:
                 m += 1
             if r.trace is not None:
                 r.trace.append({"start": len(r.tokens) - 1, "width": width, "accepted": m,
-                                "tokens": g[:width], "lprobs": values[i][:width]})
+                                "tokens": g, "lprobs": v})
             r.tokens.extend(g[:m])
-            r.lprobs.extend(values[i][:m])
+            r.lprobs.extend(v[:m])
             accepted.append(m)
             if g[m - 1] == self.eos:
                 done.append(r)
                 continue
             keep.append(i)
-            r.draft = next_draft(g[m:width], self.pool, r.tokens[-3:], self._draft_room(r), self.pad)
+            guesses.append(g[m:])
         self.stats.add_accepted(accepted)
-        self.stats.add_step(W, len(rows) * W, time.perf_counter() - t0)
+        self.stats.add_step(max(layout.widths), layout.positions, time.perf_counter() - t0)
         for r in done:
             self.stats.greedy_steps += len(r.tokens) - 1
         # A row's cache holds every verified token but the last (the next window's input).
-        self.windows.commit(state, torch.tensor(accepted, device=device), max(len(r.tokens) - 1 for r in rows))
-        if done:
-            survivors = [rows[i] for i in keep]
-            if survivors:
-                longest = max(len(r.tokens) - 1 for r in survivors)
-                state = self.windows.keep(state, torch.tensor(keep, device=device), longest)
-            return survivors, state, done
-        return rows, state, done
+        self.windows.commit(state, accepted)
+        survivors = [rows[i] for i in keep]
+        threshold = self._threshold(len(survivors), device)
+        for r, guess in zip(survivors, guesses):
+            r.draft = next_draft(guess, self.pool, r.tokens[-3:], self._draft_room(r), self.pad, threshold)
+        if done and survivors:
+            state = self.windows.keep(state, keep)
+        return survivors, state, done
 
     def _draft_room(self, row: _Row) -> int:
         """How many draft tokens the row's next window can take."""

@@ -8,14 +8,22 @@ has already decoded (lookahead decoding's idea, without a second model) and
 drafts their continuation where one is known, then the Jacobi guesses.
 
 The draft only decides how many tokens an iteration can accept: every token
-is verified against the model before it is kept.
+is verified against the model before it is kept. What it costs is window
+positions: nearly free for one sentence, one row's work each in a batched
+call whose products scale with rows. So ``ngram`` drafts a token only where
+its chance of being accepted pays for its position (:func:`next_draft`'s
+``threshold``, set by the decoder from the call's rows).
 """
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 DRAFTS = ("pad", "ngram")
 # Pool entries kept before the oldest are dropped (a long run's outputs).
 MAX_POOL = 200_000
+# How often a Jacobi guess (an output past a rejected draft, computed from a
+# wrong input) is the right token: PAD drafts accept 1.07-1.09 tokens per
+# iteration on the Multi30k and toy models (docs/BENCHMARKS.md, issue 12).
+GUESS_ACCEPTANCE = 0.08
 
 
 class NgramPool:
@@ -52,20 +60,52 @@ class NgramPool:
 
     def lookup(self, context: Sequence[int]) -> Tuple[int, ...]:
         """The most frequent continuation of the longest known suffix of ``context``, or ()."""
+        return self.draft(context)[0]
+
+    def draft(self, context: Sequence[int]) -> Tuple[Tuple[int, ...], List[float]]:
+        """:meth:`lookup`'s continuation and, per token, the estimated chance that it and those before it are right.
+
+        The chance is the share of the context's seen continuations that
+        agree with it up to that token, counting one unseen continuation
+        (a context seen once gives 1/2, not certainty).
+        """
         for order in self.ORDERS:
             if order <= len(context):
                 seen = self.table.get(tuple(context[-order:]))
                 if seen:
                     best = max(seen.values())
-                    return next(f for f in reversed(seen) if seen[f] == best)
-        return ()
+                    follow = next(f for f in reversed(seen) if seen[f] == best)
+                    total = sum(seen.values()) + 1
+                    chances = [sum(n for f, n in seen.items() if f[:i] == follow[:i]) / total
+                               for i in range(1, len(follow) + 1)]
+                    return follow, chances
+        return (), []
 
 
-def next_draft(guesses: List[int], pool, context: Sequence[int], width: int, pad: int) -> List[int]:
-    """``width`` draft tokens after ``context`` (the verified tokens): the pool's continuation (if any), then ``guesses``, then PAD."""
-    draft = list(pool.lookup(context)) if pool is not None else []
-    if len(draft) < width:
+def next_draft(guesses: List[int], pool, context: Sequence[int], width: int, pad: int,
+               threshold: Optional[float] = None) -> List[int]:
+    """Draft tokens after ``context`` (the verified tokens): the pool's continuation (if any), then ``guesses``.
+
+    Without ``threshold``: exactly ``width`` tokens, PAD last (the paper's
+    fixed window). With one: at most ``width``, and only while the estimated
+    chance that the draft is right up to the token stays at least
+    ``threshold`` (pool tokens: :meth:`NgramPool.draft`; each guess after
+    them: ``GUESS_ACCEPTANCE`` times the chance before it); possibly none.
+    """
+    draft, chances = pool.draft(context) if pool is not None else ((), [])
+    if threshold is None:
+        draft = list(draft[:width])
         draft.extend(guesses[len(draft): width])
-    if len(draft) < width:
-        draft.extend([pad] * (width - len(draft)))
-    return draft[:width]
+        return draft + [pad] * (width - len(draft))
+    kept, chance = [], 1.0
+    for token, c in zip(draft[:width], chances):
+        if c < threshold:
+            break
+        kept.append(token)
+        chance = c
+    for token in guesses[len(kept): width]:
+        chance *= GUESS_ACCEPTANCE
+        if chance < threshold:
+            break
+        kept.append(token)
+    return kept

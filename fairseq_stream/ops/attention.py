@@ -77,35 +77,36 @@ def cached_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Ten
     return attend_prefix(query, keys, values, length + 1, scale).index_select(0, slot)
 
 
-def window_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, starts: Tensor, steps: Tensor,
-                      visible: Tensor, scale: float, compiled: bool = True) -> Tensor:
+def window_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, window_row: Tensor,
+                      window_step: Tensor, needed: int, scale: float, compiled: bool = True) -> Tensor:
     """Jacobi's window: write every window position's key and value, then attend causally inside the window.
 
-    Row r's W queries sit at cache positions ``starts[r] + j`` (``steps``,
-    (rows, W)); query (r, j) attends over positions ``0 .. starts[r] + j``.
+    Window position n is a query of cache row ``window_row[n]`` at position
+    ``window_step[n]``; it attends over that row's positions ``0 ..
+    window_step[n]``. A row's window may be any width (one position where it
+    has no draft), so the layout is flat rather than (rows, W).
 
     Args:
-        q, k, v: (rows * W, heads * head_dim), row-major by (row, window position); rows may be strided.
+        q, k, v: (positions, heads * head_dim); rows may be strided.
         keys, values: (rows, heads, capacity, head_dim), contiguous; written in place.
-        starts: (rows,) each row's first window position.
-        steps, visible: the window's positions and the reference's boolean mask
-            (rows, 1, W, positions read); the compiled kernel needs neither.
+        window_row, window_step: (positions,) int64.
+        needed: ``max(window_step) + 1``, known to the caller without a device read
+            (the reference's key length; the compiled kernel does not need it).
         compiled: False for the torch reference.
 
     Returns:
-        (rows * W, heads * head_dim).
+        (positions, heads * head_dim).
     """
-    rows, width = steps.shape
     if compiled and compiled_applies(q):
-        return _extension().window_attention_(q, k, v, keys, values, starts, width, scale)
-    H, hd = keys.size(1), keys.size(3)
-    row_index = torch.arange(rows, device=q.device).unsqueeze(1)
-    keys[row_index, :, steps] = k.view(rows, width, H, hd)
-    values[row_index, :, steps] = v.view(rows, width, H, hd)
-    needed = visible.size(-1)
-    out = F.scaled_dot_product_attention(q.view(rows, width, H, hd).transpose(1, 2), keys[:, :, :needed],
-                                         values[:, :, :needed], attn_mask=visible, scale=scale)
-    return out.transpose(1, 2).reshape(rows * width, H * hd)
+        return _extension().window_attention_(q, k, v, keys, values, window_row, window_step, scale)
+    N, H, hd = window_row.numel(), keys.size(1), keys.size(3)
+    keys[window_row, :, window_step] = k.reshape(N, H, hd)
+    values[window_row, :, window_step] = v.reshape(N, H, hd)
+    visible = torch.arange(needed, device=q.device).view(1, 1, 1, needed) <= window_step.view(N, 1, 1, 1)
+    out = F.scaled_dot_product_attention(q.reshape(N, H, 1, hd), keys.index_select(0, window_row)[:, :, :needed],
+                                         values.index_select(0, window_row)[:, :, :needed], attn_mask=visible,
+                                         scale=scale)
+    return out.reshape(N, H * hd)
 
 
 def source_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Optional[Tensor], scale: float,

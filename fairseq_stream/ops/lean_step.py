@@ -86,12 +86,11 @@ def lean_layers(x, compiled, caches, slots, lengths, starts, enc_keys, enc_value
                                     row_sentences)
 
 
-def lean_window_layers(x, compiled, cache, starts, width: int, enc_keys, enc_values, mask, window_sentence):
+def lean_window_layers(x, compiled, cache, window_row, window_step, enc_keys, enc_values, mask):
     """Every layer of one model for one Jacobi window call (:mod:`fairseq_stream.runners.lean_window`).
 
-    ``x`` (rows * width, dim): row r's window at cache positions ``starts[r]
-    .. starts[r] + width - 1``; ``window_sentence`` (rows * width,): each window
-    row's sentence. The cache is written in place, as the Python window call does.
+    ``x`` (positions, dim): window position n is row ``window_row[n]``'s token
+    at cache position ``window_step[n]`` (a row is a sentence). The cache is
+    written in place, as the Python window call does.
     """
-    return _extension().lean_window_layers(x, compiled, cache, starts, width, enc_keys, enc_values, mask,
-                                           window_sentence)
+    return _extension().lean_window_layers(x, compiled, cache, window_row, window_step, enc_keys, enc_values, mask)

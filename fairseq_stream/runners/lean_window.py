@@ -2,18 +2,23 @@
 
 A Jacobi iteration feeds each row a *window* of tokens: the last verified
 token, then draft guesses for the positions after it. The rows' verified
-prefixes differ in length, so every row has its own start position. One call:
+prefixes differ in length, so every row has its own start position, and
+their windows may differ in width (a row with nothing worth drafting runs
+one position, a greedy step): the window is laid out flat, position n being
+row ``rows[n]``'s token at cache position ``steps[n]`` (:class:`WindowLayout`,
+built on the host from lengths the decoder already knows: no device read).
+One call:
 
-* embeds the window at explicit positions (``padding_idx + 1 + start + j``,
-  as fairseq's incremental step numbers a prefix of ``start + j`` tokens): a
-  draft token is only a token, never key padding, whatever its value;
+* embeds the window at explicit positions (``padding_idx + 1 + step``, as
+  fairseq's incremental step numbers a prefix of ``step`` tokens): a draft
+  token is only a token, never key padding, whatever its value;
 * writes the window's self-attention keys and values into each row's
-  preallocated cache at ``start .. start + W - 1`` and attends over the cache
-  with a mask that lets window position ``j`` see positions ``<= start + j``
-  (causal inside the window, the verified prefix reused as it is): on the
-  CPU one compiled call (:func:`fairseq_stream.ops.attention.window_attention_`),
-  and the encoder attention the lean runner's compiled one, each window row
-  reading its sentence's keys;
+  preallocated cache at its steps and attends over the cache with a mask that
+  lets a position see its row's positions up to its own (causal inside the
+  window, the verified prefix reused as it is): on the CPU one compiled call
+  (:func:`fairseq_stream.ops.attention.window_attention_`), and the encoder
+  attention the lean runner's compiled one, each position reading its
+  sentence's keys;
 * returns every window position's logits, one tensor per model.
 
 :meth:`WindowRunner.commit` then extends each row's verified prefix by the
@@ -26,7 +31,7 @@ are indexed by row, computed once per sentence by :meth:`LeanModel.encode`.
 """
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 from torch import Tensor
@@ -39,14 +44,59 @@ from fairseq_stream.runners.lean import LeanRunner, _EncoderKeys
 class WindowState:
     """Rows decoded by windows: per-model caches, encoder keys, and each row's verified length."""
 
-    encoder: List[_EncoderKeys]  # per model, sentence i = row i
-    caches: List[Tensor]  # per model (2 * layers, rows, heads, capacity, head_dim)
-    lengths: Tensor  # (rows,) verified positions in the cache
-    longest: int  # max(lengths), kept on the host (no read of ``lengths``)
+    encoder: List[_EncoderKeys]  # per model, by slot
+    caches: List[Tensor]  # per model (2 * layers, slots, heads, capacity, head_dim)
+    lengths: List[int]  # per row, verified positions in the cache (on the host: the decoder knows them)
+    slots: List[int]  # per row, its slot in ``caches`` and ``encoder``
 
     @property
     def rows(self) -> int:
-        return self.lengths.numel()
+        return len(self.lengths)
+
+
+@dataclass
+class WindowLayout:
+    """One window call's positions, flat: position n is row ``rows[n]``'s ``tokens[n]`` at cache position ``steps[n]``."""
+
+    tokens: Tensor  # (positions,)
+    rows: Tensor  # (positions,) the row's slot in the caches and encoder keys
+    steps: Tensor  # (positions,)
+    limits: Optional[Tensor]  # (positions,) the row's maximum length, if asked for
+    widths: List[int]  # per row (host)
+    slots: List[int]  # per row, its slot (host)
+    needed: int  # max(steps) + 1 (host)
+
+    @staticmethod
+    def build(windows: List[List[int]], lengths: List[int], device, limits: Optional[List[int]] = None,
+              slots: Optional[List[int]] = None) -> "WindowLayout":
+        """Row r's window ``windows[r]`` (its last verified token first) at steps ``lengths[r]`` on.
+
+        ``slots``: row r's cache slot (:attr:`WindowState.slots`; default r).
+        ``limits``: per row, a number repeated at each of its positions (the
+        decoder's maximum lengths), built in the same host-to-device copy.
+        """
+        slots = list(range(len(windows))) if slots is None else slots
+        tokens, rows, steps, limit = [], [], [], []
+        for r, (window, length) in enumerate(zip(windows, lengths)):
+            tokens.extend(window)
+            rows.extend([slots[r]] * len(window))
+            steps.extend(range(length, length + len(window)))
+            if limits is not None:
+                limit.extend([limits[r]] * len(window))
+        flat = torch.tensor([tokens, rows, steps] + ([limit] if limits is not None else []),
+                            dtype=torch.long).to(device)
+        return WindowLayout(flat[0], flat[1], flat[2], flat[3] if limits is not None else None,
+                            [len(w) for w in windows], slots, max(l + len(w) for w, l in zip(windows, lengths)))
+
+    @property
+    def positions(self) -> int:
+        return sum(self.widths)
+
+    def packing(self):
+        """The positions' places when packed by slot, (where, widest), for the torch encoder attention."""
+        widest = max(self.widths)
+        where = [slot * widest + j for slot, w in zip(self.slots, self.widths) for j in range(w)]
+        return torch.tensor(where, dtype=torch.long).to(self.tokens.device), widest
 
 
 class WindowRunner:
@@ -71,41 +121,50 @@ class WindowRunner:
         rows = net_input["src_tokens"].size(0)
         device = net_input["src_tokens"].device
         caches = [self._new_cache(m, rows, 32, device) for m in self.lean]
-        return WindowState(encoder, caches, torch.zeros(rows, dtype=torch.long, device=device), 0)
+        return WindowState(encoder, caches, [0] * rows, list(range(rows)))
+
+    @staticmethod
+    def layout(state: WindowState, windows: List[List[int]], limits: Optional[List[int]] = None) -> WindowLayout:
+        """:meth:`WindowLayout.build` of row r's window ``windows[r]`` at its verified length, in its slot."""
+        return WindowLayout.build(windows, state.lengths, state.caches[0].device, limits, state.slots)
 
     @torch.no_grad()
-    def window(self, state: WindowState, tokens: Tensor) -> List[Tensor]:
-        """Every model's logits for each row's window ``tokens`` (rows, W), at the row's own start.
+    def window(self, state: WindowState, layout: WindowLayout) -> List[Tensor]:
+        """Every model's logits for the window ``layout`` (built from ``state.lengths``).
 
         Returns:
-            one (rows * W, vocab) tensor per model, row-major (row r's
-            position j is entry ``r * W + j``), in the model's type, before
-            ``--temperature``.
+            one (positions, vocab) tensor per model, in the layout's order, in
+            the model's type, before ``--temperature``.
         """
-        rows, width = tokens.shape
-        needed = state.longest + width
-        if needed > state.caches[0].size(3):
-            capacity = max(needed, 2 * state.caches[0].size(3))
-            state.caches = [self._grown(c, capacity, state.longest) for c in state.caches]
-        steps = state.lengths.unsqueeze(1) + torch.arange(width, device=tokens.device)  # (rows, W)
-        visible = torch.arange(needed, device=tokens.device).view(1, 1, 1, needed) <= steps.view(rows, 1, width, 1)
-        return [self._model_window(i, lean, state, tokens, steps, visible)
-                for i, lean in enumerate(self.lean)]
+        if layout.needed > state.caches[0].size(3):
+            capacity = max(layout.needed, 2 * state.caches[0].size(3))
+            # Every slot is copied, ended ones too (their contents are never read again).
+            state.caches = [self._grown(c, capacity, max(state.lengths)) for c in state.caches]
+        return [self._model_window(i, lean, state, layout) for i, lean in enumerate(self.lean)]
 
     @staticmethod
-    def commit(state: WindowState, accepted: Tensor, longest: int):
-        """Extend each row's verified prefix by ``accepted`` (rows,) positions; ``longest``: the new max length."""
-        state.lengths += accepted
-        state.longest = longest
+    def commit(state: WindowState, accepted: List[int]):
+        """Extend each row's verified prefix by ``accepted`` (per row) positions."""
+        state.lengths = [length + m for length, m in zip(state.lengths, accepted)]
 
     @staticmethod
-    def keep(state: WindowState, rows: Tensor, longest: int) -> WindowState:
-        """A state holding only ``rows`` (finished sentences dropped); ``longest``: their max length."""
+    def keep(state: WindowState, rows: List[int]) -> WindowState:
+        """A state holding only ``rows`` (finished sentences dropped).
+
+        The caches and encoder keys keep ended rows' slots until at most half
+        of them are live: copying every cache each time a sentence ends cost
+        Jacobi more than its window's work at 64 rows.
+        """
+        slots = [state.slots[r] for r in rows]
+        lengths = [state.lengths[r] for r in rows]
+        if 2 * len(slots) > state.caches[0].size(1):
+            return WindowState(state.encoder, state.caches, lengths, slots)
+        index = torch.tensor(slots, dtype=torch.long).to(state.caches[0].device)
         return WindowState(
-            [e.select(rows) for e in state.encoder],
-            [c.index_select(1, rows) for c in state.caches],
-            state.lengths.index_select(0, rows),
-            longest,
+            [e.select(index) for e in state.encoder],
+            [c.index_select(1, index) for c in state.caches],
+            lengths,
+            list(range(len(slots))),
         )
 
     # -- internals ---------------------------------------------------------
@@ -121,44 +180,37 @@ class WindowRunner:
         new[:, :, :, :length] = cache[:, :, :, :length]
         return new
 
-    def _model_window(self, index: int, lean, state: WindowState, tokens: Tensor, steps: Tensor,
-                      visible: Tensor) -> Tensor:
-        rows, width = tokens.shape
-        H, hd, D = lean.heads, lean.head_dim, lean.dim
+    def _model_window(self, index: int, lean, state: WindowState, layout: WindowLayout) -> Tensor:
+        D = lean.dim
         position = None
         if lean.positions is not None:
             # Positions past the table (a window reaching beyond a sentence's
             # maximum length) are clamped: their outputs are never accepted.
-            position = (steps.reshape(-1) + lean.padding_idx + 1).clamp(max=lean.positions.size(0) - 1)
-        x = lean.embed_at(tokens.reshape(-1), position)
+            position = (layout.steps + lean.padding_idx + 1).clamp(max=lean.positions.size(0) - 1)
+        x = lean.embed_at(layout.tokens, position)
         cache = state.caches[index]
         encoder = state.encoder[index]
         # The lean runner's compiled attentions where they apply (its option too), else torch's.
         compiled = self.runner.compiled_attention and attention.compiled_applies(x)
-        starts = steps[:, 0]
-        window_sentence = torch.arange(rows, device=tokens.device).repeat_interleave(width) if compiled else None
         if compiled and self.runner.compiled_step and lean.compiled is not None:
             # The same calls from C++ (bitwise the same results; ops/lean_step.py).
-            x = lean_step.lean_window_layers(x, lean.compiled, cache, starts, width, encoder.keys, encoder.values,
-                                             encoder.mask, window_sentence)
+            x = lean_step.lean_window_layers(x, lean.compiled, cache, layout.rows, layout.steps, encoder.keys,
+                                             encoder.values, encoder.mask)
             return lean.logits(x)
+        packing = None if compiled else layout.packing()
         for l, layer in enumerate(lean.layers):
 
             def self_attention(h):
                 q, k, v = layer.qkv(h).split(D, dim=-1)
-                out = attention.window_attention_(q, k, v, cache[2 * l], cache[2 * l + 1], starts, steps, visible,
-                                                  layer.scaling, compiled)
+                out = attention.window_attention_(q, k, v, cache[2 * l], cache[2 * l + 1], layout.rows,
+                                                  layout.steps, layout.needed, layer.scaling, compiled)
                 return layer.self_out(out)
 
             def encoder_attention(h):
-                q = layer.cross_q(h)
-                if compiled:  # each window row reads its own sentence's keys
-                    out = attention.source_attention(q, encoder.keys[l], encoder.values[l], encoder.mask,
-                                                     layer.cross_scaling, window_sentence)
-                else:
-                    out = attention.attend_packed_source(q.view(rows, width, H, hd), encoder.keys[l],
-                                                         encoder.values[l], encoder.mask, layer.cross_scaling)
-                return layer.cross_out(out.reshape(rows * width, D))
+                # Each window position reads its own sentence's keys.
+                out = attention.source_attention(layer.cross_q(h), encoder.keys[l], encoder.values[l], encoder.mask,
+                                                 layer.cross_scaling, layout.rows, packing, compiled)
+                return layer.cross_out(out)
 
             x = layer.residual(x, layer.self_norm, self_attention)
             x = layer.residual(x, layer.cross_norm, encoder_attention)

@@ -39,6 +39,12 @@ class JacobiSearchConfig(DecodeStatsConfig):
         metadata={"help": "hgj: decode by windows up to this many tokens, by greedy steps after "
                   "(default: the whole sentence)"},
     )
+    jacobi_call_cost: Optional[float] = field(
+        default=None,
+        metadata={"help": "ngram drafts with pgj/hgj: a decoder call's fixed cost, in window positions; "
+                  "a draft token is run only if its estimated chance of acceptance pays for its "
+                  "position (default: measured per device, 15 on a CPU, 200 on a GPU)"},
+    )
 
 
 @register_search("jacobi", dataclass=JacobiSearchConfig)
@@ -53,11 +59,12 @@ class JacobiSearch:
     def check(cls, search_cfg):
         """One-line errors for option values argparse lets through (before any model is loaded)."""
         check_options(str(search_cfg.jacobi_variant), search_cfg.jacobi_block, str(search_cfg.jacobi_draft),
-                      search_cfg.jacobi_horizon)
+                      search_cfg.jacobi_horizon, search_cfg.jacobi_call_cost)
 
     @classmethod
     def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
         greedy = build_beam_decoder("jacobi", task, models, gen_cfg, search_cfg, beam=1, finalize="fairseq",
                                     pruning=Pruning(), keep_reference=False)
         return JacobiDecoder(greedy, variant=str(search_cfg.jacobi_variant), block=search_cfg.jacobi_block,
-                             draft=str(search_cfg.jacobi_draft), horizon=search_cfg.jacobi_horizon)
+                             draft=str(search_cfg.jacobi_draft), horizon=search_cfg.jacobi_horizon,
+                             call_cost=search_cfg.jacobi_call_cost)

@@ -158,48 +158,50 @@ Tensor source_attention(const Tensor& q, const Tensor& keys, const Tensor& value
   return out;
 }
 
-// Jacobi's window: row r's W queries sit at positions starts[r] .. starts[r] + W - 1 of its cache
-// (slot r). Writes every window key and value first, then query (r, j) attends over positions
-// 0 .. starts[r] + j (causal inside the window, the verified prefix as it is).
+// Jacobi's window, flat: window position n is a query of cache row window_row[n] at position
+// window_step[n]. Rows may have windows of different widths (a row without a draft runs one
+// position). Writes every window key and value first, then query n attends over positions
+// 0 .. window_step[n] of its row (causal inside the window, the verified prefix as it is).
 Tensor window_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tensor keys, Tensor values,
-                         const Tensor& starts, int64_t width, double scale) {
+                         const Tensor& window_row, const Tensor& window_step, double scale) {
   TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes(),
               "window_attention_: keys and values (rows, heads, capacity, head_dim), contiguous");
   const int64_t rows = keys.size(0), H = keys.size(1), capacity = keys.size(2), hd = keys.size(3);
-  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_rows(*t, name, rows * width, H * hd, keys.scalar_type());
-  const Tensor start = starts.contiguous();
-  TORCH_CHECK(start.scalar_type() == at::kLong && start.numel() == rows && width >= 1, "window_attention_: starts (rows,) int64");
-  const int64_t* start_of = start.data_ptr<int64_t>();
+  const int64_t N = window_row.numel();
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_rows(*t, name, N, H * hd, keys.scalar_type());
+  const Tensor row = window_row.contiguous(), step = window_step.contiguous();
+  TORCH_CHECK(row.scalar_type() == at::kLong && step.scalar_type() == at::kLong && step.numel() == N,
+              "window_attention_: window_row and window_step (positions,) int64");
+  const int64_t* row_of = row.data_ptr<int64_t>();
+  const int64_t* step_of = step.data_ptr<int64_t>();
   int64_t longest = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(start_of[r] >= 0 && start_of[r] + width <= capacity, "window_attention_: a window past the capacity");
-    longest = std::max(longest, start_of[r] + width);
+  for (int64_t n = 0; n < N; ++n) {
+    TORCH_CHECK(row_of[n] >= 0 && row_of[n] < rows, "window_attention_: a window row out of range");
+    TORCH_CHECK(step_of[n] >= 0 && step_of[n] < capacity, "window_attention_: a window past the capacity");
+    longest = std::max(longest, step_of[n] + 1);
   }
-  Tensor out = at::empty({rows * width, H * hd}, q.options());
+  Tensor out = at::empty({N, H * hd}, q.options());
   AT_DISPATCH_FLOATING_TYPES(keys.scalar_type(), "window_attention_", [&] {
     const auto [qp, kp, vp, K, V, o] = pointers<scalar_t>(q, k, v, keys, values, out);
     const scalar_t s = static_cast<scalar_t>(scale);
     // Writes first: a query reads the keys of the window positions before it.
-    at::parallel_for(0, rows * H, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, N * H, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t r = i / H, h = i % H;
-        const int64_t base = (r * H + h) * capacity * hd;
-        for (int64_t j = 0; j < width; ++j) {
-          const int64_t row = r * width + j, at = start_of[r] + j;
-          std::copy_n(kp + row * k.stride(0) + h * hd, hd, K + base + at * hd);
-          std::copy_n(vp + row * v.stride(0) + h * hd, hd, V + base + at * hd);
-        }
+        const int64_t n = i / H, h = i % H;
+        const int64_t at = ((row_of[n] * H + h) * capacity + step_of[n]) * hd;
+        std::copy_n(kp + n * k.stride(0) + h * hd, hd, K + at);
+        std::copy_n(vp + n * v.stride(0) + h * hd, hd, V + at);
       }
     });
-    at::parallel_for(0, rows * width * H, grain(longest, hd), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, N * H, grain(longest, hd), [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> scores(longest), query(hd);
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t row = i / H, h = i % H, r = row / width, j = row % width;
-        const int64_t base = (r * H + h) * capacity * hd;
-        const scalar_t* qr = qp + row * q.stride(0) + h * hd;
+        const int64_t n = i / H, h = i % H;
+        const int64_t base = (row_of[n] * H + h) * capacity * hd;
+        const scalar_t* qr = qp + n * q.stride(0) + h * hd;
         for (int64_t d = 0; d < hd; ++d) query[d] = qr[d] * s;
-        attend_one(query.data(), K + base, V + base, hd, start_of[r] + j + 1, static_cast<const scalar_t*>(nullptr),
-                   hd, scores.data(), o + row * H * hd + h * hd);
+        attend_one(query.data(), K + base, V + base, hd, step_of[n] + 1, static_cast<const scalar_t*>(nullptr),
+                   hd, scores.data(), o + n * H * hd + h * hd);
       }
     });
   });
@@ -218,8 +220,8 @@ void register_attention(pybind11::module& m) {
         pybind11::arg("q"), pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("row_sentence"),
         pybind11::arg("mask"), pybind11::arg("scale"));
   m.def("window_attention_", &window_attention_,
-        "(q, k, v (rows * width, heads * head_dim), keys, values (rows, heads, capacity, head_dim), starts (rows,), "
-        "width, scale) -> (rows * width, heads * head_dim); writes the window's k, v first",
+        "(q, k, v (positions, heads * head_dim), keys, values (rows, heads, capacity, head_dim), window_row, "
+        "window_step (positions,), scale) -> (positions, heads * head_dim); writes the window's k, v first",
         pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("keys"), pybind11::arg("values"),
-        pybind11::arg("starts"), pybind11::arg("width"), pybind11::arg("scale"));
+        pybind11::arg("window_row"), pybind11::arg("window_step"), pybind11::arg("scale"));
 }

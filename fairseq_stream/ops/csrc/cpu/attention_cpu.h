@@ -16,9 +16,10 @@ torch::Tensor cached_attention_(const torch::Tensor& q, const torch::Tensor& k, 
 torch::Tensor source_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                                const torch::Tensor& row_sentence, std::optional<torch::Tensor> mask, double scale);
 
-// Jacobi's window: row r's W queries at positions starts[r] + j of slot r, causal inside the window.
+// Jacobi's window, flat: query n at position window_step[n] of cache row window_row[n], causal inside
+// its row's window (rows' windows may differ in width).
 torch::Tensor window_attention_(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                torch::Tensor keys, torch::Tensor values, const torch::Tensor& starts, int64_t width,
-                                double scale);
+                                torch::Tensor keys, torch::Tensor values, const torch::Tensor& window_row,
+                                const torch::Tensor& window_step, double scale);
 
 void register_attention(pybind11::module& m);

@@ -100,23 +100,24 @@ Tensor lean_layers(Tensor x, const std::vector<LeanLayer>& layers, const std::ve
   return x;
 }
 
-// The layers of one model for one Jacobi window call (runners/lean_window.py, op for op): row r's
-// W tokens at cache positions starts[r] .. starts[r] + W - 1, x and the result (rows * W, dim).
-Tensor lean_window_layers(Tensor x, const std::vector<LeanLayer>& layers, const Tensor& cache, const Tensor& starts,
-                          int64_t width, const std::vector<Tensor>& enc_keys, const std::vector<Tensor>& enc_values,
-                          std::optional<Tensor> mask, const Tensor& window_sentence) {
+// The layers of one model for one Jacobi window call (runners/lean_window.py, op for op): window
+// position n is row window_row[n]'s token at cache position window_step[n] (row = sentence), x and
+// the result (positions, dim).
+Tensor lean_window_layers(Tensor x, const std::vector<LeanLayer>& layers, const Tensor& cache, const Tensor& window_row,
+                          const Tensor& window_step, const std::vector<Tensor>& enc_keys,
+                          const std::vector<Tensor>& enc_values, std::optional<Tensor> mask) {
   const int64_t D = x.size(-1);
   for (size_t l = 0; l < layers.size(); ++l) {
     const LeanLayer& layer = layers[l];
     x = layer.residual(x, layer.self_norm, [&](const Tensor& h) {
       const Tensor qkv = layer.qkv(h);
       return layer.self_out(window_attention_(qkv.slice(1, 0, D), qkv.slice(1, D, 2 * D), qkv.slice(1, 2 * D, 3 * D),
-                                              cache.select(0, 2 * l), cache.select(0, 2 * l + 1), starts, width,
-                                              layer.scaling));
+                                              cache.select(0, 2 * l), cache.select(0, 2 * l + 1), window_row,
+                                              window_step, layer.scaling));
     });
     x = layer.residual(x, layer.cross_norm, [&](const Tensor& h) {
       return layer.cross_out(
-          source_attention(layer.cross_q(h), enc_keys[l], enc_values[l], window_sentence, mask, layer.cross_scaling));
+          source_attention(layer.cross_q(h), enc_keys[l], enc_values[l], window_row, mask, layer.cross_scaling));
     });
     x = layer.residual(x, layer.final_norm, [&](const Tensor& h) { return layer.fc2(layer.activate(layer.fc1(h))); });
   }
@@ -151,8 +152,8 @@ void register_lean_step(pybind11::module& m) {
         py::arg("x"), py::arg("layers"), py::arg("caches"), py::arg("slots"), py::arg("lengths"), py::arg("starts"),
         py::arg("enc_keys"), py::arg("enc_values"), py::arg("masks"), py::arg("row_sentences"));
   m.def("lean_window_layers", &lean_window_layers,
-        "(x (rows * width, dim), layers, cache, starts (rows,), width, encoder keys [layers], values [layers], "
-        "mask or None, window_sentence (rows * width,)) -> (rows * width, dim)",
-        py::arg("x"), py::arg("layers"), py::arg("cache"), py::arg("starts"), py::arg("width"), py::arg("enc_keys"),
-        py::arg("enc_values"), py::arg("mask"), py::arg("window_sentence"));
+        "(x (positions, dim), layers, cache, window_row, window_step (positions,), encoder keys [layers], "
+        "values [layers], mask or None) -> (positions, dim)",
+        py::arg("x"), py::arg("layers"), py::arg("cache"), py::arg("window_row"), py::arg("window_step"),
+        py::arg("enc_keys"), py::arg("enc_values"), py::arg("mask"));
 }
