@@ -273,13 +273,13 @@ class JacobiDecoder:
         """One window call over ``rows``; returns (rows still decoding, their state, rows finished)."""
         t0 = time.perf_counter()
         windows = [[r.tokens[-1]] + r.draft for r in rows]
-        layout = self.windows.layout(state, windows, [r.max_len for r in rows])
+        layout = self.windows.layout(state, windows)
         logits = self.windows.window(state, layout)
         greedy = self.greedy
+        ban_eos, force_eos = self._eos_rules(rows, windows, state.lengths, layout.tokens.device)
         out = topk_log_softmax(
             logits, 1, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=greedy.unk_penalty,
-            temperature=greedy.temperature, ban_eos=layout.steps.lt(greedy.min_len),
-            force_eos=layout.steps.ge(layout.limits), backend=greedy.output_backend)
+            temperature=greedy.temperature, ban_eos=ban_eos, force_eos=force_eos, backend=greedy.output_backend)
         # The one read of the iteration: every window position's argmax and its log-probability,
         # in one tensor (word indices are exact in float32 below 2**24).
         words, values = torch.stack([out.indices.view(-1).to(out.values.dtype), out.values.view(-1)]).tolist()
@@ -318,6 +318,22 @@ class JacobiDecoder:
         if done and survivors:
             state = self.windows.keep(state, keep)
         return survivors, state, done
+
+    def _eos_rules(self, rows: List[_Row], windows: List[List[int]], lengths: List[int], device):
+        """Per window position: EOS banned (below ``--min-len``), EOS forced (at the row's maximum length).
+
+        Each is None where no position of the call needs it, as in most
+        iterations: known on the host, so no tensor is built for it.
+        """
+        min_len = self.greedy.min_len
+        ban = force = None
+        if min(lengths) < min_len:
+            ban = torch.tensor([length + j < min_len for w, length in zip(windows, lengths) for j in range(len(w))],
+                               device=device)
+        if any(length + len(w) > r.max_len for r, w, length in zip(rows, windows, lengths)):
+            force = torch.tensor([length + j >= r.max_len for r, w, length in zip(rows, windows, lengths)
+                                  for j in range(len(w))], device=device)
+        return ban, force
 
     def _draft_room(self, row: _Row) -> int:
         """How many draft tokens the row's next window can take."""

@@ -92,6 +92,8 @@ def next_draft(guesses: List[int], pool, context: Sequence[int], width: int, pad
     ``threshold`` (pool tokens: :meth:`NgramPool.draft`; each guess after
     them: ``GUESS_ACCEPTANCE`` times the chance before it); possibly none.
     """
+    if width <= 0:
+        return []
     draft, chances = pool.draft(context) if pool is not None else ((), [])
     if threshold is None:
         draft = list(draft[:width])

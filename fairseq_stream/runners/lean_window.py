@@ -61,32 +61,28 @@ class WindowLayout:
     tokens: Tensor  # (positions,)
     rows: Tensor  # (positions,) the row's slot in the caches and encoder keys
     steps: Tensor  # (positions,)
-    limits: Optional[Tensor]  # (positions,) the row's maximum length, if asked for
     widths: List[int]  # per row (host)
     slots: List[int]  # per row, its slot (host)
     needed: int  # max(steps) + 1 (host)
 
     @staticmethod
-    def build(windows: List[List[int]], lengths: List[int], device, limits: Optional[List[int]] = None,
-              slots: Optional[List[int]] = None) -> "WindowLayout":
+    def build(windows: List[List[int]], lengths: List[int], device, slots: Optional[List[int]] = None
+              ) -> "WindowLayout":
         """Row r's window ``windows[r]`` (its last verified token first) at steps ``lengths[r]`` on.
 
         ``slots``: row r's cache slot (:attr:`WindowState.slots`; default r).
-        ``limits``: per row, a number repeated at each of its positions (the
-        decoder's maximum lengths), built in the same host-to-device copy.
         """
         slots = list(range(len(windows))) if slots is None else slots
-        tokens, rows, steps, limit = [], [], [], []
-        for r, (window, length) in enumerate(zip(windows, lengths)):
-            tokens.extend(window)
-            rows.extend([slots[r]] * len(window))
-            steps.extend(range(length, length + len(window)))
-            if limits is not None:
-                limit.extend([limits[r]] * len(window))
-        flat = torch.tensor([tokens, rows, steps] + ([limit] if limits is not None else []),
-                            dtype=torch.long).to(device)
-        return WindowLayout(flat[0], flat[1], flat[2], flat[3] if limits is not None else None,
-                            [len(w) for w in windows], slots, max(l + len(w) for w, l in zip(windows, lengths)))
+        tokens, rows, steps = [], [], []
+        for window, length, slot in zip(windows, lengths, slots):
+            tokens += window
+            rows += [slot] * len(window)
+            steps += range(length, length + len(window))
+        flat = torch.tensor([tokens, rows, steps], dtype=torch.long)
+        if flat.device != device:
+            flat = flat.to(device)
+        return WindowLayout(flat[0], flat[1], flat[2], [len(w) for w in windows], slots,
+                            max(l + len(w) for w, l in zip(windows, lengths)))
 
     @property
     def positions(self) -> int:
@@ -124,9 +120,9 @@ class WindowRunner:
         return WindowState(encoder, caches, [0] * rows, list(range(rows)))
 
     @staticmethod
-    def layout(state: WindowState, windows: List[List[int]], limits: Optional[List[int]] = None) -> WindowLayout:
+    def layout(state: WindowState, windows: List[List[int]]) -> WindowLayout:
         """:meth:`WindowLayout.build` of row r's window ``windows[r]`` at its verified length, in its slot."""
-        return WindowLayout.build(windows, state.lengths, state.caches[0].device, limits, state.slots)
+        return WindowLayout.build(windows, state.lengths, state.caches[0].device, state.slots)
 
     @torch.no_grad()
     def window(self, state: WindowState, layout: WindowLayout) -> List[Tensor]:
