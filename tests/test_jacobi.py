@@ -20,7 +20,7 @@ from conftest import differences, generate_in_process, hypotheses, run_tool, sor
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.jacobi.decoder import JacobiDecoder
-from fairseq_stream.jacobi.drafts import NgramPool, next_draft
+from fairseq_stream.jacobi.drafts import AcceptanceRates, NgramPool, likely_draft, next_draft
 
 torch.set_num_threads(1)
 
@@ -50,7 +50,8 @@ def test_jacobi_gives_greedys_output_float64(exact, name, variant, block, draft,
     opts = RULES if rules else {}
     batches = sorted_batches(task, 8, 1000)
     expected = run(greedy_decoder(models, task, **opts), models, batches)
-    dec = JacobiDecoder(greedy_decoder(models, task, **opts), variant, block, draft)
+    # A call cost that keeps windows (not greedy's step) at 8 rows, drafting nearly anything.
+    dec = JacobiDecoder(greedy_decoder(models, task, **opts), variant, block, draft, call_cost=1000)
     ours = run(dec, models, batches)
     assert differences(expected, ours, tolerance=1e-9) == []
     stats = dec.stats.summary()
@@ -82,7 +83,7 @@ def test_property_random_sources_and_blocks_float64(exact):
 def test_ngram_windows_sized_by_cost_give_greedys_output_float64(exact, compiled_attention):
     """hgj/ngram runs per-row windows of 1..b positions in one call (rows' widths differ): greedy's output."""
     models, task = exact("ensemble")
-    batches = sorted_batches(task, 8, 1000)
+    batches = sorted_batches(task, 4, 1000)
     expected = run(greedy_decoder(models, task, **RULES), models, batches)
     stats = []
     for call_cost in (1e-3, 15.0, 1e6):  # no draft pays; the CPU's default; every draft pays
@@ -94,9 +95,26 @@ def test_ngram_windows_sized_by_cost_give_greedys_output_float64(exact, compiled
         stats.append(dec.stats.summary())
     none, cpu, every = stats
     # "expansions" counts window positions, "iterations" rows' iterations.
-    assert none["expansions"] == none["iterations"] == none["greedy_steps"]
+    assert none["greedy_batches"] == len(batches)  # 4 rows >= 1e-3 / 2: greedy's step
+    assert none["iterations"] == none["greedy_steps"] and cpu["greedy_batches"] == every["greedy_batches"] == 0
     assert cpu["iterations"] > every["iterations"] and cpu["expansions"] / cpu["iterations"] > 1.0
     assert every["expansions"] / every["iterations"] > cpu["expansions"] / cpu["iterations"]
+
+
+def test_a_batch_too_full_for_windows_runs_greedys_step(loaded):
+    models, task = loaded("transformer")
+    batches = sorted_batches(task, 16, 1000, subset="valid")
+    expected = run(greedy_decoder(models, task), models, batches)
+    dec = JacobiDecoder(greedy_decoder(models, task), "hgj", 2, "ngram", call_cost=20)  # 16 rows >= 20 / 2
+    ours = run(dec, models, batches)
+    assert all(torch.equal(expected[s][0]["tokens"], ours[s][0]["tokens"]) for s in expected)
+    s = dec.stats.summary()
+    full = [b for b in batches if b["id"].numel() >= 10]
+    assert s["greedy_batches"] == len(full) < len(batches)  # the last batch (8) runs windows
+    assert s["greedy_steps"] == sum(len(h[0]["tokens"]) for h in expected.values())
+    assert "decoded by greedy's step" in dec.stats.log_line("jacobi")
+    # The pool learnt from them: a later small batch drafts.
+    assert dec.pool.table
 
 
 def test_call_cost_must_be_positive(loaded):
@@ -110,7 +128,8 @@ def test_jacobi_float32_prints_greedys_hypotheses(loaded):
     batches = sorted_batches(task, 16, 1000, subset="valid")
     expected = run(greedy_decoder(models, task), models, batches)
     for variant, block, draft in [("hgj", 3, "ngram"), ("pj", 1, "pad")]:
-        ours = run(JacobiDecoder(greedy_decoder(models, task), variant, block, draft), models, batches)
+        # A call cost above the batch size: windows, not greedy's step, for batches of 16.
+        ours = run(JacobiDecoder(greedy_decoder(models, task), variant, block, draft, call_cost=100), models, batches)
         assert all(torch.equal(expected[s][0]["tokens"], ours[s][0]["tokens"]) for s in expected)
         assert max(abs(float(expected[s][0]["score"]) - float(ours[s][0]["score"])) for s in expected) < 1e-5
 
@@ -120,7 +139,7 @@ def test_command_line_equals_fairseq_beam_1_and_writes_counters(toy, tmp_path, c
     common = [toy.data_bin, "--path", toy.transformer, "--gen-subset", "valid", "--batch-size", "16", "--cpu"]
     proc = run_tool(["fairseq-generate"] + common + [
         "--user-dir", "fairseq_stream", "--search", "jacobi", "--jacobi-variant", "hgj", "--jacobi-block", "4",
-        "--jacobi-draft", "ngram", "--stats-file", stats_file])
+        "--jacobi-draft", "ngram", "--jacobi-call-cost", "100", "--stats-file", stats_file])
     ours = hypotheses(proc.stdout)
     # Without --search the plugin leaves fairseq-generate as it is: fairseq's own beam search.
     generate_in_process(common + ["--user-dir", "fairseq_stream", "--beam", "1"])
@@ -130,7 +149,7 @@ def test_command_line_equals_fairseq_beam_1_and_writes_counters(toy, tmp_path, c
     stats = json.loads(stats_file.read_text())  # written when the process ends
     assert stats["sentences"] == 200
     assert stats["iteration_speedup"] >= 1.0 and stats["accepted_per_iteration"] >= 1.0
-    assert set(stats["accepted_histogram"]) <= {"1", "2", "3", "4"}
+    assert set(stats["accepted_histogram"]) <= {"1", "2", "3", "4"} and stats["greedy_batches"] == 0
     assert "tokens accepted per iteration" in proc.stderr
 
 
@@ -173,13 +192,21 @@ def test_ngram_drafts_only_what_is_likely_enough():
         pool.add_output(tokens)
     # After (5, 6): (7, 2) twice, (8, 2) once, one unseen: 2/4 for both tokens.
     assert pool.draft([5, 6]) == ((7, 2), [0.5, 0.5])
-    assert next_draft([11, 12, 13], pool, [5, 6], 4, pad=1, threshold=0.5) == [7, 2]
-    assert next_draft([11, 12, 13], pool, [5, 6], 4, pad=1, threshold=0.6) == []
+    rates = AcceptanceRates()  # nothing measured yet: the estimates as they are
+    assert likely_draft([11, 12, 13], pool, [5, 6], 4, 0.5, rates) == ([7, 2], [(0.5, False), (0.5, False)])
+    assert likely_draft([11, 12, 13], pool, [5, 6], 4, 0.6, rates) == ([], [])
     # A guess after the pool's tokens: GUESS_ACCEPTANCE times their chance.
-    assert next_draft([11, 12, 13], pool, [5, 6], 4, pad=1, threshold=0.03) == [7, 2, 13]
-    assert next_draft([11, 12, 13], pool, [5, 6], 1, pad=1, threshold=0.03) == [7]
-    assert next_draft([11, 12], None, [4], 3, pad=1, threshold=0.05) == [11]
-    assert next_draft([11, 12], None, [4], 3, pad=1, threshold=0.0) == [11, 12]
+    assert likely_draft([11, 12, 13], pool, [5, 6], 4, 0.03, rates)[0] == [7, 2, 13]
+    assert likely_draft([11, 12, 13], pool, [5, 6], 1, 0.03, rates)[0] == [7]
+    assert likely_draft([11, 12], None, [4], 3, 0.05, rates)[0] == [11]
+    assert likely_draft([11, 12], None, [4], 3, 0.0, rates)[0] == [11, 12]
+    # Measured: tokens estimated at 1/2 were right 1 time in 12: no longer worth a position at 0.3.
+    for _ in range(6):
+        rates.record([(0.5, False), (0.5, False)], 0)
+    rates.record([(0.5, False), (0.5, False)], 1)
+    assert abs(rates.chance(0.5, False) - (1 + 8 * 0.5) / (14 + 8)) < 1e-12
+    assert likely_draft([11, 12, 13], pool, [5, 6], 4, 0.3, rates) == ([], [])
+    assert rates.chance(0.5, True) == 0.5  # guesses are measured apart
 
 
 def test_ddgviz_writes_a_picture_and_its_json(toy, tmp_path, capsys):

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.jacobi.drafts import DRAFTS, NgramPool, next_draft
+from fairseq_stream.jacobi.drafts import DRAFTS, AcceptanceRates, NgramPool, likely_draft, next_draft
 from fairseq_stream.ops import topk_log_softmax
 from fairseq_stream.runners.lean import LeanRunner
 from fairseq_stream.runners.lean_window import WindowRunner
@@ -60,6 +60,9 @@ PJ_DRAFT_SPAN = 8
 # 0.97 ms for one position, + 0.059 ms a position at 64 rows (docs/BENCHMARKS.md, issue 12). CUDA:
 # a call's ~10 ms of host time against rows that are nearly free below hundreds (issue 10).
 CALL_COST = {"cpu": 15.0, "cuda": 200.0}
+# The draft threshold from which a whole batch runs greedy's step (JacobiDecoder._greedy_pays):
+# rows >= call_cost / 2.
+GREEDY_THRESHOLD = 1.0 / 3.0
 
 
 def check_options(variant: str, block, draft: str, horizon, call_cost=None):
@@ -84,6 +87,8 @@ class JacobiStats(DecodeStats):
     part in; ``greedy_steps`` the calls greedy needs for it (its output
     length, EOS included); their ratio is the iteration speedup.
     ``accepted`` is the histogram of tokens accepted per row and iteration.
+    ``greedy_batches`` counts batches too full for windows to pay, decoded
+    by greedy's own step (their sentences count one token per iteration).
     """
 
     def __init__(self, keep_steps: bool = False):
@@ -91,6 +96,7 @@ class JacobiStats(DecodeStats):
         self.iterations = 0
         self.greedy_steps = 0
         self.greedy_calls = 0  # greedy's calls per batch: its longest output
+        self.greedy_batches = 0  # batches decoded by greedy's own step (JacobiDecoder._greedy_pays)
         self.accepted: Dict[int, int] = {}
 
     def add_accepted(self, counts: List[int]):
@@ -109,27 +115,33 @@ class JacobiStats(DecodeStats):
             "call_speedup": self.greedy_calls / self.timesteps if self.timesteps else 0.0,
             "accepted_per_iteration": total / self.iterations if self.iterations else 0.0,
             "accepted_histogram": {str(m): self.accepted[m] for m in sorted(self.accepted)},
+            "greedy_batches": self.greedy_batches,
         })
         return out
 
     def log_line(self, name: str) -> str:
         s = self.summary()
-        return ("{}: {} sentences, {} iterations for {} greedy steps ({:.2f}x), {:.2f} tokens accepted "
+        line = ("{}: {} sentences, {} iterations for {} greedy steps ({:.2f}x), {:.2f} tokens accepted "
                 "per iteration, {} decoder calls for greedy's {}, {:.2f}s in decoding".format(
                     name, s["sentences"], s["iterations"], s["greedy_steps"], s["iteration_speedup"],
                     s["accepted_per_iteration"], s["timesteps"], s["greedy_calls"], s["wall_s"]))
+        if s["greedy_batches"]:
+            line += " ({} batches too full for windows to pay decoded by greedy's step; see --jacobi-call-cost)".format(
+                s["greedy_batches"])
+        return line
 
 
 class _Row:
     """One sentence being decoded: its verified tokens, their log-probabilities and its draft."""
 
-    __slots__ = ("index", "tokens", "lprobs", "draft", "max_len", "trace")
+    __slots__ = ("index", "tokens", "lprobs", "draft", "estimates", "max_len", "trace")
 
     def __init__(self, index: int, bos: int, max_len: int, draft: List[int], trace: Optional[list]):
         self.index = index
         self.tokens = [bos]  # tokens[0] is BOS; tokens[P] the last verified one
         self.lprobs: List[float] = []
         self.draft = draft
+        self.estimates: List = []  # the draft's estimated chances (AcceptanceRates), sized drafts only
         self.max_len = max_len
         self.trace = trace
 
@@ -170,6 +182,7 @@ class JacobiDecoder:
         self.eos, self.pad, self.unk = greedy.eos, greedy.pad, greedy.unk
         span = PJ_DRAFT_SPAN if variant == "pj" else max(1, self.block - 1)
         self.pool = NgramPool(span) if draft == "ngram" else None
+        self.rates = AcceptanceRates()
         self.trace_ids = set(int(i) for i in trace_ids)
         self.traces: Dict[int, dict] = {}
         old = greedy.stats
@@ -212,8 +225,47 @@ class JacobiDecoder:
         src_tokens = net_input["src_tokens"]
         ids = sample.get("id")
         ids = ids.tolist() if ids is not None else list(range(src_tokens.size(0)))
+        if self._greedy_pays(src_tokens.size(0), src_tokens.device) and not self.trace_ids.intersection(ids):
+            return self._greedy_batch(models, sample, prefix_tokens, constraints, bos_token, **kwargs)
         results = self.decode(net_input, ids, bos_token)
         self.stats.add_sentences(len(results), time.perf_counter() - start)
+        return results
+
+    def _greedy_pays(self, rows: int, device) -> bool:
+        """Whether a batch this full is decoded by greedy's own step: windows would not pay.
+
+        With ``ngram`` drafts (pgj, hgj) a draft token pays at chance
+        ``_threshold(rows)``. That rule shares a call's fixed cost evenly
+        among its rows, which holds for one sentence but flatters a batch,
+        whose calls go on until its longest sentence ends. Measured (one
+        Xeon thread, Multi30k transformer, b = 2; docs/BENCHMARKS.md): windows
+        pay at 4 rows (1.05x greedy) and lose at 8 (0.95x), where the
+        threshold is 0.21 and 0.35; and a window call of one position a row
+        still costs a few percent more than greedy's step (the loop's
+        bookkeeping in Python against a compiled search step). So from
+        ``GREEDY_THRESHOLD`` on the batch runs greedy's step: the same tokens
+        by construction, at greedy's speed.
+        """
+        threshold = self._threshold(rows, device)
+        return threshold is not None and threshold >= GREEDY_THRESHOLD
+
+    def _greedy_batch(self, models, sample, prefix_tokens, constraints, bos_token, **kwargs):
+        """Greedy's own decoding of a batch, counted as iterations of one token each (iteration speedup 1)."""
+        results = self.greedy.generate(models, sample, prefix_tokens=prefix_tokens, constraints=constraints,
+                                       bos_token=bos_token, **kwargs)
+        bos = self.eos if bos_token is None else int(bos_token)
+        longest = 0
+        for hypos in results:
+            tokens = hypos[0]["tokens"].tolist()
+            if not tokens:  # an empty source
+                continue
+            self.stats.add_accepted([1] * len(tokens))
+            self.stats.greedy_steps += len(tokens)
+            longest = max(longest, len(tokens))
+            if self.pool is not None:
+                self.pool.add_output([bos] + tokens)
+        self.stats.greedy_calls += longest
+        self.stats.greedy_batches += 1
         return results
 
     def decode(self, net_input, ids: List[int], bos_token=None) -> List[List[Dict[str, Tensor]]]:
@@ -236,7 +288,7 @@ class JacobiDecoder:
             rows.append(_Row(i, bos, max_lens[i], [], trace))
         threshold = self._threshold(len(rows), device)
         for row in rows:
-            row.draft = next_draft([], self.pool, row.tokens, self._draft_room(row), self.pad, threshold)
+            self._draft(row, [], threshold)
         state = None
         if rows:
             state = self.windows.start(net_input)
@@ -300,6 +352,8 @@ class JacobiDecoder:
             r.tokens.extend(g[:m])
             r.lprobs.extend(v[:m])
             accepted.append(m)
+            if r.estimates:
+                self.rates.record(r.estimates, m - 1)
             if g[m - 1] == self.eos:
                 done.append(r)
                 continue
@@ -313,8 +367,12 @@ class JacobiDecoder:
         self.windows.commit(state, accepted)
         survivors = [rows[i] for i in keep]
         threshold = self._threshold(len(survivors), device)
-        for r, guess in zip(survivors, guesses):
-            r.draft = next_draft(guess, self.pool, r.tokens[-3:], self._draft_room(r), self.pad, threshold)
+        if threshold is not None and threshold > self.rates.ceiling():
+            for r in survivors:  # no draft can pay in a call this full
+                r.draft, r.estimates = [], []
+        else:
+            for r, guess in zip(survivors, guesses):
+                self._draft(r, guess, threshold)
         if done and survivors:
             state = self.windows.keep(state, keep)
         return survivors, state, done
@@ -334,6 +392,15 @@ class JacobiDecoder:
             force = torch.tensor([length + j >= r.max_len for r, w, length in zip(rows, windows, lengths)
                                   for j in range(len(w))], device=device)
         return ban, force
+
+    def _draft(self, row: _Row, guesses: List[int], threshold: Optional[float]):
+        """Set the row's next draft: a fixed window (``threshold`` None), or the tokens that pay for their positions."""
+        context = row.tokens[-NgramPool.ORDERS[0]:]
+        if threshold is None:
+            row.draft = next_draft(guesses, self.pool, context, self._draft_room(row), self.pad)
+        else:
+            row.draft, row.estimates = likely_draft(guesses, self.pool, context, self._draft_room(row), threshold,
+                                                    self.rates)
 
     def _draft_room(self, row: _Row) -> int:
         """How many draft tokens the row's next window can take."""

@@ -11,7 +11,7 @@ The draft only decides how many tokens an iteration can accept: every token
 is verified against the model before it is kept. What it costs is window
 positions: nearly free for one sentence, one row's work each in a batched
 call whose products scale with rows. So ``ngram`` drafts a token only where
-its chance of being accepted pays for its position (:func:`next_draft`'s
+its chance of being accepted pays for its position (:func:`likely_draft`'s
 ``threshold``, set by the decoder from the call's rows).
 """
 
@@ -42,6 +42,9 @@ class NgramPool:
     def __init__(self, span: int):
         self.span = max(1, span)
         self.table: Dict[Tuple[int, ...], Dict[Tuple[int, ...], int]] = {}
+        # A context's draft, kept until the context is seen again: a batch looks up every row each
+        # iteration, and summing the shares each time cost more than a window position at 16 rows.
+        self.drafts: Dict[Tuple[int, ...], Tuple[Tuple[int, ...], List[float]]] = {}
 
     def add_output(self, tokens: Sequence[int]):
         """Learn every context of a finished sentence's tokens (BOS first, EOS last)."""
@@ -51,12 +54,15 @@ class NgramPool:
             follow = tuple(tokens[i + 1: i + 1 + span])
             for order in self.ORDERS:
                 if order <= i + 1:
-                    seen = table.setdefault(tuple(tokens[i + 1 - order: i + 1]), {})
+                    key = tuple(tokens[i + 1 - order: i + 1])
+                    seen = table.setdefault(key, {})
                     # Re-inserted last: among equal counts the newest comes last.
                     seen[follow] = seen.pop(follow, 0) + 1
+                    self.drafts.pop(key, None)
         if len(table) > MAX_POOL:
             for key in list(table)[: len(table) - MAX_POOL]:
                 del table[key]
+                self.drafts.pop(key, None)
 
     def lookup(self, context: Sequence[int]) -> Tuple[int, ...]:
         """The most frequent continuation of the longest known suffix of ``context``, or ()."""
@@ -71,43 +77,98 @@ class NgramPool:
         """
         for order in self.ORDERS:
             if order <= len(context):
-                seen = self.table.get(tuple(context[-order:]))
+                key = tuple(context[-order:])
+                known = self.drafts.get(key)
+                if known is not None:
+                    return known
+                seen = self.table.get(key)
                 if seen:
                     best = max(seen.values())
                     follow = next(f for f in reversed(seen) if seen[f] == best)
                     total = sum(seen.values()) + 1
                     chances = [sum(n for f, n in seen.items() if f[:i] == follow[:i]) / total
                                for i in range(1, len(follow) + 1)]
+                    self.drafts[key] = follow, chances
                     return follow, chances
         return (), []
 
 
-def next_draft(guesses: List[int], pool, context: Sequence[int], width: int, pad: int,
-               threshold: Optional[float] = None) -> List[int]:
-    """Draft tokens after ``context`` (the verified tokens): the pool's continuation (if any), then ``guesses``.
+def next_draft(guesses: List[int], pool, context: Sequence[int], width: int, pad: int) -> List[int]:
+    """The paper's fixed window: ``width`` draft tokens after ``context`` (the verified tokens).
 
-    Without ``threshold``: exactly ``width`` tokens, PAD last (the paper's
-    fixed window). With one: at most ``width``, and only while the estimated
-    chance that the draft is right up to the token stays at least
-    ``threshold`` (pool tokens: :meth:`NgramPool.draft`; each guess after
-    them: ``GUESS_ACCEPTANCE`` times the chance before it); possibly none.
+    The pool's continuation (if any), then ``guesses``, then PAD.
     """
     if width <= 0:
         return []
-    draft, chances = pool.draft(context) if pool is not None else ((), [])
-    if threshold is None:
-        draft = list(draft[:width])
-        draft.extend(guesses[len(draft): width])
-        return draft + [pad] * (width - len(draft))
-    kept, chance = [], 1.0
-    for token, c in zip(draft[:width], chances):
-        if c < threshold:
+    draft = list(pool.lookup(context)[:width]) if pool is not None else []
+    draft.extend(guesses[len(draft): width])
+    return draft + [pad] * (width - len(draft))
+
+
+class AcceptanceRates:
+    """How often drafts were right in this run, by their estimated chance: the estimates, calibrated.
+
+    The pool's shares are estimates from few counts (a context seen twice
+    with one continuation says 2/3); what decides whether a draft token pays
+    is how often such tokens are accepted. Each verified draft token is
+    recorded under its estimate's tenth (pool and guesses apart), and the
+    chance used is the measured rate, starting from the estimate itself
+    (``PRIOR`` pseudo-observations).
+    """
+
+    BUCKETS = 10
+    PRIOR = 8.0
+
+    def __init__(self):
+        self.tried = [[0] * self.BUCKETS for _ in range(2)]
+        self.right = [[0] * self.BUCKETS for _ in range(2)]
+
+    def _bucket(self, estimate: float) -> int:
+        return min(int(estimate * self.BUCKETS), self.BUCKETS - 1)
+
+    def chance(self, estimate: float, guess: bool) -> float:
+        """The measured chance of a draft token whose estimated chance is ``estimate``."""
+        b = self._bucket(estimate)
+        return (self.right[guess][b] + self.PRIOR * estimate) / (self.tried[guess][b] + self.PRIOR)
+
+    def ceiling(self) -> float:
+        """The highest chance any draft token can get now: below a threshold, nothing is worth looking up."""
+        return max((self.right[g][b] + self.PRIOR * (b + 1) / self.BUCKETS) / (self.tried[g][b] + self.PRIOR)
+                   for g in (0, 1) for b in range(self.BUCKETS))
+
+    def record(self, estimates: Sequence[Tuple[float, bool]], right: int):
+        """A verified draft: its tokens' (estimate, guess) pairs, of which the first ``right`` were accepted."""
+        for i, (estimate, guess) in enumerate(estimates):
+            b = self._bucket(estimate)
+            self.tried[guess][b] += 1
+            self.right[guess][b] += i < right
+
+
+def likely_draft(guesses: List[int], pool, context: Sequence[int], width: int, threshold: float,
+                 rates: AcceptanceRates) -> Tuple[List[int], List[Tuple[float, bool]]]:
+    """The draft tokens after ``context`` that pay for their window positions, and their estimates.
+
+    At most ``width`` tokens: the pool's continuation, then ``guesses``,
+    kept while the chance that the draft is right up to the token (``rates``
+    applied to the estimate: :meth:`NgramPool.draft`'s share for pool tokens,
+    ``GUESS_ACCEPTANCE`` times the estimate before for each guess) is at
+    least ``threshold``; possibly none. The estimates go back to
+    :meth:`AcceptanceRates.record` once the draft is verified.
+    """
+    if width <= 0:
+        return [], []
+    draft, shares = pool.draft(context) if pool is not None else ((), [])
+    kept, estimates, estimate = [], [], 1.0
+    for token, share in zip(draft[:width], shares):
+        if rates.chance(share, False) < threshold:
             break
         kept.append(token)
-        chance = c
+        estimates.append((share, False))
+        estimate = share
     for token in guesses[len(kept): width]:
-        chance *= GUESS_ACCEPTANCE
-        if chance < threshold:
+        estimate *= GUESS_ACCEPTANCE
+        if rates.chance(estimate, True) < threshold:
             break
         kept.append(token)
-    return kept
+        estimates.append((estimate, True))
+    return kept, estimates
