@@ -183,6 +183,7 @@ class JacobiDecoder:
         span = PJ_DRAFT_SPAN if variant == "pj" else max(1, self.block - 1)
         self.pool = NgramPool(span) if draft == "ngram" else None
         self.rates = AcceptanceRates()
+        self.unlearned: List[List[int]] = []  # outputs of batches run by greedy's step, for the pool
         self.trace_ids = set(int(i) for i in trace_ids)
         self.traces: Dict[int, dict] = {}
         old = greedy.stats
@@ -263,7 +264,8 @@ class JacobiDecoder:
             self.stats.greedy_steps += len(tokens)
             longest = max(longest, len(tokens))
             if self.pool is not None:
-                self.pool.add_output([bos] + tokens)
+                # Learnt when a batch runs windows (_learn): in a run of full batches, never.
+                self.unlearned.append([bos] + tokens)
         self.stats.greedy_calls += longest
         self.stats.greedy_batches += 1
         return results
@@ -286,6 +288,7 @@ class JacobiDecoder:
                 continue
             trace = [] if ids[i] in self.trace_ids else None
             rows.append(_Row(i, bos, max_lens[i], [], trace))
+        self._learn()
         threshold = self._threshold(len(rows), device)
         for row in rows:
             self._draft(row, [], threshold)
@@ -306,6 +309,12 @@ class JacobiDecoder:
                     self.traces[ids[row.index]] = {"iterations": row.trace, "tokens": row.tokens[1:]}
         self.stats.greedy_calls += longest_output
         return results
+
+    def _learn(self):
+        """Add the outputs of batches run by greedy's step to the n-gram pool."""
+        for tokens in self.unlearned:
+            self.pool.add_output(tokens)
+        self.unlearned = []
 
     def _threshold(self, rows: int, device) -> Optional[float]:
         """The chance of acceptance a draft token needs to pay for its window position, or None (fixed windows).
