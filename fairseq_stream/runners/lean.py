@@ -419,7 +419,9 @@ class LeanRunner(OwnStepRunner):
             if order.numel() == 0:
                 continue
             slots = segment.slots().index_select(0, order)
-            caches = [cache.index_select(1, slots) for cache in segment.caches]
+            # Only the written positions: a cohort split when it is admitted (length 0) copied its whole
+            # preallocated cache, 15 ms a split at k=5 and 64 sentences, 6% of a top-up run.
+            caches = [_resized(cache, slots.numel(), cache.size(3), segment.length, slots) for cache in segment.caches]
             taken.append(self._compacted(_Segment(segment.encoder, segment.row_sentence[order],
                                                   caches, segment.length)))
         return LeanState(taken)
