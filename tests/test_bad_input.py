@@ -228,6 +228,7 @@ def generate_args(toy, *extra):
     (["--search", "jacobi", "--generator", "stream"], "--search jacobi does not combine with --generator stream"),
     (["--search", "jacobi", "--jacobi-block", "0"], "--jacobi-block must be at least 1, got 0"),
     (["--search", "jacobi", "--jacobi-horizon", "-2"], "--jacobi-horizon must be at least 0, got -2"),
+    (["--search", "jacobi", "--jacobi-call-cost", "0"], "--jacobi-call-cost must be positive, got 0.0"),
     (["--search", "greedy", "--generator", "topup", "--encoder-queue", "-1"], "--encoder-queue must be >= 0, got -1"),
     (["--search", "greedy", "--maxi-batch", "0"], "--maxi-batch must be at least 1, got 0"),
     (["--generator", "batch"], "--generator batch needs a --search"),
