@@ -31,8 +31,9 @@ class JacobiSearchConfig(DecodeStatsConfig):
     jacobi_draft: ChoiceEnum(list(DRAFTS)) = field(
         default="ngram",
         metadata={"help": "what fills a window after its verified token: pad (the paper: PAD, then "
-                  "the previous iteration's guesses) or ngram (first the continuation of the last "
-                  "two tokens in the sentences decoded so far, then the guesses)"},
+                  "the previous iteration's guesses, every row its whole window) or ngram (first the "
+                  "continuation of the last one to three tokens in the sentences decoded so far, then "
+                  "the guesses, only as many as pay for their positions: see --jacobi-call-cost)"},
     )
     jacobi_horizon: Optional[int] = field(
         default=None,
@@ -42,8 +43,9 @@ class JacobiSearchConfig(DecodeStatsConfig):
     jacobi_call_cost: Optional[float] = field(
         default=None,
         metadata={"help": "ngram drafts with pgj/hgj: a decoder call's fixed cost, in window positions; "
-                  "a draft token is run only if its estimated chance of acceptance pays for its "
-                  "position (default: measured per device, 15 on a CPU, 200 on a GPU)"},
+                  "a draft token is run only if its chance of acceptance is at least rows / (rows + "
+                  "this), and batches of at least half this many sentences run greedy's own step "
+                  "(default: 15 on a CPU, measured; 200 on a GPU)"},
     )
 
 
