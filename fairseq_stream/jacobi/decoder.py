@@ -376,12 +376,8 @@ class JacobiDecoder:
         self.windows.commit(state, accepted)
         survivors = [rows[i] for i in keep]
         threshold = self._threshold(len(survivors), device)
-        if threshold is not None and threshold > self.rates.ceiling():
-            for r in survivors:  # no draft can pay in a call this full
-                r.draft, r.estimates = [], []
-        else:
-            for r, guess in zip(survivors, guesses):
-                self._draft(r, guess, threshold)
+        for r, guess in zip(survivors, guesses):
+            self._draft(r, guess, threshold)
         if done and survivors:
             state = self.windows.keep(state, keep)
         return survivors, state, done

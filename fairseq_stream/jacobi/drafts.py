@@ -131,11 +131,6 @@ class AcceptanceRates:
         b = self._bucket(estimate)
         return (self.right[guess][b] + self.PRIOR * estimate) / (self.tried[guess][b] + self.PRIOR)
 
-    def ceiling(self) -> float:
-        """The highest chance any draft token can get now: below a threshold, nothing is worth looking up."""
-        return max((self.right[g][b] + self.PRIOR * (b + 1) / self.BUCKETS) / (self.tried[g][b] + self.PRIOR)
-                   for g in (0, 1) for b in range(self.BUCKETS))
-
     def record(self, estimates: Sequence[Tuple[float, bool]], right: int):
         """A verified draft: its tokens' (estimate, guess) pairs, of which the first ``right`` were accepted."""
         for i, (estimate, guess) in enumerate(estimates):

@@ -31,7 +31,7 @@ are indexed by row, computed once per sentence by :meth:`LeanModel.encode`.
 """
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List
 
 import torch
 from torch import Tensor
@@ -49,10 +49,6 @@ class WindowState:
     lengths: List[int]  # per row, verified positions in the cache (on the host: the decoder knows them)
     slots: List[int]  # per row, its slot in ``caches`` and ``encoder``
 
-    @property
-    def rows(self) -> int:
-        return len(self.lengths)
-
 
 @dataclass
 class WindowLayout:
@@ -66,13 +62,8 @@ class WindowLayout:
     needed: int  # max(steps) + 1 (host)
 
     @staticmethod
-    def build(windows: List[List[int]], lengths: List[int], device, slots: Optional[List[int]] = None
-              ) -> "WindowLayout":
-        """Row r's window ``windows[r]`` (its last verified token first) at steps ``lengths[r]`` on.
-
-        ``slots``: row r's cache slot (:attr:`WindowState.slots`; default r).
-        """
-        slots = list(range(len(windows))) if slots is None else slots
+    def build(windows: List[List[int]], lengths: List[int], slots: List[int], device) -> "WindowLayout":
+        """Row r's window ``windows[r]`` (its last verified token first) at steps ``lengths[r]`` on, in cache slot ``slots[r]``."""
         tokens, rows, steps = [], [], []
         for window, length, slot in zip(windows, lengths, slots):
             tokens += window
@@ -122,7 +113,7 @@ class WindowRunner:
     @staticmethod
     def layout(state: WindowState, windows: List[List[int]]) -> WindowLayout:
         """:meth:`WindowLayout.build` of row r's window ``windows[r]`` at its verified length, in its slot."""
-        return WindowLayout.build(windows, state.lengths, state.caches[0].device, state.slots)
+        return WindowLayout.build(windows, state.lengths, state.slots, state.caches[0].device)
 
     @torch.no_grad()
     def window(self, state: WindowState, layout: WindowLayout) -> List[Tensor]:
