@@ -257,6 +257,8 @@ def main():
         log = CallLog()
         dec.runner.step = log.wrap(dec.runner.step, lambda a: a[1].size(0))
         dec.runner.step_mixed = log.wrap(dec.runner.step_mixed, lambda a: a[1].size(0))
+        if hasattr(dec.runner, "step_own"):
+            dec.runner.step_own = log.wrap(dec.runner.step_own, lambda a: a[1].size(0))
 
         def run():
             log.new_run()

@@ -250,10 +250,34 @@ class BeamDecoder:
         t0 = time.perf_counter()
         # The fused layer takes each model's logits (positional: wrappers in tests pass *args).
         # Dense: the run rows are every row, in order; a view, not a gather of every prefix.
-        prefixes = c.tokens[:, : c.step + 1] if self.dense else c.tokens[c.run_rows, : c.step + 1]
-        out, _ = self.runner.step(c.state, prefixes, self.fused)
-        self.stats.add_step(c.step + 1, c.rows, self._since(t0, out))
+        if c.mixed:
+            # Each row at its own length: the runner needs only the last tokens.
+            last = c.tokens[:, c.step] if self.dense else c.tokens[c.run_rows, c.step]
+            out, _ = self.runner.step_own([c.state], last.unsqueeze(1), self.fused)
+        else:
+            prefixes = c.tokens[:, : c.step + 1] if self.dense else c.tokens[c.run_rows, : c.step + 1]
+            out, _ = self.runner.step(c.state, prefixes, self.fused)
+        self.stats.add_step(c.longest + 1, c.rows, self._since(t0, out))
         return self.update(c, out)
+
+    @property
+    def joins_lengths(self) -> bool:
+        """Whether cohorts at different steps may join into one (:meth:`Cohort.merge`).
+
+        The runner must hold rows of different lengths in one state; the
+        n-gram blocker reads prefixes from column 0, so it keeps cohorts at
+        one length.
+        """
+        return bool(getattr(self.runner, "joins_lengths", False)) and self.repeat_ngram_blocker is None
+
+    def may_join(self, c: Cohort) -> bool:
+        """Whether ``c`` may join a cohort at another step: every sentence past its first step and ``--min-len``.
+
+        A first step extends one slot of each beam (all hold the start), and
+        below ``--min-len`` EOS is banned: both are decided for a whole
+        cohort by its step.
+        """
+        return c.mixed or c.step >= max(1, self.min_len)
 
     def advance_together(self, cohorts: List[Cohort]) -> Dict[int, List[Dict[str, Tensor]]]:
         """One decoder call over cohorts of different lengths (VAR-STR-FIFO), then each one's search step."""
@@ -261,10 +285,13 @@ class BeamDecoder:
             return self.advance(cohorts[0])
         t0 = time.perf_counter()
         last = torch.cat([c.tokens[c.run_rows, c.step] for c in cohorts]).unsqueeze(1)
-        out, _ = self.runner.step_mixed([c.state for c in cohorts], last, [c.step + 1 for c in cohorts],
-                                        self.fused)
+        if any(c.mixed for c in cohorts):
+            out, _ = self.runner.step_own([c.state for c in cohorts], last, self.fused)
+        else:
+            out, _ = self.runner.step_mixed([c.state for c in cohorts], last, [c.step + 1 for c in cohorts],
+                                            self.fused)
         rows = sum(c.rows for c in cohorts)
-        self.stats.add_step(max(c.step for c in cohorts) + 1, rows, self._since(t0, out))
+        self.stats.add_step(max(c.longest for c in cohorts) + 1, rows, self._since(t0, out))
         finished, start = {}, 0
         for c in cohorts:
             end = start + c.rows
@@ -358,12 +385,12 @@ class BeamDecoder:
         ending = [s for s in range(S) if summary[s] & 1] if any(summary[:S]) else []
 
         if n_final is not None:
-            self._finalize_fairseq(sel, step, c.finalized, ids, summary[2 * S : 3 * S], tokens, scores)
+            self._finalize_fairseq(sel, c, ids, summary[2 * S : 3 * S])
         results: Dict[int, List[Dict[str, Tensor]]] = {}
         if ending:
             ending_rows = self._compact(finished_now, len(ending))
             if stay:
-                collected = self._collect_stay(ending_rows, sel, new_done_len, tokens, scores)
+                collected = self._collect_stay(ending_rows, sel, new_done_len, c)
             else:
                 collected = self._score_finalized([c.finalized.pop(ids[s], []) for s in ending])
             for s, (hyps, values) in zip(ending, collected):
@@ -386,6 +413,10 @@ class BeamDecoder:
             live, done_len = live.index_select(0, keep), done_len.index_select(0, keep)
             c.ids, c.max_lens = c.ids.index_select(0, keep), max_lens.index_select(0, keep)
             c.empty, c.best_finished = c.empty.index_select(0, keep), c.best_finished.index_select(0, keep)
+            if c.mixed:
+                gone = set(ending)
+                c.start = c.start.index_select(0, keep)
+                c.start_host = [a for s, a in enumerate(c.start_host) if s not in gone]
             tokens[:, step + 1] = torch.where(extended, new_token, tokens[:, step + 1])
             scores[:, step] = torch.where(extended, new_score, scores[:, step])
         else:
@@ -530,8 +561,8 @@ class BeamDecoder:
 
     # -- finalization bookkeeping ------------------------------------------
 
-    def _finalize_fairseq(self, sel, step, finalized, ids, n_final, tokens, scores):
-        """Store the EOS hypotheses ``select_fairseq`` finalized, at most k per sentence.
+    def _finalize_fairseq(self, sel, c: Cohort, ids, n_final):
+        """Store the EOS hypotheses ``select_fairseq`` finalized in ``c``'s step, at most k per sentence.
 
         ``ids`` and ``n_final`` (how many each sentence finalized) are the
         host's copy from the step's read. Nothing is read back here: each
@@ -541,11 +572,18 @@ class BeamDecoder:
         total = sum(n_final)
         if not total:
             return
-        k = self.beam_size
+        k, step, finalized = self.beam_size, c.step, c.finalized
         flat = self._compact(sel.eos_mask, total)  # by sentence, then rank
         rows = (flat // k) * k + sel.top_slot.reshape(-1).index_select(0, flat)
         final = sel.top_score.reshape(-1).index_select(0, flat)
-        hyps = self._hypotheses(rows, torch.full_like(rows, step + 1), [step + 1] * total, final, tokens, scores)
+        if c.mixed:
+            # Each hypothesis' length from its own sentence's start.
+            lens = [step + 1 - c.start_host[s] for s, count in enumerate(n_final) for _ in range(count)]
+            hyps = self._hypotheses(rows, torch.tensor(lens, device=rows.device), lens, final, c.tokens, c.scores,
+                                    c.start.index_select(0, flat // k))
+        else:
+            hyps = self._hypotheses(rows, torch.full_like(rows, step + 1), [step + 1] * total, final, c.tokens,
+                                    c.scores)
         p = 0
         for s, n in enumerate(n_final):
             if n:
@@ -596,7 +634,7 @@ class BeamDecoder:
         return [hyps[i] for i in order]
 
     def _hypotheses(self, rows: Tensor, lengths: Tensor, lens: List[int], final: Tensor, tokens: Tensor,
-                    scores: Tensor):
+                    scores: Tensor, starts: Optional[Tensor] = None):
         """fairseq hypotheses for the prefixes in ``rows`` ending with EOS, all in one go, unscored.
 
         Args:
@@ -604,6 +642,8 @@ class BeamDecoder:
             lengths: (P,) each hypothesis' length, its EOS included.
             lens: the same lengths on the host.
             final: (P,) each one's cumulative score, its EOS included.
+            starts: (P,) the column where each prefix begins (a cohort of
+                mixed lengths, :meth:`Cohort.merge`); None: column 0.
 
         A handful of tensor operations for all P hypotheses and no host sync:
         built one by one they cost several kernel launches and host syncs
@@ -614,9 +654,15 @@ class BeamDecoder:
             return []
         width = max(lens)
         last = (lengths - 1).unsqueeze(1)
-        hyp_tokens = tokens[:, 1 : width + 1].index_select(0, rows)
+        if starts is None:
+            hyp_tokens = tokens[:, 1 : width + 1].index_select(0, rows)
+            pos = scores[:, :width].index_select(0, rows)
+        else:
+            # Each prefix's own columns; past a shorter prefix's end, columns are clamped (and cut off below).
+            cols = starts.unsqueeze(1) + torch.arange(width, device=rows.device)
+            hyp_tokens = tokens.index_select(0, rows).gather(1, (cols + 1).clamp(max=tokens.size(1) - 1))
+            pos = scores.index_select(0, rows).gather(1, cols.clamp(max=scores.size(1) - 1))
         hyp_tokens.scatter_(1, last, self.eos)
-        pos = scores[:, :width].index_select(0, rows)
         pos.scatter_(1, last, final.to(pos.dtype).unsqueeze(1))
         pos[:, 1:] = pos[:, 1:] - pos[:, :-1]
         # No attention history is kept: nothing reads it without
@@ -641,15 +687,20 @@ class BeamDecoder:
             "positional_scores": torch.zeros(1, device=device),
         }
 
-    def _collect_stay(self, ending: Tensor, sel, done_len: Tensor, tokens: Tensor, scores: Tensor):
-        """For each sentence in ``ending``, the finished entries of its final beam as fairseq hypotheses.
+    def _collect_stay(self, ending: Tensor, sel, done_len: Tensor, c: Cohort):
+        """For each sentence in ``ending`` (of ``c``), the finished entries of its final beam as fairseq hypotheses.
 
         Returns [(hypotheses, their scores on the host)], one per sentence;
         one read for all of them.
         """
-        k = self.beam_size
+        k, tokens, scores = self.beam_size, c.tokens, c.scores
         done = sel.done.index_select(0, ending)
         length = done_len.index_select(0, ending)
+        starts = None
+        if c.mixed:
+            # done_len holds the column after each hypothesis' EOS: its length from its own start.
+            starts = c.start.index_select(0, ending).unsqueeze(1).expand(-1, k)
+            length = (length - starts).masked_fill(done.logical_not(), 0)
         final = sel.score.index_select(0, ending)
         # Lengths and float32 scores are exact in the score type.
         flags, lens, finals = torch.stack([done.to(final.dtype), length.to(final.dtype), final]).view(3, -1).tolist()
@@ -658,8 +709,9 @@ class BeamDecoder:
         sentence = ending.index_select(0, flat // k)
         rows = sentence * k + sel.parent.reshape(-1).index_select(0, sentence * k + flat % k)
         hyp_lens = [int(lens[i]) for i in picked]
-        hyps = self._hypotheses(rows, length.view(-1).index_select(0, flat), hyp_lens,
-                                final.view(-1).index_select(0, flat), tokens, scores)
+        hyps = self._hypotheses(rows, length.reshape(-1).index_select(0, flat), hyp_lens,
+                                final.view(-1).index_select(0, flat), tokens, scores,
+                                None if starts is None else starts.reshape(-1).index_select(0, flat))
         values = self._normalize([finals[i] for i in picked], hyp_lens)
         collected = [([], []) for _ in range(ending.numel())]
         for i, hyp, value in zip(picked, hyps, values):

@@ -178,7 +178,7 @@ class UpdateSyncs:
     events: list
 
 
-RUNNER_METHODS = ("start", "step", "step_mixed", "reorder", "take", "concat")
+RUNNER_METHODS = ("start", "step", "step_mixed", "step_own", "reorder", "take", "concat")
 
 
 @contextlib.contextmanager

@@ -64,6 +64,9 @@ class ModelRunner:
         self._owners = None
 
     name = "fairseq"
+    # fairseq's incremental states hold one length per group: cohorts at different steps stay apart
+    # (one call over them pads, step_mixed).
+    joins_lengths = False
 
     def max_decoder_positions(self):
         return self.model.max_decoder_positions()

@@ -9,9 +9,10 @@ tested there.
 
 import pytest
 
-from conftest import generate_in_process, hypotheses, run_tool, sorted_batches
+from conftest import decode, differences, generate_in_process, hypotheses, run_tool, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.schedule.pool import StreamPool
+from fairseq_stream.search.pruning import Pruning
 
 
 def printed(toy, capsys, *args, path=None):
@@ -67,3 +68,49 @@ def test_topup_options_are_checked(toy):
     proc = run_tool(common + ["--topup-threshold", "3/2"], check=False)
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].endswith("--topup-threshold must be in (0, 1], got 3/2")
+
+
+def input_order_batches(task, size, limit, subset="valid"):
+    """Batches of ``subset`` in input order (sources of mixed lengths, as ``--maxi-batch 1`` makes)."""
+    dataset = task.dataset(subset)
+    n = min(limit, len(dataset))
+    return [dataset.collater([dataset[i] for i in range(j, min(j + size, n))]) for j in range(0, n, size)]
+
+
+JOINED_SEARCHES = {
+    "fixed": dict(beam_size=5, finalize="fairseq"),
+    "var-batch": dict(beam_size=5, finalize="stay", pruning=Pruning(ap=1.5, mc=5)),
+    "greedy": dict(beam_size=1, finalize="fairseq"),
+}
+
+
+@pytest.mark.parametrize("model,runner", [("transformer", "lean"), ("lstm", "rnn"), ("ensemble", "lean")])
+@pytest.mark.parametrize("search", sorted(JOINED_SEARCHES))
+@pytest.mark.parametrize("lengths", [dict(), dict(min_len=3, max_len_a=1, max_len_b=2)])
+def test_topup_joins_cohorts_of_different_lengths_exactly(exact, model, runner, search, lengths):
+    """Top-up's cohorts join across steps (one search update per call); n-best as batch decoding, float64.
+
+    ``lengths``: ``--min-len`` keeps fresh cohorts apart for their first
+    steps (calls then mix joined and separate cohorts), and a short maximum
+    length ends many sentences there (the joined cohort's shifted limits).
+    """
+    models, task = exact(model)
+    samples = input_order_batches(task, 8, 60)
+
+    def decoder():
+        return BeamDecoder(models, task.target_dictionary, runner=runner, keep_reference=False,
+                           **JOINED_SEARCHES[search], **lengths)
+
+    ref = decode(decoder(), models, samples, None)
+    dec = decoder()
+    starts = []
+    update = dec.update
+
+    def recording(c, out):
+        starts.append(len(set(c.start_host)) if c.mixed else 1)
+        return update(c, out)
+
+    dec.update = recording  # records how many starts each updated cohort holds; the real update runs
+    ours = decode(dec, models, samples, dict(pool_size=8, eps=1 / 2, order="fifo"))
+    assert not differences(ref, ours)
+    assert max(starts) > 1, "no cohort joined sentences of different lengths"

@@ -1,5 +1,9 @@
 """Model runners behind one interface (``start / step / step_mixed / reorder / take / concat``).
 
+Runners whose states hold rows of different prefix lengths (``joins_lengths``:
+lean, rnn) also take ``concat(states, any_length=True)`` and ``step_own``, a
+step of every row at its own length (:meth:`fairseq_stream.cohort.Cohort.merge`).
+
 * ``fairseq``: :class:`fairseq_stream.runner.ModelRunner`, fairseq's own
   ``EnsembleModel`` calls; the reference every other runner is tested against.
 * ``lean``: :class:`fairseq_stream.runners.lean.LeanRunner`, our own

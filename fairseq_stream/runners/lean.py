@@ -52,6 +52,10 @@ from fairseq_stream.runners.packing import pack_by_sentence
 # Segments a state may hold before they are merged into one (each costs an
 # attention call per layer and step).
 MAX_SEGMENTS = 4
+# The same for a state whose segments differ in length (cohorts joined across steps): only segments at
+# one length can merge, and a merge copies their caches whole (18 ms at k=5 and 32 sentences, more than
+# the extra attention calls of a few segments cost over their lives).
+MAX_MIXED_SEGMENTS = 16
 # Initial self-attention capacity in positions; it doubles when reached.
 INITIAL_CAPACITY = 32
 # A segment with more than twice as many cache slots as rows, and at least
@@ -351,6 +355,8 @@ class LeanRunner(OwnStepRunner):
     """
 
     name = "lean"
+    # A state's segments keep their own lengths: cohorts at different steps join (Cohort.merge).
+    joins_lengths = True
 
     def __init__(self, models, temperature: float = 1.0, prepack: bool = True, compiled_attention: bool = True,
                  compiled_step: bool = True):
@@ -401,6 +407,14 @@ class LeanRunner(OwnStepRunner):
                 raise ValueError("internal: a state at another length than its group's")
         return self._forward([s for st in states for s in st.segments], last_tokens.view(-1), logits), None
 
+    @torch.no_grad()
+    def step_own(self, states: List[LeanState], last_tokens: Tensor, logits: bool = False):
+        """One decoder call over ``states``, every segment at its own length (states of mixed lengths).
+
+        ``last_tokens``: (rows, 1), the last token of every row, states in order.
+        """
+        return self._forward([s for st in states for s in st.segments], last_tokens.view(-1), logits), None
+
     def reorder(self, state: LeanState, new_order: Tensor):
         """Make row ``i`` continue old row ``new_order[i]`` (select, copy or drop rows), in place."""
         parts = self._split(state, new_order)
@@ -426,14 +440,32 @@ class LeanRunner(OwnStepRunner):
                                                   caches, segment.length)))
         return LeanState(taken)
 
-    def concat(self, states: List[LeanState]) -> LeanState:
-        """One state holding the rows of ``states`` in order; all must be at the same length."""
+    def concat(self, states: List[LeanState], any_length: bool = False) -> LeanState:
+        """One state holding the rows of ``states`` in order; all at the same length unless ``any_length``.
+
+        Segments at different lengths stay apart (each attends over its own
+        length); above :data:`MAX_SEGMENTS` (:data:`MAX_MIXED_SEGMENTS` for
+        mixed lengths) those of equal length merge.
+        """
         segments = [s for st in states for s in st.segments]
-        if len({s.length for s in segments}) > 1:
+        lengths = {s.length for s in segments}
+        if len(lengths) > 1 and not any_length:
             raise ValueError("joining decoder states of different steps")
-        if len(segments) > MAX_SEGMENTS:
+        if len(lengths) == 1 and len(segments) > MAX_SEGMENTS:
             segments = [self._merge(segments)]
+        elif len(segments) > MAX_MIXED_SEGMENTS:
+            segments = self._merge_equal_lengths(segments)
         return LeanState(segments)
+
+    def _merge_equal_lengths(self, segments: List[_Segment]) -> List[_Segment]:
+        """Runs of neighbouring segments at one length merged (rows keep their order)."""
+        runs: List[List[_Segment]] = []
+        for segment in segments:
+            if runs and runs[-1][0].length == segment.length:
+                runs[-1].append(segment)
+            else:
+                runs.append([segment])
+        return [run[0] if len(run) == 1 else self._merge(run) for run in runs]
 
     # -- internals ---------------------------------------------------------
 
@@ -458,6 +490,8 @@ class LeanRunner(OwnStepRunner):
         ends = torch.cumsum(sizes, 0)
         owner = torch.bucketize(order, ends, right=True)
         if order.numel() > 1 and bool((owner[1:] < owner[:-1]).any()):
+            if len({s.length for s in segments}) > 1:
+                raise ValueError("internal: rows moved across segments of different lengths")
             merged = LeanRunner._merge(segments)
             state.segments = [merged]
             return [(merged, order)]

@@ -12,7 +12,8 @@ class OwnStepRunner:
 
     Subclasses arrange the weights in ``_build`` (called again after
     :meth:`cuda`) and implement the runner interface (``start / step /
-    step_mixed / reorder / take / concat``).
+    step_mixed / reorder / take / concat``, and ``step_own``: their states
+    join across lengths).
     """
 
     def __init__(self, models, temperature: float = 1.0):

@@ -378,6 +378,8 @@ class RnnRunner(OwnStepRunner):
     """
 
     name = "rnn"
+    # An LSTM's state does not depend on the prefix length: cohorts at different steps join (Cohort.merge).
+    joins_lengths = True
 
     def __init__(self, models, temperature: float = 1.0, options: Optional[RnnOptions] = None):
         super().__init__(models, temperature)
@@ -426,6 +428,11 @@ class RnnRunner(OwnStepRunner):
         """One decoder call over groups whose prefixes differ in length: an LSTM step does not depend on it."""
         return self._forward(states, last_tokens.view(-1), logits), None
 
+    @torch.no_grad()
+    def step_own(self, states: List[RnnState], last_tokens: Tensor, logits: bool = False):
+        """One decoder call over ``states`` of any lengths (:meth:`step_mixed` without the lengths)."""
+        return self._forward(states, last_tokens.view(-1), logits), None
+
     def reorder(self, state: RnnState, new_order: Tensor):
         """Make row ``i`` continue old row ``new_order[i]`` (select, copy or drop rows), in place."""
         state.parent = state.parents().index_select(0, new_order)
@@ -443,8 +450,8 @@ class RnnRunner(OwnStepRunner):
         self.reorder(taken, rows)
         return taken
 
-    def concat(self, states: List[RnnState]) -> RnnState:
-        """One state holding the rows of ``states`` in order."""
+    def concat(self, states: List[RnnState], any_length: bool = False) -> RnnState:
+        """One state holding the rows of ``states`` in order (at any lengths: an LSTM's state has none)."""
         if len(states) == 1:
             return states[0]
         return self._joined(states)

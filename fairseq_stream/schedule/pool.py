@@ -13,7 +13,12 @@ ones). Cohorts whose lengths meet are joined into one decoder call.
 ``order="fifo"`` is the paper's VAR-STR-FIFO (App. A.2): each decoder call
 takes cohorts from the longest prefix down, up to the capacity (all of them
 without one), padding every row to the longest prefix in the call; a cohort
-runs its first step on its own (it has no decoder state to pad yet).
+runs its first step on its own (it has no decoder state to pad yet). Without
+a capacity (top-up batching) every call runs every cohort, so where the
+runner holds rows of different lengths in one state (lean, rnn) the cohorts
+past their first step are joined into one
+(:meth:`~fairseq_stream.cohort.Cohort.merge`): a call then makes one search
+update instead of one per refill still decoding, and no row is padded.
 
 Options beyond the paper:
 
@@ -110,6 +115,10 @@ class StreamPool:
         self.capacity_unit = capacity_unit
         self.max_wait = max_wait
         self.order = order
+        # Every call runs every cohort (FIFO without a capacity, as top-up does): where the runner holds rows
+        # of different lengths in one state, the cohorts past their first step become one (Cohort.merge),
+        # so that a call makes one search update, not one per refill still decoding.
+        self.joins_lengths = order == "fifo" and capacity is None and decoder.joins_lengths
         self.peak_sentences = 0  # most sentences held at once, encoded ones waiting included
         self.clock = 0  # decoder calls made so far, lone first steps not counted (see max_wait)
 
@@ -282,11 +291,21 @@ class StreamPool:
         return rows
 
     def _join_equal_lengths(self, cohorts: List[Cohort]) -> List[Cohort]:
-        """Join cohorts at the same step into one decoder call (within the capacity)."""
+        """Join cohorts at the same step into one decoder call (within the capacity); see ``joins_lengths``."""
+        joined: List[Cohort] = []
+        if self.joins_lengths:
+            joinable = [c for c in cohorts if self.decoder.may_join(c)]
+            cohorts = [c for c in cohorts if not self.decoder.may_join(c)]
+            if len(joinable) > 1:
+                # Keep the largest lag of the parts (the merge moves the step the lag is counted from).
+                lag = max(self._lag(c) for c in joinable)
+                merged = Cohort.merge(self.runner, joinable)
+                merged.admitted = self.clock - lag - max(merged.step - 1, 0)
+                joinable = [merged]
+            joined.extend(joinable)
         by_step: Dict[int, List[Cohort]] = {}
         for c in cohorts:
             by_step.setdefault(c.step, []).append(c)
-        joined = []
         for step, group in by_step.items():
             current = [group[0]]
             for c in group[1:]:
