@@ -24,14 +24,22 @@ only the scheduling differs):
 * ``topup+enc`` / ``topup+maxi+enc``: the same with the encoder running ahead
   in its thread (``--encoder-queue 2``);
 * ``var-stream`` (k > 1), for reference: VAR-STREAM (delta = 1.5, M = 5,
-  eps = 1/6) over maxi batches.
+  eps = 1/6) over maxi batches;
+* with ``--compare-joins``, ``topup-apart`` / ``topup+maxi-apart``: top-up
+  with the cohorts of different refills kept apart (one search update each
+  per call), as before they were joined into one
+  (``StreamPool(join_lengths=False)``).
 
 Reported: wall clock (median of ``--repeats`` interleaved rounds), decoder
 calls, the share of calls that ran fewer than 8 sentences (the paper's
 Figure 8 measure; var-stream's rows are hypotheses, not sentences: not
 reported), and whether every sentence's best hypothesis equals the batch
 decoding of the same batches (top-up against ``mini``, ``topup+maxi``
-against ``maxi``). ``--plot DIR`` draws the sentences per decoder call over
+against ``maxi``); and the decoder rows run and the seconds spent inside
+the runner's forward passes (median; the search and the scheduling are
+outside them), per row: every method runs the same rows, so a difference
+there is a difference in what a row costs in calls of other sizes.
+``--plot DIR`` draws the sentences per decoder call over
 the run (the paper's Figure 2) for mini, maxi and top-up at the largest beam.
 
     python benchmarks/bench_topup.py /work/m30k/probe \\
@@ -90,7 +98,7 @@ def batches_of(task, tokens, batch_size, batching, maxi_batch):
     return [dataset.collater([dataset[i] for i in order[j:j + batch_size]]) for j in range(0, len(order), batch_size)]
 
 
-def methods(k):
+def methods(k, compare_joins=False):
     """(name, batching, decoder options, pool arguments or None, encoder queue)."""
     ours = dict(beam_size=k, finalize="fairseq", keep_reference=False, runner="lean", output_layer="auto")
     topup = dict(order="fifo", eps=1 / 2)
@@ -104,6 +112,10 @@ def methods(k):
     if k > 1:
         yield "var-stream", "maxi", dict(ours, finalize="stay", pruning=Pruning(ap=1.5, mc=5)), \
             dict(order="shortest", eps=1 / 6), 0
+    if compare_joins:
+        apart = dict(topup, join_lengths=False)
+        yield "topup-apart", "mini", ours, apart, 0
+        yield "topup+maxi-apart", "maxi", ours, apart, 0
 
 
 def run(options, pool_args, encoder_queue, models, task, batches, batch_size):
@@ -130,8 +142,9 @@ def run(options, pool_args, encoder_queue, models, task, batches, batch_size):
                 cohorts.close()
     wall = time.perf_counter() - start
     calls = [rows for _, rows, _ in dec.stats.steps]
+    forward = sum(seconds for _, _, seconds in dec.stats.steps)  # inside the runner's calls, search excluded
     best = {sid: hyps[0]["tokens"].tolist() for sid, hyps in out.items()}
-    return wall, best, calls
+    return wall, best, calls, forward
 
 
 def plot(per_call, title, path):
@@ -169,6 +182,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--plot", help="directory for the sentences-per-call plots")
     parser.add_argument("--json")
+    parser.add_argument("--compare-joins", action="store_true",
+                        help="also run top-up with the cohorts of different refills kept apart")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     models, task = load(args.model_dir, args.checkpoints)
@@ -182,20 +197,23 @@ def main(argv=None):
         n = len(tokens)
         batchings = {b: batches_of(task, tokens, args.batch_size, b, args.maxi_batch) for b in ("mini", "maxi", "full")}
         for k in args.beams:
-            chosen = list(methods(k))
+            chosen = list(methods(k, args.compare_joins))
             walls = {name: [] for name, *_ in chosen}
+            forwards = {name: [] for name, *_ in chosen}
             best, calls = {}, {}
             for name, batching, options, pool_args, queue in chosen:  # warm-up
                 run(options, pool_args, queue, models, task, batchings[batching][:1], args.batch_size)
             for _ in range(args.repeats):
                 for name, batching, options, pool_args, queue in chosen:
-                    wall, best[name], calls[name] = run(options, pool_args, queue, models, task, batchings[batching],
-                                                        args.batch_size)
+                    wall, best[name], calls[name], forward = run(options, pool_args, queue, models, task,
+                                                                 batchings[batching], args.batch_size)
                     walls[name].append(wall)
+                    forwards[name].append(forward)
             print("  {} ({} sentences, {:.1f} tokens on average), k={}".format(
                 os.path.basename(path), n, sum(t.numel() for t in tokens) / n, k))
-            print("    {:<15}{:>9}{:>9}{:>8}{:>16}{:>15}".format("method", "wall s", "vs mini", "calls",
-                                                              "calls < 8 sent", "same as batch"))
+            print("    {:<17}{:>9}{:>9}{:>8}{:>16}{:>15}{:>8}{:>11}{:>11}".format(
+                "method", "wall s", "vs mini", "calls", "calls < 8 sent", "same as batch", "rows", "forward s",
+                "us / row"))
             base = statistics.median(walls["mini"])
             for name, batching, *_ in chosen:
                 wall = statistics.median(walls[name])
@@ -203,11 +221,15 @@ def main(argv=None):
                 small = sum(1 for r in per if r < 8) / len(per) if per else float("nan")
                 # Another search (var-stream) has other outputs: nothing to compare.
                 same = None if name == "var-stream" else sum(best[name][s] == best[batching][s] for s in best[batching])
-                print("    {:<15}{:>9.2f}{:>8.2f}x{:>8}{:>16.0%}{:>15}".format(
-                    name, wall, base / wall, len(calls[name]), small, "-" if same is None else "{}/{}".format(same, n)))
+                # The runner's share (forward passes), apart from the search and the scheduling: with the
+                # same rows, a difference here is a difference in what a row costs.
+                forward, rows = statistics.median(forwards[name]), sum(calls[name])
+                print("    {:<17}{:>9.2f}{:>8.2f}x{:>8}{:>16.0%}{:>15}{:>8}{:>11.2f}{:>11.1f}".format(
+                    name, wall, base / wall, len(calls[name]), small, "-" if same is None else "{}/{}".format(same, n),
+                    rows, forward, 1e6 * forward / rows))
                 results.append({"input": path, "k": k, "method": name, "wall_s": wall, "walls_s": walls[name],
                                 "calls": len(calls[name]), "small_call_share": small, "same_as_batch": same,
-                                "sentences": n})
+                                "sentences": n, "rows": rows, "forward_s": forward, "forwards_s": forwards[name]})
             if args.plot and k == max(args.beams):
                 os.makedirs(args.plot, exist_ok=True)
                 name = os.path.splitext(os.path.basename(path))[0]

@@ -114,3 +114,23 @@ def test_topup_joins_cohorts_of_different_lengths_exactly(exact, model, runner, 
     ours = decode(dec, models, samples, dict(pool_size=8, eps=1 / 2, order="fifo"))
     assert not differences(ref, ours)
     assert max(starts) > 1, "no cohort joined sentences of different lengths"
+
+
+def test_topup_keeps_cohorts_apart_when_asked(exact):
+    """``StreamPool(join_lengths=False)`` (the benchmark's comparison): one update per cohort, same output."""
+    models, task = exact("transformer")
+    samples = input_order_batches(task, 8, 40)
+    dec = BeamDecoder(models, task.target_dictionary, runner="lean", keep_reference=False,
+                      **JOINED_SEARCHES["fixed"])
+    ref = decode(dec, models, samples, None)
+    mixed = []
+    update = dec.update
+
+    def recording(c, out):
+        mixed.append(c.mixed)
+        return update(c, out)
+
+    dec.update = recording  # records whether each updated cohort was joined; the real update runs
+    ours = decode(dec, models, samples, dict(pool_size=8, eps=1 / 2, order="fifo", join_lengths=False))
+    assert not differences(ref, ours)
+    assert mixed and not any(mixed)

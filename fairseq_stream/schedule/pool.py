@@ -100,11 +100,15 @@ class StreamPool:
         max_wait: expand a cohort in every call once its lag reaches this many
             decoder calls (0: no guard).
         order: ``shortest`` (VAR-STREAM) or ``fifo`` (VAR-STR-FIFO).
+        join_lengths: where every call runs every cohort (FIFO, no capacity),
+            join cohorts at different steps into one where the decoder can
+            (see the module docstring); False keeps them apart (benchmarks
+            compare the two).
     """
 
     def __init__(self, decoder, pool_size: int, eps: float = 1 / 6, refill_unit: str = "sentences",
                  capacity: Optional[int] = None, capacity_unit: str = "rows",
-                 max_wait: int = DEFAULT_MAX_WAIT, order: str = "shortest"):
+                 max_wait: int = DEFAULT_MAX_WAIT, order: str = "shortest", join_lengths: bool = True):
         check_pool_options(pool_size, eps, refill_unit, capacity, capacity_unit, max_wait, order)
         self.decoder = decoder
         self.runner = decoder.runner
@@ -118,7 +122,7 @@ class StreamPool:
         # Every call runs every cohort (FIFO without a capacity, as top-up does): where the runner holds rows
         # of different lengths in one state, the cohorts past their first step become one (Cohort.merge),
         # so that a call makes one search update, not one per refill still decoding.
-        self.joins_lengths = order == "fifo" and capacity is None and decoder.joins_lengths
+        self.joins_lengths = join_lengths and order == "fifo" and capacity is None and decoder.joins_lengths
         self.peak_sentences = 0  # most sentences held at once, encoded ones waiting included
         self.clock = 0  # decoder calls made so far, lone first steps not counted (see max_wait)
 
