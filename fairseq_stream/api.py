@@ -236,7 +236,7 @@ class Translator:
 
         with decoding():  # the encoder thread takes the mode of this thread as it starts
             if hasattr(self.decoder, "open"):
-                cohorts = read_ahead(encoded(), self.encoder_queue)
+                cohorts = read_ahead(encoded(), self.encoder_queue, self.device)
                 finished = self._make_pool().run(cohorts)
             else:
                 # A search that decodes whole batches (jacobi): fairseq's generate() per batch.

@@ -114,6 +114,61 @@ def test_the_default_queue_follows_the_free_cores(monkeypatch):
     assert encoder_queue_for(None, "cuda") == 0  # not measured on a GPU yet
 
 
+def test_tensors_in_finds_a_cohorts_tensors_once(loaded):
+    """What the CUDA handoff records on the decoder's stream: every tensor of a cohort, its runner state's too."""
+    import torch
+
+    from conftest import sorted_batches
+    from fairseq_stream.decoder import BeamDecoder
+    from fairseq_stream.schedule.read_ahead import tensors_in
+
+    models, task = loaded("transformer")
+    dec = BeamDecoder(models, task.target_dictionary, beam_size=5, runner="lean", keep_reference=False)
+    cohort = dec.open(sorted_batches(task, 4, 100)[0]["net_input"])
+    found = list(tensors_in(cohort))
+    assert len({id(t) for t in found}) == len(found)
+    segment = cohort.state.segments[0]
+    expected = [cohort.tokens, cohort.scores, cohort.ids, segment.caches[0], segment.row_sentence,
+                segment.encoder[0].keys[0], segment.encoder[0].values[-1]]
+    assert all(any(t is e for t in found) for e in expected)
+    assert not any(t is p for p in models[0].parameters() for t in found)
+    assert all(isinstance(t, torch.Tensor) for t in found)
+
+
+def test_on_cuda_the_producer_runs_on_its_own_stream():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    device = torch.device("cuda")
+
+    def produced():
+        for i in range(20):
+            # A long kernel on the producer's stream, then a value the consumer must see finished.
+            x = torch.full((2048, 2048), float(i), device=device)
+            yield (torch.cuda.current_stream(device), (x @ x)[0, 0] / 2048 / i if i else x[0, 0])
+
+    consumer = torch.cuda.current_stream(device)
+    with ReadAhead(produced(), 2, device=device) as ahead:
+        for i, (stream, value) in enumerate(ahead):
+            assert stream != consumer
+            assert float(value) == float(i)
+
+
+def test_on_cuda_the_encoder_thread_changes_no_translation(toy, lines):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from fairseq_stream.api import Translator
+
+    def run(**options):
+        t = Translator([str(toy.transformer)], data=str(toy.data_bin), search="greedy", pool=8, batch_size=8,
+                       **options)
+        return sorted((x.index, x.text) for x in t.translate(lines))
+
+    assert run(encoder_queue=2) == run(encoder_queue=0)
+
+
 # -- decoding ----------------------------------------------------------------
 
 

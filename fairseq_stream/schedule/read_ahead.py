@@ -21,11 +21,16 @@ Guarantees (tests/test_read_ahead.py):
   ``finally``); :meth:`close` joins it, so no thread outlives the decoding.
 
 Torch releases the GIL inside its operators, so on a machine with a spare
-core the encoder's arithmetic overlaps the decoder's. On a GPU the producer
-launches on the same (default) CUDA stream as the decoder: the host work
-overlaps; the kernels are queued in order.
+core the encoder's arithmetic overlaps the decoder's. On a GPU (``device``
+a CUDA device) the producer runs on a CUDA stream of its own, so that the
+encoder's kernels need not queue behind the decoder's (Marian's encoder
+runs ahead the same way): each item is handed over with an event that the
+consumer's stream waits on, and every CUDA tensor in it is recorded on the
+consumer's stream, so that the caching allocator does not reuse its memory
+for the producer while the consumer's kernels may still read it.
 """
 
+import contextlib
 import os
 import queue
 import threading
@@ -38,6 +43,62 @@ _END = object()
 _POLL_S = 0.05
 
 
+def tensors_in(obj, seen: Optional[set] = None):
+    """Every tensor reachable from ``obj`` through containers and objects' attributes (modules excluded).
+
+    A cohort holds its tensors in dataclasses, lists, dicts and the
+    runners' state objects; each tensor comes once.
+    """
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None), torch.nn.Module)):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        return
+    if isinstance(obj, dict):
+        children = obj.values()
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        children = obj
+    elif hasattr(obj, "__dict__"):
+        children = vars(obj).values()
+    else:
+        return
+    for child in children:
+        yield from tensors_in(child, seen)
+
+
+class _StreamHandoff:
+    """Items made on a CUDA stream of the producer's own, handed to the stream that was current at creation."""
+
+    def __init__(self, device):
+        self.consumer = torch.cuda.current_stream(device)
+        self.side = torch.cuda.Stream(device=device)
+
+    def producing(self):
+        """The producer thread's context: its kernels go to the side stream.
+
+        The side stream first waits for what the consumer has queued so far:
+        the producer may read tensors made there (fairseq-generate's first
+        batch is moved to the GPU before the look-ahead starts).
+        """
+        self.side.wait_stream(self.consumer)
+        return torch.cuda.stream(self.side)
+
+    def send(self, item):
+        event = torch.cuda.Event()
+        event.record(self.side)
+        return item, event
+
+    def receive(self, sent):
+        item, event = sent
+        self.consumer.wait_event(event)
+        for t in tensors_in(item):
+            if t.is_cuda:
+                t.record_stream(self.consumer)
+        return item
+
+
 class ReadAhead(Iterator):
     """Iterate over ``items`` produced in a background thread, at most ``size`` ahead.
 
@@ -45,11 +106,15 @@ class ReadAhead(Iterator):
         items: any iterable; it is iterated only in the background thread.
         size: queue length (>= 1).
         name: the thread's name (shows in tracebacks and debuggers).
+        device: where the items' tensors live; on a CUDA device the producer
+            runs on a CUDA stream of its own (see the module docstring).
     """
 
-    def __init__(self, items: Iterable, size: int, name: str = "fairseq-stream-encoder"):
+    def __init__(self, items: Iterable, size: int, name: str = "fairseq-stream-encoder", device=None):
         if size < 1:
             raise ValueError("size must be at least 1")
+        on_cuda = device is not None and torch.device(device).type == "cuda"
+        self._handoff = _StreamHandoff(torch.device(device)) if on_cuda else None
         self._queue: "queue.Queue" = queue.Queue(maxsize=size)
         self._stop = threading.Event()
         self._source = items
@@ -63,9 +128,10 @@ class ReadAhead(Iterator):
 
     def _produce(self):
         try:
-            with torch.inference_mode(self._inference), torch.set_grad_enabled(self._grad):
+            stream = self._handoff.producing() if self._handoff is not None else contextlib.nullcontext()
+            with torch.inference_mode(self._inference), torch.set_grad_enabled(self._grad), stream:
                 for item in self._source:
-                    if not self._put((True, item)):
+                    if not self._put((True, item if self._handoff is None else self._handoff.send(item))):
                         return
         except BaseException as e:  # noqa: B902  (handed to the consumer, traceback included)
             self._put((False, e))
@@ -108,7 +174,7 @@ class ReadAhead(Iterator):
         if item is _END:
             self.close()
             raise StopIteration
-        return item
+        return item if self._handoff is None else self._handoff.receive(item)
 
     def close(self, timeout: Optional[float] = None):
         """Stop the producer and wait for its thread to end (idempotent)."""
@@ -160,14 +226,15 @@ def encoder_queue_for(option: Optional[int], device) -> int:
     return AUTO_QUEUE if torch.get_num_threads() < (os.cpu_count() or 1) else 0
 
 
-def read_ahead(items: Iterable, size: int) -> Iterator:
+def read_ahead(items: Iterable, size: int, device=None) -> Iterator:
     """``items`` produced ``size`` ahead in a background thread (0: as they are, in this thread).
 
     A generator: closing it (or its being garbage-collected, or an exception
-    in its consumer) stops and joins the thread.
+    in its consumer) stops and joins the thread. ``device``: as
+    :class:`ReadAhead`'s (a CUDA device gives the producer its own stream).
     """
     if not size:
         yield from items
         return
-    with ReadAhead(items, size) as ahead:
+    with ReadAhead(items, size, device=device) as ahead:
         yield from ahead

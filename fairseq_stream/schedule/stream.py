@@ -88,8 +88,9 @@ class StreamOptions(FairseqDataclass):
     )
     encoder_queue: Optional[int] = field(
         default=None,
-        metadata={"help": "run the encoder ahead in a background thread, up to this many encoded "
-                  "batches waiting for the pool (0: encode in the decoder's thread when the pool "
+        metadata={"help": "run the encoder ahead in a background thread (on a GPU, on a CUDA stream of its "
+                  "own), up to this many encoded batches waiting for the pool (0: encode in the decoder's "
+                  "thread when the pool "
                   "refills; default: 2 on the CPU where torch's threads leave a core free, where it "
                   "was measured to help, else 0)"},
     )
@@ -278,7 +279,7 @@ class StreamGenerator:
         limit = self.max_cached if self.max_cached is not None else CACHED_PER_POOL_SENTENCE * pool.pool_size
         # Reading ahead only pays while the pool has room; past the limit the
         # pool decodes what it holds, so memory follows the pool, not the input.
-        self._encoded = read_ahead(cohorts(), encoder_queue_for(self.encoder_queue, device))
+        self._encoded = read_ahead(cohorts(), encoder_queue_for(self.encoder_queue, device), device)
         self._stream = pool.run(self._encoded, may_read=lambda: len(self._results) < limit)
         return True
 
