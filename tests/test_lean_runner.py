@@ -162,6 +162,39 @@ def test_cohort_split_and_join_keep_lean_state_consistent(exact, float64_fairseq
     assert differences(ref, ours) == []
 
 
+@pytest.mark.parametrize("compiled_attention", [True, False], ids=["compiled-attention", "torch-attention"])
+def test_joined_lengths_keep_lean_state_consistent(exact, float64_fairseq, monkeypatch, compiled_attention):
+    """Top-up's joins across steps with every state path forced: same n-best as the fairseq runner's batch.
+
+    Every join of states at different lengths merges the neighbouring
+    segments at one length (``MAX_MIXED_SEGMENTS`` 1), caches start at 2
+    positions and are compacted as soon as half their slots are free.
+    """
+    from fairseq_stream.runners import lean
+
+    monkeypatch.setattr(lean, "MAX_MIXED_SEGMENTS", 1)
+    monkeypatch.setattr(lean, "INITIAL_CAPACITY", 2)
+    monkeypatch.setattr(lean, "COMPACT_ABOVE_SLOTS", 1)
+    models, task = exact("transformer")
+    batches = sorted_batches(task, 4, 40)
+    opts = decoder_options("var-batch")
+    ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts), models, batches, None)
+    dec = BeamDecoder(models, task.target_dictionary, runner="lean", **opts)
+    dec.runner.compiled_attention = compiled_attention
+    merged = []
+    merge = dec.runner._merge_equal_lengths
+
+    def counting(segments):
+        result = merge(segments)
+        merged.append(len(result) < len(segments))
+        return result
+
+    dec.runner._merge_equal_lengths = counting  # records whether each one merged; the real one runs
+    ours = decode(dec, models, batches, dict(pool_size=8, eps=1 / 2, order="fifo"))
+    assert differences(ref, ours) == []
+    assert any(merged), "no segments at one length were merged in a join across lengths"
+
+
 @pytest.mark.parametrize("scheduler", ["batch", "fifo"])
 def test_torch_attention_nbest_equals_fairseq_runner_float64(models64, float64_fairseq, scheduler):
     """The attentions' torch references (CUDA's path) in real decoding: an ensemble, fixed-width beams."""
