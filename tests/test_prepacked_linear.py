@@ -61,6 +61,18 @@ def test_any_leading_shape_and_strided_input():
         f(torch.randn(2, 15))
 
 
+@needs_mkl
+def test_two_and_three_rows_are_torchs_product():
+    """At 2 and 3 rows MKL's unpacked path is faster than the packed one: the product is F.linear's, bitwise."""
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(300, 64, generator=g), torch.randn(300, generator=g)
+    f = P.linear(w, b)
+    for rows in (2, 3):
+        x = torch.randn(rows, 64, generator=g)
+        assert torch.equal(f(x), F.linear(x, w, b))
+        assert torch.equal(P.linear(w, None)(x), F.linear(x, w))
+
+
 def test_torch_where_it_does_not_apply():
     w, b = torch.randn(8, 4), torch.randn(8)
     for f in (P.linear(w.double(), b.double()), P.linear(w, b, prepack=False), P.linear(w.half(), None)):

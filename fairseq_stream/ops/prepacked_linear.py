@@ -6,7 +6,11 @@ to 100) by wide weights, so that copy is a large part of each product. MKL's
 packed API (``cblas_sgemm_pack`` once, ``cblas_sgemm_compute`` per call;
 ``csrc/cpu/prepacked_linear_cpu.cpp``) skips it: on one Xeon thread, with
 the Multi30k transformer's shapes, 1.3-2.6x faster at 5-64 rows, the same
-from a few hundred rows on (docs/BENCHMARKS.md).
+from a few hundred rows on (docs/BENCHMARKS.md). At 2 and 3 rows MKL's
+unpacked sgemm takes a skinny path that is 15-25% faster than the packed
+product (and at 4 rows on, twice as slow), so there the callable is
+``F.linear`` on the weight itself; Jacobi's windows at batch 1 are such
+products (docs/BENCHMARKS.md, Jacobi run 5).
 
 :func:`linear` returns a callable ``f(x)`` for a weight and bias: the
 prepacked product where it applies (a float32 CPU weight, the compiled
@@ -18,8 +22,9 @@ torch's arithmetic.
 than ``F.linear``'s: results agree to float32 rounding (bitwise at some
 row counts, not at others), as products of two sgemm calls of different
 shapes do (tests/test_prepacked_linear.py bounds the difference against
-float64). The packed copy holds the weight as it was when packed: it does
-not follow later changes to the parameter.
+float64). The packed copy holds the weight as it was when packed; products
+of 2 and 3 rows read the parameter itself. Change a parameter after packing
+and the two disagree: pack again (a new runner).
 """
 
 from typing import Callable, Optional

@@ -152,7 +152,8 @@ class LeanModel:
 
     With ``prepack`` (and float32 weights on the CPU) the products hold
     copies packed for MKL (:mod:`fairseq_stream.ops.prepacked_linear`), made
-    here: later changes to the model's parameters are not seen.
+    here: build a new model after changing the parameters (products of 2 and
+    3 rows read them, the others the copies).
     """
 
     def __init__(self, model, prepack: bool = True):

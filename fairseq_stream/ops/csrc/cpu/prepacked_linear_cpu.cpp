@@ -82,7 +82,7 @@ PrepackedLinear prepack_linear(const Tensor& weight, std::optional<Tensor> bias)
     TORCH_CHECK(bias->numel() == n && bias->scalar_type() == at::kFloat, "prepack_linear: bias of ", n, " floats");
     bias = bias->contiguous();
   }
-  return PrepackedLinear{packed, n, k, bias};
+  return PrepackedLinear{packed, n, k, bias, w};
 }
 
 Tensor PrepackedLinear::operator()(const Tensor& x) const {
@@ -92,6 +92,9 @@ Tensor PrepackedLinear::operator()(const Tensor& x) const {
   const int64_t rows = a.numel() / in_features;
   auto shape = a.sizes().vec();
   shape.back() = out_features;
+  if (rows >= kUnpackedFromRows && rows <= kUnpackedToRows) {
+    return at::linear(a, weight, bias ? *bias : Tensor()).view(shape);
+  }
   Tensor y = at::empty({rows, out_features}, a.options());
   float beta = 0.0f;
   if (bias) {

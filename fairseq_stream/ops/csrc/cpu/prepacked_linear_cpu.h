@@ -7,11 +7,17 @@
 #include <optional>
 #include <string>
 
+// Row counts at which at::linear on the unpacked weight beats the packed product (MKL's skinny path:
+// 15-25% faster at 2 and 3 rows on a Xeon, docs/BENCHMARKS.md; the packed one wins at 1 row and from 4).
+constexpr int64_t kUnpackedFromRows = 2;
+constexpr int64_t kUnpackedToRows = 3;
+
 struct __attribute__((visibility("hidden"))) PrepackedLinear {
   torch::Tensor packed;  // MKL's opaque packed form of W^T; never copied or moved (MKL's rule)
   int64_t out_features;
   int64_t in_features;
   std::optional<torch::Tensor> bias;
+  torch::Tensor weight;  // W itself (the model's parameter, not a copy), for the row counts above
 
   torch::Tensor operator()(const torch::Tensor& x) const;
 };
