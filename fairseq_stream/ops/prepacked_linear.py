@@ -7,8 +7,9 @@ packed API (``cblas_sgemm_pack`` once, ``cblas_sgemm_compute`` per call;
 ``csrc/cpu/prepacked_linear_cpu.cpp``) skips it: on one Xeon thread, with
 the Multi30k transformer's shapes, 1.3-2.6x faster at 5-64 rows, the same
 from a few hundred rows on (docs/BENCHMARKS.md). At 2 and 3 rows MKL's
-unpacked sgemm takes a skinny path that is 15-25% faster than the packed
-product (and at 4 rows on, twice as slow), so there the callable is
+unpacked sgemm takes a skinny path, 18% faster than the packed product on
+the Multi30k output layer (from 4 rows on it is up to twice as slow), so
+there the callable is
 ``F.linear`` on the weight itself; Jacobi's windows at batch 1 are such
 products (docs/BENCHMARKS.md, Jacobi run 5).
 

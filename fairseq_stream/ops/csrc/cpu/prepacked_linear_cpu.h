@@ -8,7 +8,8 @@
 #include <string>
 
 // Row counts at which at::linear on the unpacked weight beats the packed product (MKL's skinny path:
-// 15-25% faster at 2 and 3 rows on a Xeon, docs/BENCHMARKS.md; the packed one wins at 1 row and from 4).
+// 18% faster on the Multi30k output layer at 2 and 3 rows on a Xeon, docs/BENCHMARKS.md Jacobi run 5;
+// the packed one is level at 1 row and up to twice as fast from 4).
 constexpr int64_t kUnpackedFromRows = 2;
 constexpr int64_t kUnpackedToRows = 3;
 
