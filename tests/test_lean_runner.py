@@ -146,20 +146,31 @@ def test_cohort_split_and_join_keep_lean_state_consistent(exact, float64_fairseq
     compiled one (the CPU's) and the torch reference (what CUDA runs), whose
     packing by sentence the splits and joins must keep right too.
     """
+    if tight:
+        force_state_paths(monkeypatch, "MAX_SEGMENTS")
+    models, batches, ref, dec = var_batch_against_fairseq(exact, 8, compiled_attention)
+    ours = decode(dec, models, batches, dict(pool_size=16, eps=1 / 6, order="shortest", capacity=7))
+    assert differences(ref, ours) == []
+
+
+def force_state_paths(monkeypatch, merge_limit: str):
+    """Make every lean state path run: segments merge above 1 (``merge_limit``), 2-position caches, compaction."""
     from fairseq_stream.runners import lean
 
-    if tight:
-        monkeypatch.setattr(lean, "MAX_SEGMENTS", 1)
-        monkeypatch.setattr(lean, "INITIAL_CAPACITY", 2)
-        monkeypatch.setattr(lean, "COMPACT_ABOVE_SLOTS", 1)
+    monkeypatch.setattr(lean, merge_limit, 1)
+    monkeypatch.setattr(lean, "INITIAL_CAPACITY", 2)
+    monkeypatch.setattr(lean, "COMPACT_ABOVE_SLOTS", 1)
+
+
+def var_batch_against_fairseq(exact, batch_size, compiled_attention):
+    """(models, batches, the fairseq runner's batch n-best, a lean var-batch decoder) on the toy transformer."""
     models, task = exact("transformer")
-    batches = sorted_batches(task, 8, 40)
+    batches = sorted_batches(task, batch_size, 40)
     opts = decoder_options("var-batch")
     ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts), models, batches, None)
     dec = BeamDecoder(models, task.target_dictionary, runner="lean", **opts)
     dec.runner.compiled_attention = compiled_attention
-    ours = decode(dec, models, batches, dict(pool_size=16, eps=1 / 6, order="shortest", capacity=7))
-    assert differences(ref, ours) == []
+    return models, batches, ref, dec
 
 
 @pytest.mark.parametrize("compiled_attention", [True, False], ids=["compiled-attention", "torch-attention"])
@@ -170,17 +181,8 @@ def test_joined_lengths_keep_lean_state_consistent(exact, float64_fairseq, monke
     segments at one length (``MAX_MIXED_SEGMENTS`` 1), caches start at 2
     positions and are compacted as soon as half their slots are free.
     """
-    from fairseq_stream.runners import lean
-
-    monkeypatch.setattr(lean, "MAX_MIXED_SEGMENTS", 1)
-    monkeypatch.setattr(lean, "INITIAL_CAPACITY", 2)
-    monkeypatch.setattr(lean, "COMPACT_ABOVE_SLOTS", 1)
-    models, task = exact("transformer")
-    batches = sorted_batches(task, 4, 40)
-    opts = decoder_options("var-batch")
-    ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts), models, batches, None)
-    dec = BeamDecoder(models, task.target_dictionary, runner="lean", **opts)
-    dec.runner.compiled_attention = compiled_attention
+    force_state_paths(monkeypatch, "MAX_MIXED_SEGMENTS")
+    models, batches, ref, dec = var_batch_against_fairseq(exact, 4, compiled_attention)
     merged = []
     merge = dec.runner._merge_equal_lengths
 
