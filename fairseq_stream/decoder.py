@@ -696,11 +696,10 @@ class BeamDecoder:
         k, tokens, scores = self.beam_size, c.tokens, c.scores
         done = sel.done.index_select(0, ending)
         length = done_len.index_select(0, ending)
-        starts = None
         if c.mixed:
-            # done_len holds the column after each hypothesis' EOS: its length from its own start.
-            starts = c.start.index_select(0, ending).unsqueeze(1).expand(-1, k)
-            length = (length - starts).masked_fill(done.logical_not(), 0)
+            # done_len holds the column after each hypothesis' EOS: its length from its own start (only the
+            # finished entries' lengths are read).
+            length = length - c.start.index_select(0, ending).unsqueeze(1)
         final = sel.score.index_select(0, ending)
         # Lengths and float32 scores are exact in the score type.
         flags, lens, finals = torch.stack([done.to(final.dtype), length.to(final.dtype), final]).view(3, -1).tolist()
@@ -709,9 +708,9 @@ class BeamDecoder:
         sentence = ending.index_select(0, flat // k)
         rows = sentence * k + sel.parent.reshape(-1).index_select(0, sentence * k + flat % k)
         hyp_lens = [int(lens[i]) for i in picked]
-        hyps = self._hypotheses(rows, length.reshape(-1).index_select(0, flat), hyp_lens,
+        hyps = self._hypotheses(rows, length.view(-1).index_select(0, flat), hyp_lens,
                                 final.view(-1).index_select(0, flat), tokens, scores,
-                                None if starts is None else starts.reshape(-1).index_select(0, flat))
+                                c.start.index_select(0, sentence) if c.mixed else None)
         values = self._normalize([finals[i] for i in picked], hyp_lens)
         collected = [([], []) for _ in range(ending.numel())]
         for i, hyp, value in zip(picked, hyps, values):

@@ -406,7 +406,7 @@ class LeanRunner(OwnStepRunner):
         for state, length in zip(states, lengths):
             if any(s.length != length - 1 for s in state.segments):
                 raise ValueError("internal: a state at another length than its group's")
-        return self._forward([s for st in states for s in st.segments], last_tokens.view(-1), logits), None
+        return self.step_own(states, last_tokens, logits)
 
     @torch.no_grad()
     def step_own(self, states: List[LeanState], last_tokens: Tensor, logits: bool = False):

@@ -426,11 +426,11 @@ class RnnRunner(OwnStepRunner):
     @torch.no_grad()
     def step_mixed(self, states: List[RnnState], last_tokens: Tensor, lengths: List[int], logits: bool = False):
         """One decoder call over groups whose prefixes differ in length: an LSTM step does not depend on it."""
-        return self._forward(states, last_tokens.view(-1), logits), None
+        return self.step_own(states, last_tokens, logits)
 
     @torch.no_grad()
     def step_own(self, states: List[RnnState], last_tokens: Tensor, logits: bool = False):
-        """One decoder call over ``states`` of any lengths (:meth:`step_mixed` without the lengths)."""
+        """One decoder call over ``states`` of any lengths; ``last_tokens`` (rows, 1), states in order."""
         return self._forward(states, last_tokens.view(-1), logits), None
 
     def reorder(self, state: RnnState, new_order: Tensor):
