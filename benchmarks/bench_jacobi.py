@@ -12,11 +12,13 @@ decoder-call speedup (greedy's calls per batch / Jacobi's), accepted tokens
 per iteration, batches that ran greedy's own step (a batch too full for
 windows to pay, JacobiDecoder._greedy_pays), BLEU. "hgj b=2 ngram always"
 is the default's window with every draft and no batch handed to greedy: what
-the window call itself costs. Then the issue's targets as ratios.
+the window call itself costs. "c=k" settings draft trees of k candidates
+(``--jacobi-candidates``; ``--candidates`` picks the k). Then the issue's
+targets as ratios.
 
     python benchmarks/bench_jacobi.py /work/m30k/probe --refs /work/shared/data/multi30k/test_2016_flickr.en \\
         [--threads 1] [--batch-sizes 1 4 8 16 64] [--repeats 3] [--limit-latency 200] [--limit 1000] \\
-        [--max-len-a 1.2 --max-len-b 10] [--device cpu|cuda] [--json FILE]
+        [--max-len-a 1.2 --max-len-b 10] [--device cpu|cuda] [--candidates 4 8] [--settings NAME ...] [--json FILE]
 
 The length limit is the WMT examples' (``--max-len-a 1.2 --max-len-b 10``),
 not fairseq's default 200 tokens: PJ refines every position up to the
@@ -34,18 +36,20 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-# (variant, block, draft, call cost): None is the device's default (JacobiDecoder); "always" a call
-# cost so high that every row drafts everything and no batch runs greedy's step (the window alone).
+# (variant, block, draft, call cost, candidates): None is the device's default (JacobiDecoder); "always"
+# a call cost so high that every row drafts everything and no batch runs greedy's step (the window alone).
 ALWAYS = 1e9
-SETTINGS = [("pj", 0, "pad", None), ("pj", 0, "ngram", None), ("pgj", 3, "pad", None), ("pgj", 3, "ngram", None),
-            ("pgj", 5, "pad", None), ("pgj", 5, "ngram", None), ("hgj", 3, "pad", None), ("hgj", 3, "ngram", None),
-            ("hgj", 2, "ngram", ALWAYS), ("hgj", 2, "ngram", None)]
+SETTINGS = [("pj", 0, "pad", None, 1), ("pj", 0, "ngram", None, 1), ("pgj", 3, "pad", None, 1),
+            ("pgj", 3, "ngram", None, 1), ("pgj", 5, "pad", None, 1), ("pgj", 5, "ngram", None, 1),
+            ("hgj", 3, "pad", None, 1), ("hgj", 3, "ngram", None, 1), ("hgj", 2, "ngram", ALWAYS, 1),
+            ("hgj", 2, "ngram", None, 1)]
 DEFAULT = "hgj b=2 ngram"
 
 
-def setting_name(variant, block, draft, call_cost):
-    return "{}{} {}{}".format(variant, " b={}".format(block) if block else "", draft,
-                              " always" if call_cost == ALWAYS else "")
+def setting_name(variant, block, draft, call_cost, candidates=1):
+    return "{}{} {}{}{}".format(variant, " b={}".format(block) if block else "", draft,
+                                " c={}".format(candidates) if candidates > 1 else "",
+                                " always" if call_cost == ALWAYS else "")
 
 
 def main():
@@ -63,8 +67,20 @@ def main():
     parser.add_argument("--max-len-a", type=float, default=1.2)
     parser.add_argument("--max-len-b", type=int, default=10)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--candidates", type=int, nargs="*", default=[4],
+                        help="also run hgj b=2 and b=3 ngram with trees of this many candidates (and b=3 always)")
+    parser.add_argument("--settings", nargs="+", help="run only these settings (names as printed), and greedy")
     parser.add_argument("--json")
     args = parser.parse_args()
+    # Trees of candidates: at the device's call cost, and "always" (every candidate drafted, as a
+    # device whose extra positions are free would: the bound on the iteration speedup).
+    settings = SETTINGS + [("hgj", b, "ngram", cost, k) for k in args.candidates if k > 1
+                           for b, cost in ((2, None), (3, None), (3, ALWAYS))]
+    if args.settings:
+        settings = [s for s in settings if setting_name(*s) in args.settings]
+        unknown = set(args.settings) - {setting_name(*s) for s in settings}
+        if unknown:
+            parser.error("unknown settings: {}".format(", ".join(sorted(unknown))))
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads)
 
@@ -112,9 +128,10 @@ def main():
         for _ in range(args.repeats):
             ref, wall = run(greedy(), batches)
             walls["greedy"].append(wall)
-            for variant, block, draft, call_cost in SETTINGS:
-                name = setting_name(variant, block, draft, call_cost)
-                dec = JacobiDecoder(greedy(), variant, block or 1, draft, call_cost=call_cost)
+            for setting in settings:
+                variant, block, draft, call_cost, candidates = setting
+                name = setting_name(*setting)
+                dec = JacobiDecoder(greedy(), variant, block or 1, draft, call_cost=call_cost, candidates=candidates)
                 outputs[name], wall = run(dec, batches)
                 walls.setdefault(name, []).append(wall)
                 stats[name] = dec.stats.summary()
@@ -122,10 +139,11 @@ def main():
         ref_bleu = bleu(ref, task, sp, refs)
         print("\nbatch {} ({} sentences): greedy {:.2f} s, {:.1f} ms/sentence, BLEU {:.2f}".format(
             batch_size, len(ref), ref_wall, 1000 * ref_wall / len(ref), ref_bleu))
-        print("{:<22} {:>8} {:>8} {:>10} {:>10} {:>9} {:>8} {:>7} {:>8}".format(
-            "setting", "wall s", "speedup", "iter spd", "call spd", "acc/iter", "greedy b", "BLEU", "changed"))
-        for variant, block, draft, call_cost in SETTINGS:
-            name = setting_name(variant, block, draft, call_cost)
+        print("{:<22} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>8} {:>7} {:>8}".format(
+            "setting", "wall s", "speedup", "iter spd", "call spd", "acc/iter", "pos/iter", "greedy b", "BLEU",
+            "changed"))
+        for setting in settings:
+            name = setting_name(*setting)
             out, wall, s = outputs[name], statistics.median(walls[name]), stats[name]
             bad = sum(not torch.equal(ref[i], out[i]) for i in ref)
             changed += bad
@@ -135,17 +153,19 @@ def main():
                        accepted_per_iteration=s["accepted_per_iteration"], greedy_batches=s["greedy_batches"],
                        batches=len(batches), bleu=bleu(out, task, sp, refs),
                        greedy_bleu=ref_bleu, greedy_wall_s=ref_wall, changed=bad, sentences=len(ref),
-                       accepted_histogram=s["accepted_histogram"])
+                       accepted_histogram=s["accepted_histogram"],
+                       positions_per_iteration=s["expansions"] / max(1, s["iterations"]),
+                       tree_windows=s["tree_windows"])
             rows.append(row)
-            print("{:<22} {:>8.2f} {:>7.2f}x {:>9.2f}x {:>9.2f}x {:>9.2f} {:>8} {:>7.2f} {:>8}".format(
+            print("{:<22} {:>8.2f} {:>7.2f}x {:>9.2f}x {:>9.2f}x {:>9.2f} {:>9.2f} {:>8} {:>7.2f} {:>8}".format(
                 name, wall, row["speedup"], row["iteration_speedup"], row["call_speedup"],
-                row["accepted_per_iteration"], "{}/{}".format(s["greedy_batches"], len(batches)), row["bleu"], bad))
+                row["accepted_per_iteration"], row["positions_per_iteration"], "{}/{}".format(s["greedy_batches"], len(batches)), row["bleu"], bad))
     print("\ntargets:")
     latency = [r for r in rows if r["batch"] == 1]
     if latency:
         best = max(latency, key=lambda r: r["speedup"])
         print("  batch 1, best wall-clock speedup >= 1.38: {} {:.2f}x".format(best["setting"], best["speedup"]))
-        ngram = max((r for r in latency if r["setting"].endswith("ngram")), key=lambda r: r["iteration_speedup"])
+        ngram = max((r for r in latency if " ngram" in r["setting"]), key=lambda r: r["iteration_speedup"])
         print("  iteration speedup with n-gram drafts >= 1.5: {} {:.2f}x".format(ngram["setting"],
                                                                                ngram["iteration_speedup"]))
     for r in rows:

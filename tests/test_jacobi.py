@@ -20,7 +20,7 @@ from conftest import differences, generate_in_process, hypotheses, run_tool, sor
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.jacobi.decoder import JacobiDecoder
-from fairseq_stream.jacobi.drafts import AcceptanceRates, NgramPool, likely_draft, next_draft
+from fairseq_stream.jacobi.drafts import AcceptanceRates, NgramPool, likely_draft, likely_tree, next_draft
 
 torch.set_num_threads(1)
 
@@ -101,6 +101,46 @@ def test_ngram_windows_sized_by_cost_give_greedys_output_float64(exact, compiled
     assert every["expansions"] / every["iterations"] > cpu["expansions"] / cpu["iterations"]
 
 
+@pytest.mark.parametrize("compiled_attention", [True, False], ids=["compiled", "torch-attention"])
+@pytest.mark.parametrize("name,rules", [("transformer", True), ("ensemble", False), ("ensemble", True)])
+def test_trees_of_candidates_give_greedys_output_float64(exact, name, rules, compiled_attention):
+    """--jacobi-candidates: windows shaped as trees (masked attention, positions by depth, branches
+    accepted off the first chain moved into place in the cache) still give greedy's output."""
+    models, task = exact(name)
+    opts = RULES if rules else {}
+    batches = sorted_batches(task, 3, 1000)
+    expected = run(greedy_decoder(models, task, **opts), models, batches)
+    greedy = greedy_decoder(models, task, **opts)
+    greedy.runner.compiled_attention = compiled_attention
+    dec = JacobiDecoder(greedy, "hgj", 4, "ngram", call_cost=1e6, candidates=6)
+    ours = run(dec, models, batches)
+    assert differences(expected, ours, tolerance=1e-9) == []
+    s = dec.stats.summary()
+    assert s["tree_windows"] > 0 and s["off_chain"] > 0
+    assert s["greedy_steps"] == sum(len(h[0]["tokens"]) for h in expected.values())
+
+
+def test_trees_verify_more_tokens_than_one_chain(loaded):
+    models, task = loaded("transformer")
+    batches = sorted_batches(task, 1, 1000, subset="valid")
+    summaries = []
+    for candidates in (1, 8):
+        dec = JacobiDecoder(greedy_decoder(models, task), "hgj", 3, "ngram", call_cost=1e6, candidates=candidates)
+        run(dec, models, batches)
+        summaries.append(dec.stats.summary())
+    chain, trees = summaries
+    assert chain["tree_windows"] == 0 and trees["tree_windows"] > 0
+    assert trees["iterations"] < chain["iterations"]
+
+
+def test_candidates_need_ngram_drafts(loaded):
+    models, task = loaded("transformer")
+    with pytest.raises(FairseqStreamError, match="--jacobi-candidates above 1 needs --jacobi-draft ngram"):
+        JacobiDecoder(greedy_decoder(models, task), "hgj", 3, "pad", candidates=4)
+    with pytest.raises(FairseqStreamError, match="--jacobi-candidates must be at least 1"):
+        JacobiDecoder(greedy_decoder(models, task), "hgj", 3, "ngram", candidates=0)
+
+
 def test_a_batch_too_full_for_windows_runs_greedys_step(loaded):
     models, task = loaded("transformer")
     batches = sorted_batches(task, 16, 1000, subset="valid")
@@ -139,7 +179,7 @@ def test_command_line_equals_fairseq_beam_1_and_writes_counters(toy, tmp_path, c
     common = [toy.data_bin, "--path", toy.transformer, "--gen-subset", "valid", "--batch-size", "16", "--cpu"]
     proc = run_tool(["fairseq-generate"] + common + [
         "--user-dir", "fairseq_stream", "--search", "jacobi", "--jacobi-variant", "hgj", "--jacobi-block", "4",
-        "--jacobi-draft", "ngram", "--jacobi-call-cost", "100", "--stats-file", stats_file])
+        "--jacobi-draft", "ngram", "--jacobi-call-cost", "100", "--jacobi-candidates", "4", "--stats-file", stats_file])
     ours = hypotheses(proc.stdout)
     # Without --search the plugin leaves fairseq-generate as it is: fairseq's own beam search.
     generate_in_process(common + ["--user-dir", "fairseq_stream", "--beam", "1"])
@@ -150,6 +190,7 @@ def test_command_line_equals_fairseq_beam_1_and_writes_counters(toy, tmp_path, c
     assert stats["sentences"] == 200
     assert stats["iteration_speedup"] >= 1.0 and stats["accepted_per_iteration"] >= 1.0
     assert set(stats["accepted_histogram"]) <= {"1", "2", "3", "4"} and stats["greedy_batches"] == 0
+    assert stats["tree_windows"] > 0
     assert "tokens accepted per iteration" in proc.stderr
 
 
@@ -207,6 +248,56 @@ def test_ngram_drafts_only_what_is_likely_enough():
     assert abs(rates.chance(0.5, False) - (1 + 8 * 0.5) / (14 + 8)) < 1e-12
     assert likely_draft([11, 12, 13], pool, [5, 6], 4, 0.3, rates) == ([], [])
     assert rates.chance(0.5, True) == 0.5  # guesses are measured apart
+
+
+def test_a_tree_spends_the_blocks_positions_on_the_likeliest_tokens():
+    pool = NgramPool(span=2, candidates=3)
+    for tokens in ([2, 5, 6, 7, 2], [2, 5, 6, 7, 2], [2, 5, 6, 8, 9, 2], [2, 5, 6, 8, 10, 2]):
+        pool.add_output(tokens)
+    # After (5, 6), 1 unseen of 5: (7, 2) twice; (8, 9), then (8, 10) once each.
+    rates = AcceptanceRates()
+    assert pool.candidates([5, 6], 3) == [((7,), 0.4), ((7, 2), 0.4), ((8,), 0.4), ((8, 10), 0.2), ((8, 9), 0.2)]
+    # Two positions: the likeliest tokens, 7 and 8 (each at 0.4), before the chain's second token.
+    assert likely_tree([], pool, [5, 6], 2, 0.1, rates, 3) == ([7, 8], [0, 0], [(0.4, False), (0.4, False)])
+    tokens, parents, _ = likely_tree([], pool, [5, 6], 4, 0.1, rates, 3)
+    assert (tokens, parents) == ([7, 2, 8, 10], [0, 1, 0, 3])  # the chain first; (8, 9) left out
+    tokens, parents, _ = likely_tree([], pool, [5, 6], 4, 0.3, rates, 3)
+    assert (tokens, parents) == ([7, 2, 8], [0, 1, 0])  # 0.2 does not pay at 0.3
+    # One candidate, or one position that the chain's first token takes: a chain.
+    chain, estimates = likely_draft([], pool, [5, 6], 4, 0.1, rates)
+    assert likely_tree([], pool, [5, 6], 4, 0.1, rates, 1) == (chain, None, estimates)
+    assert likely_tree([], pool, [5, 6], 1, 0.1, rates, 3) == ([7], None, [(0.4, False)])
+
+
+def test_ngram_pool_candidates_are_the_most_frequent_continuations():
+    """candidates() keeps its rankings up to date as outputs are learnt: against ranking the table afresh."""
+    rng = random.Random(1)
+    pool = NgramPool(span=2, candidates=3)
+    for _ in range(60):
+        pool.add_output([2] + [rng.randint(4, 9) for _ in range(rng.randint(1, 12))] + [2])
+        context = [2] + [rng.randint(4, 9) for _ in range(rng.randint(0, 3))]
+        expected, placed = [], set()
+        follows = 0
+        for order in NgramPool.ORDERS:
+            seen = pool.table.get(tuple(context[-order:])) if order <= len(context) else None
+            if not seen or follows >= 3:
+                continue
+            total = sum(seen.values()) + 1
+            # Most frequent first, the newest (last inserted) among equals.
+            for follow in sorted(reversed(list(seen)), key=lambda f: -seen[f])[:3]:
+                if follows >= 3 or follow in placed:
+                    continue
+                follows += 1
+                for i in range(1, len(follow) + 1):
+                    if follow[:i] not in placed:
+                        placed.add(follow[:i])
+                        share = sum(n for f, n in seen.items() if f[:i] == follow[:i]) / total
+                        expected.append((follow[:i], share))
+        got = pool.candidates(context, 3)
+        assert [n for n, _ in got] == [n for n, _ in expected]
+        assert [c for _, c in got] == pytest.approx([c for _, c in expected])
+    # The first candidate is what a chain drafts.
+    assert pool.candidates([2, 5], 3)[0][0] == pool.lookup([2, 5])[:1]
 
 
 def test_ddgviz_writes_a_picture_and_its_json(toy, tmp_path, capsys):

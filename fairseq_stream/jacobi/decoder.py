@@ -29,7 +29,10 @@ as in the paper. With ``ngram`` drafts ``pgj`` and ``hgj`` run at most that
 window: a row drafts only the tokens whose chance of acceptance pays for their
 positions in this call (:meth:`JacobiDecoder._threshold`), so a row with no
 likely draft runs one position, a greedy step, and a batch mostly of such rows
-costs about what greedy's step costs.
+costs about what greedy's step costs. With ``--jacobi-candidates k`` (k > 1) a
+row's window may be a tree: the pool's k most frequent continuations, sharing
+their first tokens, each position kept only where it pays as above; the
+iteration accepts the longest branch that the model verifies.
 
 One call serves a whole fairseq batch: each row has its own verified length,
 window start and width; finished sentences leave the batch. Per iteration the loop
@@ -46,10 +49,10 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.jacobi.drafts import DRAFTS, AcceptanceRates, NgramPool, likely_draft, next_draft
+from fairseq_stream.jacobi.drafts import DRAFTS, AcceptanceRates, NgramPool, likely_tree, next_draft
 from fairseq_stream.ops import topk_log_softmax
 from fairseq_stream.runners.lean import LeanRunner
-from fairseq_stream.runners.lean_window import WindowRunner
+from fairseq_stream.runners.lean_window import WindowRunner, depths
 from fairseq_stream.stats import DecodeStats
 
 VARIANTS = ("pj", "pgj", "hgj")
@@ -65,7 +68,7 @@ CALL_COST = {"cpu": 15.0, "cuda": 200.0}
 GREEDY_THRESHOLD = 1.0 / 3.0
 
 
-def check_options(variant: str, block, draft: str, horizon, call_cost=None):
+def check_options(variant: str, block, draft: str, horizon, call_cost=None, candidates=1):
     """One-line errors for Jacobi's options (the command line checks them before loading models)."""
     if variant not in VARIANTS:
         raise FairseqStreamError("--jacobi-variant must be one of {}, got {}".format(", ".join(VARIANTS), variant))
@@ -77,6 +80,11 @@ def check_options(variant: str, block, draft: str, horizon, call_cost=None):
         raise FairseqStreamError("--jacobi-horizon must be at least 0, got {}".format(horizon))
     if call_cost is not None and not float(call_cost) > 0:
         raise FairseqStreamError("--jacobi-call-cost must be positive, got {}".format(call_cost))
+    if candidates is None or int(candidates) < 1:
+        raise FairseqStreamError("--jacobi-candidates must be at least 1, got {}".format(candidates))
+    if int(candidates) > 1 and (draft != "ngram" or variant == "pj"):
+        raise FairseqStreamError("--jacobi-candidates above 1 needs --jacobi-draft ngram and --jacobi-variant "
+                                 "pgj or hgj (got {} drafts, {})".format(draft, variant))
 
 
 class JacobiStats(DecodeStats):
@@ -89,6 +97,9 @@ class JacobiStats(DecodeStats):
     ``accepted`` is the histogram of tokens accepted per row and iteration.
     ``greedy_batches`` counts batches too full for windows to pay, decoded
     by greedy's own step (their sentences count one token per iteration).
+    ``tree_windows`` counts rows' windows holding several candidates
+    (``--jacobi-candidates``), ``off_chain`` those whose accepted tokens
+    came from a candidate other than the first.
     """
 
     def __init__(self, keep_steps: bool = False):
@@ -98,6 +109,8 @@ class JacobiStats(DecodeStats):
         self.greedy_calls = 0  # greedy's calls per batch: its longest output
         self.greedy_batches = 0  # batches decoded by greedy's own step (JacobiDecoder._greedy_pays)
         self.accepted: Dict[int, int] = {}
+        self.tree_windows = 0
+        self.off_chain = 0
 
     def add_accepted(self, counts: List[int]):
         for m in counts:
@@ -116,6 +129,8 @@ class JacobiStats(DecodeStats):
             "accepted_per_iteration": total / self.iterations if self.iterations else 0.0,
             "accepted_histogram": {str(m): self.accepted[m] for m in sorted(self.accepted)},
             "greedy_batches": self.greedy_batches,
+            "tree_windows": self.tree_windows,
+            "off_chain": self.off_chain,
         })
         return out
 
@@ -125,6 +140,9 @@ class JacobiStats(DecodeStats):
                 "per iteration, {} decoder calls for greedy's {}, {:.2f}s in decoding".format(
                     name, s["sentences"], s["iterations"], s["greedy_steps"], s["iteration_speedup"],
                     s["accepted_per_iteration"], s["timesteps"], s["greedy_calls"], s["wall_s"]))
+        if s["tree_windows"]:
+            line += " ({} windows held several candidates, {} accepted another than the first)".format(
+                s["tree_windows"], s["off_chain"])
         if s["greedy_batches"]:
             line += " ({} batches too full for windows to pay decoded by greedy's step; see --jacobi-call-cost)".format(
                 s["greedy_batches"])
@@ -134,13 +152,16 @@ class JacobiStats(DecodeStats):
 class _Row:
     """One sentence being decoded: its verified tokens, their log-probabilities and its draft."""
 
-    __slots__ = ("index", "tokens", "lprobs", "draft", "estimates", "max_len", "trace")
+    __slots__ = ("index", "tokens", "lprobs", "draft", "parents", "estimates", "max_len", "trace")
 
     def __init__(self, index: int, bos: int, max_len: int, draft: List[int], trace: Optional[list]):
         self.index = index
         self.tokens = [bos]  # tokens[0] is BOS; tokens[P] the last verified one
         self.lprobs: List[float] = []
         self.draft = draft
+        # The draft tokens' parents as window indices (0: the last verified token) when the draft
+        # is a tree of candidates (--jacobi-candidates); None for a chain.
+        self.parents: Optional[List[int]] = None
         self.estimates: List = []  # the draft's estimated chances (AcceptanceRates), sized drafts only
         self.max_len = max_len
         self.trace = trace
@@ -162,11 +183,15 @@ class JacobiDecoder:
         trace_ids: sentence ids whose every iteration is recorded (DDGviz).
         call_cost: a decoder call's fixed cost in window positions, which
             decides how much ``ngram`` drafts (None: ``CALL_COST`` of the device).
+        candidates: how many of the pool's continuations a row's draft may
+            hold, as a tree (``ngram`` drafts, ``pgj`` and ``hgj``; 1: one
+            chain). Sentences traced for DDGviz draft one chain.
     """
 
     def __init__(self, greedy, variant: str = "hgj", block: int = 2, draft: str = "ngram",
-                 horizon: Optional[int] = None, trace_ids=(), call_cost: Optional[float] = None):
-        check_options(variant, block, draft, horizon, call_cost)
+                 horizon: Optional[int] = None, trace_ids=(), call_cost: Optional[float] = None,
+                 candidates: int = 1):
+        check_options(variant, block, draft, horizon, call_cost, candidates)
         if not isinstance(greedy.runner, LeanRunner):
             raise FairseqStreamError(
                 "--search jacobi runs fairseq transformers on the lean runner only (this model: {}); "
@@ -178,10 +203,11 @@ class JacobiDecoder:
         self.variant, self.block = variant, int(block)
         self.horizon = None if horizon is None else int(horizon)
         self.call_cost = None if call_cost is None else float(call_cost)
+        self.candidates = int(candidates)
         self.windows = WindowRunner(greedy.runner)
         self.eos, self.pad, self.unk = greedy.eos, greedy.pad, greedy.unk
         span = PJ_DRAFT_SPAN if variant == "pj" else max(1, self.block - 1)
-        self.pool = NgramPool(span) if draft == "ngram" else None
+        self.pool = NgramPool(span, self.candidates) if draft == "ngram" else None
         self.rates = AcceptanceRates()
         self.unlearned: List[List[int]] = []  # outputs of batches run by greedy's step, for the pool
         self.trace_ids = set(int(i) for i in trace_ids)
@@ -334,10 +360,14 @@ class JacobiDecoder:
         """One window call over ``rows``; returns (rows still decoding, their state, rows finished)."""
         t0 = time.perf_counter()
         windows = [[r.tokens[-1]] + r.draft for r in rows]
-        layout = self.windows.layout(state, windows)
+        trees = [None if r.parents is None else [-1] + r.parents for r in rows]
+        any_tree = any(t is not None for t in trees)
+        layout = self.windows.layout(state, windows, trees if any_tree else None)
         logits = self.windows.window(state, layout)
         greedy = self.greedy
-        ban_eos, force_eos = self._eos_rules(rows, windows, state.lengths, layout.tokens.device)
+        # Each window position's depth after the verified prefix (its index, in a chain).
+        levels = [depths(t) if t is not None else range(len(w)) for w, t in zip(windows, trees)]
+        ban_eos, force_eos = self._eos_rules(rows, levels, state.lengths, layout.tokens.device)
         out = topk_log_softmax(
             logits, 1, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=greedy.unk_penalty,
             temperature=greedy.temperature, ban_eos=ban_eos, force_eos=force_eos, backend=greedy.output_backend)
@@ -345,6 +375,7 @@ class JacobiDecoder:
         # in one tensor (word indices are exact in float32 below 2**24).
         words, values = torch.stack([out.indices.view(-1).to(out.values.dtype), out.values.view(-1)]).tolist()
         accepted, keep, done, guesses = [], [], [], []
+        paths = [None] * len(rows) if any_tree else None
         offset = 0
         for i, r in enumerate(rows):
             window = windows[i]
@@ -352,28 +383,38 @@ class JacobiDecoder:
             g = [int(w) for w in words[offset: offset + width]]
             v = values[offset: offset + width]
             offset += width
-            m = 1
-            while m < width and window[m] == g[m - 1] and g[m - 1] != self.eos:
-                m += 1
+            if trees[i] is None:
+                m = 1
+                while m < width and window[m] == g[m - 1] and g[m - 1] != self.eos:
+                    m += 1
+                if r.estimates:
+                    self.rates.record(r.estimates, m - 1)
+                path, guess = None, g[m:]
+            else:
+                path, guess = _accepted_path(window, trees[i], g, self.eos)
+                m = len(path)
+                paths[i] = path
+                self.stats.tree_windows += 1
+                self.stats.off_chain += any(j != k for k, j in enumerate(path))
+                on_path = set(path)
+                self.rates.record(r.estimates, 0, [j + 1 in on_path for j in range(width - 1)])
             if r.trace is not None:
                 r.trace.append({"start": len(r.tokens) - 1, "width": width, "accepted": m,
                                 "tokens": g, "lprobs": v})
-            r.tokens.extend(g[:m])
-            r.lprobs.extend(v[:m])
+            r.tokens.extend(g[:m] if path is None else [g[j] for j in path])
+            r.lprobs.extend(v[:m] if path is None else [v[j] for j in path])
             accepted.append(m)
-            if r.estimates:
-                self.rates.record(r.estimates, m - 1)
-            if g[m - 1] == self.eos:
+            if r.tokens[-1] == self.eos:
                 done.append(r)
                 continue
             keep.append(i)
-            guesses.append(g[m:])
+            guesses.append(guess)
         self.stats.add_accepted(accepted)
         self.stats.add_step(max(layout.widths), layout.positions, time.perf_counter() - t0)
         for r in done:
             self.stats.greedy_steps += len(r.tokens) - 1
         # A row's cache holds every verified token but the last (the next window's input).
-        self.windows.commit(state, accepted)
+        self.windows.commit(state, accepted, paths)
         survivors = [rows[i] for i in keep]
         threshold = self._threshold(len(survivors), device)
         for r, guess in zip(survivors, guesses):
@@ -382,20 +423,22 @@ class JacobiDecoder:
             state = self.windows.keep(state, keep)
         return survivors, state, done
 
-    def _eos_rules(self, rows: List[_Row], windows: List[List[int]], lengths: List[int], device):
+    def _eos_rules(self, rows: List[_Row], levels, lengths: List[int], device):
         """Per window position: EOS banned (below ``--min-len``), EOS forced (at the row's maximum length).
 
-        Each is None where no position of the call needs it, as in most
+        ``levels[r]``: row r's window positions' depths after its verified
+        prefix (a position's step is the row's length plus its depth). Each
+        is None where no position of the call needs it, as in most
         iterations: known on the host, so no tensor is built for it.
         """
         min_len = self.greedy.min_len
         ban = force = None
         if min(lengths) < min_len:
-            ban = torch.tensor([length + j < min_len for w, length in zip(windows, lengths) for j in range(len(w))],
+            ban = torch.tensor([length + j < min_len for d, length in zip(levels, lengths) for j in d],
                                device=device)
-        if any(length + len(w) > r.max_len for r, w, length in zip(rows, windows, lengths)):
-            force = torch.tensor([length + j >= r.max_len for r, w, length in zip(rows, windows, lengths)
-                                  for j in range(len(w))], device=device)
+        if any(length + max(d) >= r.max_len for r, d, length in zip(rows, levels, lengths)):
+            force = torch.tensor([length + j >= r.max_len for r, d, length in zip(rows, levels, lengths)
+                                  for j in d], device=device)
         return ban, force
 
     def _draft(self, row: _Row, guesses: List[int], threshold: Optional[float]):
@@ -404,8 +447,9 @@ class JacobiDecoder:
         if threshold is None:
             row.draft = next_draft(guesses, self.pool, context, self._draft_room(row), self.pad)
         else:
-            row.draft, row.estimates = likely_draft(guesses, self.pool, context, self._draft_room(row), threshold,
-                                                    self.rates)
+            count = self.candidates if row.trace is None else 1
+            row.draft, row.parents, row.estimates = likely_tree(guesses, self.pool, context, self._draft_room(row),
+                                                                threshold, self.rates, count)
 
     def _draft_room(self, row: _Row) -> int:
         """How many draft tokens the row's next window can take."""
@@ -428,6 +472,32 @@ class JacobiDecoder:
             "alignment": torch.empty(0),
             "positional_scores": torch.from_numpy(positional).to(device),
         }
+
+
+def _accepted_path(window: List[int], parents: List[int], outputs: List[int], eos: int):
+    """A tree-shaped window's verified branch: (its window indices, the guesses after it).
+
+    From the window's first position, follow the child whose draft token is
+    the model's output at its parent, until none is or the output is EOS:
+    each position on the path had only verified inputs, so its output is
+    greedy's next token. The guesses are the outputs along the first
+    children after the path (what a chain window passes on).
+    """
+    children: Dict[int, List[int]] = {}
+    for j, p in enumerate(parents):
+        if p >= 0:
+            children.setdefault(p, []).append(j)
+    path = [0]
+    while outputs[path[-1]] != eos:
+        nxt = next((c for c in children.get(path[-1], ()) if window[c] == outputs[path[-1]]), None)
+        if nxt is None:
+            break
+        path.append(nxt)
+    guesses, node = [], path[-1]
+    while children.get(node):
+        node = children[node][0]
+        guesses.append(outputs[node])
+    return path, guesses
 
 
 def _why_not_lean(greedy) -> str:

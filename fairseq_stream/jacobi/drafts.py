@@ -35,16 +35,26 @@ class NgramPool:
 
     Args:
         span: tokens kept after each context (a window's draft length).
+        candidates: how many continuations :meth:`candidates` may be asked
+            for (above 1, the pool keeps what it needs up to date as it learns).
     """
 
     ORDERS = (3, 2, 1)
 
-    def __init__(self, span: int):
+    def __init__(self, span: int, candidates: int = 1):
         self.span = max(1, span)
+        self.top_size = int(candidates)
         self.table: Dict[Tuple[int, ...], Dict[Tuple[int, ...], int]] = {}
         # A context's draft, kept until the context is seen again: a batch looks up every row each
         # iteration, and summing the shares each time cost more than a window position at 16 rows.
         self.drafts: Dict[Tuple[int, ...], Tuple[Tuple[int, ...], List[float]]] = {}
+        # For candidates(), kept up to date as outputs are learnt (a window's draft is looked up every
+        # iteration; ranking a common context's hundreds of continuations each time cost more than
+        # the positions the candidates saved): per context, its most frequent continuations (the
+        # newest first among equals), how often each continuation prefix was seen, and in all.
+        self.top: Dict[Tuple[int, ...], List[Tuple[int, ...]]] = {}
+        self.prefixes: Dict[Tuple[int, ...], Dict[Tuple[int, ...], int]] = {}
+        self.totals: Dict[Tuple[int, ...], int] = {}
 
     def add_output(self, tokens: Sequence[int]):
         """Learn every context of a finished sentence's tokens (BOS first, EOS last)."""
@@ -59,10 +69,35 @@ class NgramPool:
                     # Re-inserted last: among equal counts the newest comes last.
                     seen[follow] = seen.pop(follow, 0) + 1
                     self.drafts.pop(key, None)
+                    if self.top_size > 1:
+                        self._rank(key, seen, follow)
         if len(table) > MAX_POOL:
             for key in list(table)[: len(table) - MAX_POOL]:
                 del table[key]
                 self.drafts.pop(key, None)
+                for kept in (self.top, self.prefixes, self.totals):
+                    kept.pop(key, None)
+
+    def _rank(self, key: Tuple[int, ...], seen: Dict[Tuple[int, ...], int], follow: Tuple[int, ...]):
+        """Count one more ``follow`` of ``key`` in :meth:`candidates`' structures (its count in ``seen`` is updated)."""
+        prefixes = self.prefixes.setdefault(key, {})
+        for i in range(1, len(follow) + 1):
+            prefixes[follow[:i]] = prefixes.get(follow[:i], 0) + 1
+        self.totals[key] = self.totals.get(key, 0) + 1
+        top = self.top.setdefault(key, [])
+        # A count only grows by one, so the continuation only moves up; among equals the newest first.
+        if follow in top:
+            i = top.index(follow)
+            del top[i]
+        elif len(top) < self.top_size or seen[follow] >= seen[top[-1]]:
+            i = len(top)
+        else:
+            return
+        count = seen[follow]
+        while i > 0 and seen[top[i - 1]] <= count:
+            i -= 1
+        top.insert(i, follow)
+        del top[self.top_size:]
 
     def lookup(self, context: Sequence[int]) -> Tuple[int, ...]:
         """The most frequent continuation of the longest known suffix of ``context``, or ()."""
@@ -91,6 +126,44 @@ class NgramPool:
                     self.drafts[key] = follow, chances
                     return follow, chances
         return (), []
+
+
+    def candidates(self, context: Sequence[int], count: int) -> List[Tuple[Tuple[int, ...], float]]:
+        """Up to ``count`` continuations of ``context`` as trie nodes: (tokens after the context, estimated chance).
+
+        The longest known context's continuations, most frequent first, then
+        the shorter contexts' that are not among them (lookahead decoding
+        verifies several n-grams per step; on Multi30k more candidates verify
+        more tokens, docs/BENCHMARKS.md). A node's chance is the share of its
+        context's seen continuations that begin with it (one unseen counted,
+        as :meth:`draft`), from the longest context that has it. Nodes come
+        in depth-first order of their continuations: :meth:`draft`'s first.
+        ``count`` is at most the pool's ``candidates``.
+        """
+        count = min(count, self.top_size)
+        out: List[Tuple[Tuple[int, ...], float]] = []
+        placed = set()
+        follows = 0
+        for order in self.ORDERS:
+            if order > len(context) or follows >= count:
+                continue
+            key = tuple(context[-order:])
+            top = self.top.get(key)
+            if not top:
+                continue
+            prefixes, total = self.prefixes[key], self.totals[key] + 1
+            for follow in top:
+                if follows >= count:
+                    break
+                if follow in placed:
+                    continue
+                follows += 1
+                for i in range(1, len(follow) + 1):
+                    node = follow[:i]
+                    if node not in placed:
+                        placed.add(node)
+                        out.append((node, prefixes[node] / total))
+        return out
 
 
 def next_draft(guesses: List[int], pool, context: Sequence[int], width: int, pad: int) -> List[int]:
@@ -131,12 +204,15 @@ class AcceptanceRates:
         b = self._bucket(estimate)
         return (self.right[guess][b] + self.PRIOR * estimate) / (self.tried[guess][b] + self.PRIOR)
 
-    def record(self, estimates: Sequence[Tuple[float, bool]], right: int):
-        """A verified draft: its tokens' (estimate, guess) pairs, of which the first ``right`` were accepted."""
+    def record(self, estimates: Sequence[Tuple[float, bool]], right: int, accepted: Optional[Sequence[bool]] = None):
+        """A verified draft: its tokens' (estimate, guess) pairs, of which the first ``right`` were accepted.
+
+        ``accepted``, for a tree of drafts: per token, whether it was accepted (``right`` is then unused).
+        """
         for i, (estimate, guess) in enumerate(estimates):
             b = self._bucket(estimate)
             self.tried[guess][b] += 1
-            self.right[guess][b] += i < right
+            self.right[guess][b] += accepted[i] if accepted is not None else i < right
 
 
 def likely_draft(guesses: List[int], pool, context: Sequence[int], width: int, threshold: float,
@@ -167,3 +243,46 @@ def likely_draft(guesses: List[int], pool, context: Sequence[int], width: int, t
         kept.append(token)
         estimates.append((estimate, True))
     return kept, estimates
+
+
+def likely_tree(guesses: List[int], pool, context: Sequence[int], width: int, threshold: float,
+                rates: AcceptanceRates, count: int):
+    """A tree of drafts: up to ``width`` tokens, from :func:`likely_draft`'s chain and the pool's other candidates.
+
+    Returns (tokens, parents, estimates): the draft tokens in window order
+    (the chain's first), each token's parent as a window index (0 is the
+    last verified token, the window's first position), and their estimates
+    for :meth:`AcceptanceRates.record`. ``parents`` is None when the draft
+    is a chain: the window is then laid out as before.
+
+    The block stays a budget of positions: a window still holds at most
+    ``width`` drafts, at depth at most ``width``; with several candidates
+    (up to ``count`` looked at) they go to the likeliest tokens, each
+    kept only where its chance (``rates`` applied to its share, as the
+    chain's) is at least ``threshold``, and never without its parent.
+    """
+    chain, chain_estimates = likely_draft(guesses, pool, context, width, threshold, rates)
+    if count <= 1 or pool is None or width <= 0:
+        return chain, None, chain_estimates
+    nodes: Dict[Tuple[int, ...], Tuple[float, Tuple[float, bool]]] = {}
+    for i, estimate in enumerate(chain_estimates):
+        nodes[tuple(chain[: i + 1])] = (rates.chance(*estimate), estimate)
+    for node, share in pool.candidates(context, count):
+        if node in nodes or len(node) > width or (len(node) > 1 and node[:-1] not in nodes):
+            continue
+        chance = rates.chance(share, False)
+        if chance >= threshold:
+            nodes[node] = (chance, (share, False))
+    kept = set(nodes)
+    if len(nodes) > width:
+        kept = set()
+        for node in sorted(nodes, key=lambda n: (-nodes[n][0], len(n))):
+            if len(node) == 1 or node[:-1] in kept:
+                kept.add(node)
+                if len(kept) == width:
+                    break
+    order = [n for n in nodes if n in kept]  # the chain's first, then the candidates' depth-first
+    if all(len(n) == i + 1 and n == tuple(chain[: i + 1]) for i, n in enumerate(order)):
+        return list(chain[: len(order)]), None, chain_estimates[: len(order)]
+    index = {n: i + 1 for i, n in enumerate(order)}
+    return ([n[-1] for n in order], [index.get(n[:-1], 0) for n in order], [nodes[n][1] for n in order])

@@ -78,7 +78,8 @@ def cached_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Ten
 
 
 def window_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, window_row: Tensor,
-                      window_step: Tensor, needed: int, scale: float, compiled: bool = True) -> Tensor:
+                      window_step: Tensor, needed: int, scale: float, compiled: bool = True,
+                      visible: Optional[Tensor] = None) -> Tensor:
     """Jacobi's window: write every window position's key and value, then attend causally inside the window.
 
     Window position n is a query of cache row ``window_row[n]`` at position
@@ -93,16 +94,23 @@ def window_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Ten
         needed: ``max(window_step) + 1``, known to the caller without a device read
             (the reference's key length; the compiled kernel does not need it).
         compiled: False for the torch reference.
+        visible: (positions, W >= needed) additive (0 or -inf), or None: a
+            tree-shaped window, where a position attends over its row's
+            positions up to its own that this mask leaves visible (the
+            verified prefix and its ancestors in the tree).
 
     Returns:
         (positions, heads * head_dim).
     """
     if compiled and compiled_applies(q):
-        return _extension().window_attention_(q, k, v, keys, values, window_row, window_step, scale)
+        return _extension().window_attention_(q, k, v, keys, values, window_row, window_step, scale, visible)
     N, H, hd = window_row.numel(), keys.size(1), keys.size(3)
     keys[window_row, :, window_step] = k.reshape(N, H, hd)
     values[window_row, :, window_step] = v.reshape(N, H, hd)
-    visible = torch.arange(needed, device=q.device).view(1, 1, 1, needed) <= window_step.view(N, 1, 1, 1)
+    causal = torch.arange(needed, device=q.device).view(1, needed) <= window_step.view(N, 1)
+    if visible is not None:
+        causal = causal & visible[:, :needed].eq(0)
+    visible = causal.view(N, 1, 1, needed)
     out = F.scaled_dot_product_attention(q.reshape(N, H, 1, hd), keys.index_select(0, window_row)[:, :, :needed],
                                          values.index_select(0, window_row)[:, :, :needed], attn_mask=visible,
                                          scale=scale)

@@ -86,11 +86,13 @@ def lean_layers(x, compiled, caches, slots, lengths, starts, enc_keys, enc_value
                                     row_sentences)
 
 
-def lean_window_layers(x, compiled, cache, window_row, window_step, enc_keys, enc_values, mask):
+def lean_window_layers(x, compiled, cache, window_row, window_step, enc_keys, enc_values, mask, visible=None):
     """Every layer of one model for one Jacobi window call (:mod:`fairseq_stream.runners.lean_window`).
 
     ``x`` (positions, dim): window position n is row ``window_row[n]``'s token
     at cache position ``window_step[n]`` (a row is a sentence). The cache is
-    written in place, as the Python window call does.
+    written in place, as the Python window call does. ``visible``: a
+    tree-shaped window's self-attention mask (``window_attention_``), or None.
     """
-    return _extension().lean_window_layers(x, compiled, cache, window_row, window_step, enc_keys, enc_values, mask)
+    return _extension().lean_window_layers(x, compiled, cache, window_row, window_step, enc_keys, enc_values, mask,
+                                           visible)

@@ -26,12 +26,20 @@ number of tokens its iteration accepted: the keys and values of those
 positions were computed from verified inputs, so they stay; the rest of the
 window is overwritten by the next call. Nothing is copied to accept tokens.
 
+A row's window may also be a *tree* of drafts (several candidate
+continuations sharing their first tokens, ``--jacobi-candidates``): each
+window position has a parent, is embedded at its depth after the verified
+prefix, is cached at its own place in the window, and attends over the
+prefix and its ancestors only (a ``visible`` mask). A row whose accepted path
+leaves the window's first branch has that path's keys and values moved into
+place at commit: a copy of the accepted positions only.
+
 One row is one sentence (greedy has one hypothesis): encoder keys and values
 are indexed by row, computed once per sentence by :meth:`LeanModel.encode`.
 """
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 from torch import Tensor
@@ -60,20 +68,37 @@ class WindowLayout:
     widths: List[int]  # per row (host)
     slots: List[int]  # per row, its slot (host)
     needed: int  # max(steps) + 1 (host)
+    # Tree-shaped windows only (else None): the step each position is embedded at (its row's
+    # length + its depth), and the self-attention mask (positions, needed), additive.
+    embed_steps: Optional[Tensor] = None
+    visible: Optional[Tensor] = None
 
     @staticmethod
-    def build(windows: List[List[int]], lengths: List[int], slots: List[int], device) -> "WindowLayout":
-        """Row r's window ``windows[r]`` (its last verified token first) at steps ``lengths[r]`` on, in cache slot ``slots[r]``."""
+    def build(windows: List[List[int]], lengths: List[int], slots: List[int], device,
+              parents: Optional[List[Optional[List[int]]]] = None, dtype=torch.float32) -> "WindowLayout":
+        """Row r's window ``windows[r]`` (its last verified token first) at steps ``lengths[r]`` on, in cache slot ``slots[r]``.
+
+        ``parents[r]``, where given, makes row r's window a tree: the window
+        index of each position's parent (-1 for the first position, every
+        other parent before its child); None is a chain (parent = the
+        position before). ``dtype``: the mask's, the cache's type.
+        """
         tokens, rows, steps = [], [], []
         for window, length, slot in zip(windows, lengths, slots):
             tokens += window
             rows += [slot] * len(window)
             steps += range(length, length + len(window))
-        flat = torch.tensor([tokens, rows, steps], dtype=torch.long)
+        needed = max(l + len(w) for w, l in zip(windows, lengths))
+        trees = parents is not None and any(p is not None for p in parents)
+        flat = torch.tensor([tokens, rows, steps, _embed_steps(windows, lengths, parents) if trees else steps],
+                            dtype=torch.long)
         if flat.device != device:
             flat = flat.to(device)
-        return WindowLayout(flat[0], flat[1], flat[2], [len(w) for w in windows], slots,
-                            max(l + len(w) for w, l in zip(windows, lengths)))
+        layout = WindowLayout(flat[0], flat[1], flat[2], [len(w) for w in windows], slots, needed)
+        if trees:
+            layout.embed_steps = flat[3]
+            layout.visible = _tree_mask(windows, lengths, parents, needed, dtype).to(device)
+        return layout
 
     @property
     def positions(self) -> int:
@@ -84,6 +109,40 @@ class WindowLayout:
         widest = max(self.widths)
         where = [slot * widest + j for slot, w in zip(self.slots, self.widths) for j in range(w)]
         return torch.tensor(where, dtype=torch.long).to(self.tokens.device), widest
+
+
+def depths(parents: List[int]) -> List[int]:
+    """Each window position's depth in its tree (0 for the first position), from its parents."""
+    out: List[int] = []
+    for p in parents:
+        out.append(0 if p < 0 else out[p] + 1)
+    return out
+
+
+def _embed_steps(windows, lengths, parents) -> List[int]:
+    out: List[int] = []
+    for window, length, tree in zip(windows, lengths, parents):
+        out += [length + d for d in depths(tree)] if tree is not None else range(length, length + len(window))
+    return out
+
+
+def _tree_mask(windows, lengths, parents, needed: int, dtype) -> Tensor:
+    """(positions, needed) additive: 0 where a window position may attend (its prefix, its ancestors and itself)."""
+    hidden = float("-inf")
+    rows = []
+    for window, length, tree in zip(windows, lengths, parents):
+        width = len(window)
+        for j in range(width):
+            row = [0.0] * length + [hidden] * (needed - length)
+            if tree is None:
+                row[length: length + j + 1] = [0.0] * (j + 1)
+            else:
+                p = j
+                while p >= 0:
+                    row[length + p] = 0.0
+                    p = tree[p]
+            rows.append(row)
+    return torch.tensor(rows, dtype=dtype)
 
 
 class WindowRunner:
@@ -111,9 +170,11 @@ class WindowRunner:
         return WindowState(encoder, caches, [0] * rows, list(range(rows)))
 
     @staticmethod
-    def layout(state: WindowState, windows: List[List[int]]) -> WindowLayout:
-        """:meth:`WindowLayout.build` of row r's window ``windows[r]`` at its verified length, in its slot."""
-        return WindowLayout.build(windows, state.lengths, state.slots, state.caches[0].device)
+    def layout(state: WindowState, windows: List[List[int]], parents=None) -> WindowLayout:
+        """:meth:`WindowLayout.build` of row r's window ``windows[r]`` (a tree where ``parents[r]`` is given)
+        at its verified length, in its slot."""
+        return WindowLayout.build(windows, state.lengths, state.slots, state.caches[0].device, parents,
+                                  state.caches[0].dtype)
 
     @torch.no_grad()
     def window(self, state: WindowState, layout: WindowLayout) -> List[Tensor]:
@@ -130,8 +191,21 @@ class WindowRunner:
         return [self._model_window(i, lean, state, layout) for i, lean in enumerate(self.lean)]
 
     @staticmethod
-    def commit(state: WindowState, accepted: List[int]):
-        """Extend each row's verified prefix by ``accepted`` (per row) positions."""
+    def commit(state: WindowState, accepted: List[int], paths: Optional[List[Optional[List[int]]]] = None):
+        """Extend each row's verified prefix by ``accepted`` (per row) positions.
+
+        ``paths[r]``, where given: the window indices of row r's accepted
+        positions in a tree-shaped window (``accepted[r]`` of them, the
+        first 0); those not already in place are copied to follow the prefix.
+        """
+        if paths is not None:
+            moves = [(slot, length + i, length + j)
+                     for slot, length, path in zip(state.slots, state.lengths, paths) if path is not None
+                     for i, j in enumerate(path) if i != j]
+            if moves:
+                slot, dst, src = torch.tensor(moves, dtype=torch.long).t().to(state.caches[0].device)
+                for cache in state.caches:
+                    cache[:, slot, :, dst] = cache[:, slot, :, src]
         state.lengths = [length + m for length, m in zip(state.lengths, accepted)]
 
     @staticmethod
@@ -173,7 +247,8 @@ class WindowRunner:
         if lean.positions is not None:
             # Positions past the table (a window reaching beyond a sentence's
             # maximum length) are clamped: their outputs are never accepted.
-            position = (layout.steps + lean.padding_idx + 1).clamp(max=lean.positions.size(0) - 1)
+            steps = layout.steps if layout.embed_steps is None else layout.embed_steps
+            position = (steps + lean.padding_idx + 1).clamp(max=lean.positions.size(0) - 1)
         x = lean.embed_at(layout.tokens, position)
         cache = state.caches[index]
         encoder = state.encoder[index]
@@ -182,7 +257,7 @@ class WindowRunner:
         if compiled and self.runner.compiled_step and lean.compiled is not None:
             # The same calls from C++ (bitwise the same results; ops/lean_step.py).
             x = lean_step.lean_window_layers(x, lean.compiled, cache, layout.rows, layout.steps, encoder.keys,
-                                             encoder.values, encoder.mask)
+                                             encoder.values, encoder.mask, layout.visible)
             return lean.logits(x)
         packing = None if compiled else layout.packing()
         for l, layer in enumerate(lean.layers):
@@ -190,7 +265,8 @@ class WindowRunner:
             def self_attention(h):
                 q, k, v = layer.qkv(h).split(D, dim=-1)
                 out = attention.window_attention_(q, k, v, cache[2 * l], cache[2 * l + 1], layout.rows,
-                                                  layout.steps, layout.needed, layer.scaling, compiled)
+                                                  layout.steps, layout.needed, layer.scaling, compiled,
+                                                  layout.visible)
                 return layer.self_out(out)
 
             def encoder_attention(h):

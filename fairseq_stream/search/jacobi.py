@@ -47,6 +47,12 @@ class JacobiSearchConfig(DecodeStatsConfig):
                   "this), and batches of at least half this many sentences run greedy's own step "
                   "(default: 15 on a CPU, measured; 200 on a GPU)"},
     )
+    jacobi_candidates: int = field(
+        default=1,
+        metadata={"help": "ngram drafts with pgj/hgj: how many of the pool's continuations a window may "
+                  "verify at once, as a tree sharing their first tokens (lookahead decoding's several "
+                  "n-grams; each position still only where it pays, see --jacobi-call-cost)"},
+    )
 
 
 @register_search("jacobi", dataclass=JacobiSearchConfig)
@@ -61,7 +67,7 @@ class JacobiSearch:
     def check(cls, search_cfg):
         """One-line errors for option values argparse lets through (before any model is loaded)."""
         check_options(str(search_cfg.jacobi_variant), search_cfg.jacobi_block, str(search_cfg.jacobi_draft),
-                      search_cfg.jacobi_horizon, search_cfg.jacobi_call_cost)
+                      search_cfg.jacobi_horizon, search_cfg.jacobi_call_cost, search_cfg.jacobi_candidates)
 
     @classmethod
     def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
@@ -69,4 +75,4 @@ class JacobiSearch:
                                     pruning=Pruning(), keep_reference=False)
         return JacobiDecoder(greedy, variant=str(search_cfg.jacobi_variant), block=search_cfg.jacobi_block,
                              draft=str(search_cfg.jacobi_draft), horizon=search_cfg.jacobi_horizon,
-                             call_cost=search_cfg.jacobi_call_cost)
+                             call_cost=search_cfg.jacobi_call_cost, candidates=search_cfg.jacobi_candidates)

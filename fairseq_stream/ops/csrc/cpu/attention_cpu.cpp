@@ -162,8 +162,13 @@ Tensor source_attention(const Tensor& q, const Tensor& keys, const Tensor& value
 // window_step[n]. Rows may have windows of different widths (a row without a draft runs one
 // position). Writes every window key and value first, then query n attends over positions
 // 0 .. window_step[n] of its row (causal inside the window, the verified prefix as it is).
+//
+// With `visible` (positions, W) additive (0 or -inf, W >= max(window_step) + 1), query n attends over
+// positions 0 .. window_step[n] of its row plus visible[n]: a window shaped as a tree of drafts
+// (jacobi/decoder.py), where a position sees the verified prefix and its own ancestors only.
 Tensor window_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tensor keys, Tensor values,
-                         const Tensor& window_row, const Tensor& window_step, double scale) {
+                         const Tensor& window_row, const Tensor& window_step, double scale,
+                         const std::optional<Tensor>& visible) {
   TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes(),
               "window_attention_: keys and values (rows, heads, capacity, head_dim), contiguous");
   const int64_t rows = keys.size(0), H = keys.size(1), capacity = keys.size(2), hd = keys.size(3);
@@ -180,10 +185,19 @@ Tensor window_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
     TORCH_CHECK(step_of[n] >= 0 && step_of[n] < capacity, "window_attention_: a window past the capacity");
     longest = std::max(longest, step_of[n] + 1);
   }
+  Tensor mask;
+  if (visible.has_value()) {
+    mask = visible->contiguous();
+    TORCH_CHECK(mask.scalar_type() == keys.scalar_type() && mask.dim() == 2 && mask.size(0) == N &&
+                    mask.size(1) >= longest,
+                "window_attention_: visible (positions, >= max(window_step) + 1) additive, of the keys' type");
+  }
   Tensor out = at::empty({N, H * hd}, q.options());
   AT_DISPATCH_FLOATING_TYPES(keys.scalar_type(), "window_attention_", [&] {
     const auto [qp, kp, vp, K, V, o] = pointers<scalar_t>(q, k, v, keys, values, out);
     const scalar_t s = static_cast<scalar_t>(scale);
+    const scalar_t* M = mask.defined() ? mask.data_ptr<scalar_t>() : nullptr;
+    const int64_t W = mask.defined() ? mask.size(1) : 0;
     // Writes first: a query reads the keys of the window positions before it.
     at::parallel_for(0, N * H, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
@@ -200,8 +214,8 @@ Tensor window_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
         const int64_t base = (row_of[n] * H + h) * capacity * hd;
         const scalar_t* qr = qp + n * q.stride(0) + h * hd;
         for (int64_t d = 0; d < hd; ++d) query[d] = qr[d] * s;
-        attend_one(query.data(), K + base, V + base, hd, step_of[n] + 1, static_cast<const scalar_t*>(nullptr),
-                   hd, scores.data(), o + n * H * hd + h * hd);
+        attend_one(query.data(), K + base, V + base, hd, step_of[n] + 1, M ? M + n * W : nullptr, hd,
+                   scores.data(), o + n * H * hd + h * hd);
       }
     });
   });
@@ -221,7 +235,9 @@ void register_attention(pybind11::module& m) {
         pybind11::arg("mask"), pybind11::arg("scale"));
   m.def("window_attention_", &window_attention_,
         "(q, k, v (positions, heads * head_dim), keys, values (rows, heads, capacity, head_dim), window_row, "
-        "window_step (positions,), scale) -> (positions, heads * head_dim); writes the window's k, v first",
+        "window_step (positions,), scale, visible (positions, W) additive or None) -> (positions, heads * head_dim); "
+        "writes the window's k, v first",
         pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("keys"), pybind11::arg("values"),
-        pybind11::arg("window_row"), pybind11::arg("window_step"), pybind11::arg("scale"));
+        pybind11::arg("window_row"), pybind11::arg("window_step"), pybind11::arg("scale"),
+        pybind11::arg("visible") = pybind11::none());
 }

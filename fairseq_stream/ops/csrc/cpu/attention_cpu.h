@@ -17,9 +17,10 @@ torch::Tensor source_attention(const torch::Tensor& q, const torch::Tensor& keys
                                const torch::Tensor& row_sentence, std::optional<torch::Tensor> mask, double scale);
 
 // Jacobi's window, flat: query n at position window_step[n] of cache row window_row[n], causal inside
-// its row's window (rows' windows may differ in width).
+// its row's window (rows' windows may differ in width); with `visible`, a tree-shaped window's mask.
 torch::Tensor window_attention_(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                 torch::Tensor keys, torch::Tensor values, const torch::Tensor& window_row,
-                                const torch::Tensor& window_step, double scale);
+                                const torch::Tensor& window_step, double scale,
+                                const std::optional<torch::Tensor>& visible = std::nullopt);
 
 void register_attention(pybind11::module& m);

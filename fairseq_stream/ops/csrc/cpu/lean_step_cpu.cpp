@@ -105,7 +105,8 @@ Tensor lean_layers(Tensor x, const std::vector<LeanLayer>& layers, const std::ve
 // the result (positions, dim).
 Tensor lean_window_layers(Tensor x, const std::vector<LeanLayer>& layers, const Tensor& cache, const Tensor& window_row,
                           const Tensor& window_step, const std::vector<Tensor>& enc_keys,
-                          const std::vector<Tensor>& enc_values, std::optional<Tensor> mask) {
+                          const std::vector<Tensor>& enc_values, std::optional<Tensor> mask,
+                          const std::optional<Tensor>& visible) {
   const int64_t D = x.size(-1);
   for (size_t l = 0; l < layers.size(); ++l) {
     const LeanLayer& layer = layers[l];
@@ -113,7 +114,7 @@ Tensor lean_window_layers(Tensor x, const std::vector<LeanLayer>& layers, const 
       const Tensor qkv = layer.qkv(h);
       return layer.self_out(window_attention_(qkv.slice(1, 0, D), qkv.slice(1, D, 2 * D), qkv.slice(1, 2 * D, 3 * D),
                                               cache.select(0, 2 * l), cache.select(0, 2 * l + 1), window_row,
-                                              window_step, layer.scaling));
+                                              window_step, layer.scaling, visible));
     });
     x = layer.residual(x, layer.cross_norm, [&](const Tensor& h) {
       return layer.cross_out(
@@ -153,7 +154,8 @@ void register_lean_step(pybind11::module& m) {
         py::arg("enc_keys"), py::arg("enc_values"), py::arg("masks"), py::arg("row_sentences"));
   m.def("lean_window_layers", &lean_window_layers,
         "(x (positions, dim), layers, cache, window_row, window_step (positions,), encoder keys [layers], "
-        "values [layers], mask or None) -> (positions, dim)",
+        "values [layers], mask or None, visible (positions, W) additive or None: a tree-shaped window) -> "
+        "(positions, dim)",
         py::arg("x"), py::arg("layers"), py::arg("cache"), py::arg("window_row"), py::arg("window_step"),
-        py::arg("enc_keys"), py::arg("enc_values"), py::arg("mask"));
+        py::arg("enc_keys"), py::arg("enc_values"), py::arg("mask"), py::arg("visible") = py::none());
 }
