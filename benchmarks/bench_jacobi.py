@@ -68,14 +68,16 @@ def main():
     parser.add_argument("--max-len-b", type=int, default=10)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--candidates", type=int, nargs="*", default=[4],
-                        help="also run hgj b=2 and b=3 ngram with trees of this many candidates (and b=3 always)")
+                        help="also run hgj b=2 and b=3 ngram with trees of this many candidates (and b=3, b=5 always)")
     parser.add_argument("--settings", nargs="+", help="run only these settings (names as printed), and greedy")
     parser.add_argument("--json")
     args = parser.parse_args()
     # Trees of candidates: at the device's call cost, and "always" (every candidate drafted, as a
     # device whose extra positions are free would: the bound on the iteration speedup).
     settings = SETTINGS + [("hgj", b, "ngram", cost, k) for k in args.candidates if k > 1
-                           for b, cost in ((2, None), (3, None), (3, ALWAYS))]
+                           for b, cost in ((2, None), (3, None), (3, ALWAYS), (5, ALWAYS))]
+    if any(k > 1 for k in args.candidates):
+        settings.append(("hgj", 5, "ngram", ALWAYS, 1))  # the same block as one chain
     if args.settings:
         settings = [s for s in settings if setting_name(*s) in args.settings]
         unknown = set(args.settings) - {setting_name(*s) for s in settings}
