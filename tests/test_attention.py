@@ -67,6 +67,31 @@ def test_source_attention_as_the_reference(dtype, masked):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_source_attention_skips_padding_exactly(dtype):
+    """Padding on the left (fairseq's sources) and on the right (joined batches) is skipped, not scored:
+    each row's output is bitwise what the unpadded sentence alone gives, and matches the reference."""
+    g = torch.Generator().manual_seed(5)
+    S, H, T, hd = 4, 4, 13, 16
+    keys = torch.randn(S, H, T, hd, generator=g, dtype=dtype)
+    values = torch.randn(S, H, T, hd, generator=g, dtype=dtype)
+    spans = [(0, T), (5, T), (2, 9), (12, 13)]  # [first, end) of each sentence's real positions
+    mask = torch.full((S, 1, 1, T), -math.inf, dtype=dtype)
+    for n, (a, b) in enumerate(spans):
+        mask[n, ..., a:b] = 0
+    row_sentence = torch.tensor([3, 1, 2, 0, 2])
+    q = projection(row_sentence.numel(), H * hd, dtype, g)[0]
+    ours = A.source_attention(q, keys, values, mask, 0.25, row_sentence)
+    ref = A.source_attention(q, keys, values, mask, 0.25, row_sentence, compiled=False)
+    assert (ours - ref).abs().max() <= TOLERANCE[dtype]
+    for r, n in enumerate(row_sentence.tolist()):
+        a, b = spans[n]
+        alone = A.source_attention(q[r:r + 1], keys[n:n + 1, :, a:b].contiguous(),
+                                   values[n:n + 1, :, a:b].contiguous(), None, 0.25, torch.tensor([0]))
+        assert torch.equal(ours[r:r + 1], alone)
+
+
+@needs_kernel
 def test_rows_do_not_depend_on_their_call_or_threads():
     g = torch.Generator().manual_seed(4)
     H, hd, T = 4, 16, 9

@@ -143,15 +143,30 @@ Tensor source_attention(const Tensor& q, const Tensor& keys, const Tensor& value
     const scalar_t* M = mask ? mask_c.data_ptr<scalar_t>() : nullptr;
     scalar_t* o = out.data_ptr<scalar_t>();
     const scalar_t s = static_cast<scalar_t>(scale);
+    // Each sentence's unmasked span: padding (left, and right where sentences of different batches
+    // were joined) is skipped rather than scored. A masked position's weight is exactly 0 in
+    // attend_one, so the result is bitwise the same; unsorted batches (mini-batching, top-up) pad a
+    // short sentence to their longest, and scored every padded position before.
+    std::vector<int64_t> first(S, 0), span(S, T);
+    if (M) {
+      const scalar_t hidden = -std::numeric_limits<scalar_t>::infinity();
+      for (int64_t n = 0; n < S; ++n) {
+        const scalar_t* m = M + n * T;
+        int64_t a = 0, b = T;
+        while (a < T && m[a] == hidden) ++a;
+        while (b > a && m[b - 1] == hidden) --b;
+        if (a < b) first[n] = a, span[n] = b - a;
+      }
+    }
     at::parallel_for(0, rows * H, grain(T, hd), [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> scores(T), query(hd);
       for (int64_t i = begin; i < end; ++i) {
         const int64_t r = i / H, h = i % H, n = sentence_of[r];
-        const int64_t base = (n * H + h) * T * hd;
+        const int64_t base = (n * H + h) * T * hd + first[n] * hd;
         const scalar_t* qr = qp + r * q.stride(0) + h * hd;
         for (int64_t d = 0; d < hd; ++d) query[d] = qr[d] * s;
-        attend_one(query.data(), K + base, V + base, hd, T, M ? M + n * T : nullptr, hd, scores.data(),
-                   o + r * H * hd + h * hd);
+        attend_one(query.data(), K + base, V + base, hd, span[n], M ? M + n * T + first[n] : nullptr, hd,
+                   scores.data(), o + r * H * hd + h * hd);
       }
     });
   });
