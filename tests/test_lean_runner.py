@@ -197,6 +197,44 @@ def test_joined_lengths_keep_lean_state_consistent(exact, float64_fairseq, monke
     assert any(merged), "no segments at one length were merged in a join across lengths"
 
 
+@pytest.mark.parametrize("compiled_attention", [True, False], ids=["compiled-attention", "torch-attention"])
+@pytest.mark.parametrize("scheduler", ["batch", "fifo"])
+def test_batches_in_input_order_encode_in_groups_exactly(exact, float64_fairseq, monkeypatch, scheduler,
+                                                         compiled_attention):
+    """Batches in input order (mini-batching, top-up) encode their sources in groups of similar length:
+    the same n-best as the fairseq runner, which encodes each batch whole."""
+    from fairseq_stream.runners import lean
+
+    models, task = exact("ensemble")
+    dataset = task.dataset("valid")
+    batches = [dataset.collater([dataset[i] for i in range(j, j + 16)]) for j in range(0, 96, 16)]
+    opts = decoder_options("var-batch")
+    ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts), models, batches, None)
+    groups = []
+    monkeypatch.setattr(lean, "ENCODER_CALL_COST", 4)
+    real = lean.source_groups
+    monkeypatch.setattr(lean, "source_groups", lambda *args: groups.append(real(*args)) or groups[-1])
+    dec = BeamDecoder(models, task.target_dictionary, runner="lean", **opts)
+    dec.runner.compiled_attention = compiled_attention
+    ours = decode(dec, models, batches, None if scheduler == "batch" else dict(pool_size=16, eps=1 / 2, order="fifo"))
+    assert differences(ref, ours) == []
+    assert groups and all(len(g) > 1 for g in groups)
+
+
+def test_source_groups_cut_where_padding_costs_more_than_a_call():
+    from fairseq_stream.runners.lean import source_groups
+
+    assert source_groups([5] * 8, 5) == [list(range(8))]  # nothing to save
+    assert source_groups([3, 4, 3, 5], 5, call_cost=32) == [[0, 1, 2, 3]]  # too little to save
+    groups = source_groups([30, 3, 29, 4, 31, 3, 3, 30], 31, call_cost=8)
+    assert groups == [[1, 5, 6, 3], [2, 0, 7, 4]]  # shortest first, each group sorted
+    lengths = [(7 * i) % 41 + 1 for i in range(64)]
+    groups = source_groups(lengths, 41, call_cost=16)
+    assert sorted(i for g in groups for i in g) == list(range(64))
+    cost = sum(len(g) * max(lengths[i] for i in g) + 16 for g in groups)
+    assert cost < 64 * 41 + 16 and len(groups) > 1
+
+
 @pytest.mark.parametrize("scheduler", ["batch", "fifo"])
 def test_torch_attention_nbest_equals_fairseq_runner_float64(models64, float64_fairseq, scheduler):
     """The attentions' torch references (CUDA's path) in real decoding: an ensemble, fixed-width beams."""

@@ -37,6 +37,7 @@ hypotheses differ on a few sentences of a test set in a thousand
 (benchmarks/bench_step.py measures it).
 """
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import List, Optional
@@ -213,7 +214,36 @@ class LeanModel:
         return self.output(x)
 
     def encode(self, net_input):
-        """fairseq's encoder, then every layer's encoder keys and values, once per sentence."""
+        """fairseq's encoder, then every layer's encoder keys and values, once per sentence.
+
+        On the CPU a batch of sources of very different lengths (batches in
+        input order: mini-batching, top-up, a service) is encoded in groups of
+        similar length (:func:`source_groups`): the encoder's products ran
+        every padded position of the longest source for every sentence. The
+        groups' keys are joined in the batch's order, each sentence's source
+        padded on the right (masked): a sentence's keys and values are its
+        own encoding's whatever the batch.
+        """
+        src_tokens = net_input["src_tokens"]
+        pad = getattr(self.model.encoder, "padding_idx", None)
+        if src_tokens.is_cpu and pad is not None and src_tokens.dim() == 2 and set(net_input) <= {
+                "src_tokens", "src_lengths", "prev_output_tokens"}:
+            groups = source_groups(src_tokens.ne(pad).sum(dim=1).tolist(), src_tokens.size(1), ENCODER_CALL_COST)
+            if len(groups) > 1:
+                parts = []
+                for group in groups:
+                    index = torch.tensor(group, dtype=torch.long)
+                    tokens = src_tokens.index_select(0, index)
+                    used = tokens.ne(pad).any(dim=0).nonzero().view(-1)
+                    tokens = tokens[:, int(used[0]): int(used[-1]) + 1]
+                    sub = {"src_tokens": tokens, "src_lengths": tokens.ne(pad).sum(dim=1)}
+                    parts.append(self._encode(sub))
+                order = torch.empty(src_tokens.size(0), dtype=torch.long)
+                order[torch.tensor([i for g in groups for i in g])] = torch.arange(src_tokens.size(0))
+                return _EncoderKeys.concat(parts).select(order)
+        return self._encode(net_input)
+
+    def _encode(self, net_input):
         out = self.model.encoder.forward_torchscript(net_input)
         enc = out["encoder_out"][0]  # (T, S, C)
         T, S = enc.size(0), enc.size(1)
@@ -229,6 +259,38 @@ class LeanModel:
             mask = torch.zeros(S, 1, 1, T, dtype=enc.dtype, device=enc.device)
             mask.masked_fill_(masks[0].view(S, 1, 1, T), -math.inf)
         return _EncoderKeys(keys, values, mask)
+
+
+# A CPU encoder call's fixed cost in source positions (one sentence's token through every layer):
+# grouping a batch's sources by length pays where it saves more padded positions than this a group.
+# Multi30k transformer, one Xeon thread: a batch of 64 in input order took 72 ms, sorted 40 ms
+# (docs/BENCHMARKS.md, top-up run 4), about 37 us a padded position against ~1 ms a call.
+ENCODER_CALL_COST = 32
+
+
+def source_groups(lengths: List[int], padded: int, call_cost: int = ENCODER_CALL_COST) -> List[List[int]]:
+    """The batch's sentences (indices) in groups of similar length, encoding fewest positions plus calls.
+
+    One group (the whole batch, as it is) where grouping does not pay;
+    otherwise the sentences sorted by length and cut where the positions
+    encoded (each group's size times its longest source) plus ``call_cost``
+    per group are fewest (dynamic programming over the distinct lengths).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    values = sorted(set(lengths))
+    ends = [bisect.bisect_right([lengths[i] for i in order], v) for v in values]  # sentences up to each length
+    # best[j]: the cost of encoding the sentences up to the j-th distinct length; cut[j]: its last group's start.
+    best, cut = [0] * (len(values) + 1), [0] * (len(values) + 1)
+    starts = [0] + ends
+    for j in range(1, len(values) + 1):
+        best[j], cut[j] = min((best[i] + (ends[j - 1] - starts[i]) * values[j - 1] + call_cost, i) for i in range(j))
+    if best[-1] >= len(lengths) * padded + call_cost:
+        return [list(range(len(lengths)))]
+    groups, j = [], len(values)
+    while j > 0:
+        groups.append(order[starts[cut[j]]: ends[j - 1]])
+        j = cut[j]
+    return groups[::-1]
 
 
 def _resized(cache: Tensor, rows: int, positions: int, length: int, slot: Optional[Tensor] = None) -> Tensor:
