@@ -22,7 +22,9 @@ Variants (how wide a row's window is; ``b`` = ``--jacobi-block``):
   of b, Algorithm 2); a block's last position is a plain greedy step;
 * ``hgj``: b positions from the verified prefix on, up to ``--jacobi-horizon``
   tokens (default: the whole sentence), greedy steps after it (Algorithm 3:
-  parallel blocks, then autoregressive).
+  parallel blocks, then autoregressive). Without ``--jacobi-block``, b is
+  ``AUTO_BLOCK``: 3 while a call decodes one sentence, 2 when several share it
+  (the fastest of each measured on the CPU).
 
 With ``pad`` drafts (and for ``pj``) every row runs its variant's whole window,
 as in the paper. With ``ngram`` drafts ``pgj`` and ``hgj`` run at most that
@@ -66,6 +68,11 @@ CALL_COST = {"cpu": 15.0, "cuda": 200.0}
 # The draft threshold from which a whole batch runs greedy's step (JacobiDecoder._greedy_pays):
 # rows >= call_cost / 2.
 GREEDY_THRESHOLD = 1.0 / 3.0
+# hgj's block without --jacobi-block, for a call of one sentence and of several (pgj's: 2). Multi30k
+# transformer, one Xeon thread (docs/BENCHMARKS.md, Jacobi run 6): b=3 was the fastest at batch 1
+# (1.18-1.19x greedy against b=2's 1.11-1.17x, one and two threads), b=2 at batch 4 (1.06x against
+# 1.02x): one sentence's 3 positions stay on MKL's skinny product path, several sentences' do not.
+AUTO_BLOCK = {"alone": 3, "shared": 2}
 
 
 def check_options(variant: str, block, draft: str, horizon, call_cost=None, candidates=1):
@@ -74,7 +81,7 @@ def check_options(variant: str, block, draft: str, horizon, call_cost=None, cand
         raise FairseqStreamError("--jacobi-variant must be one of {}, got {}".format(", ".join(VARIANTS), variant))
     if draft not in DRAFTS:
         raise FairseqStreamError("--jacobi-draft must be one of {}, got {}".format(", ".join(DRAFTS), draft))
-    if block is None or int(block) < 1:
+    if block is not None and int(block) < 1:
         raise FairseqStreamError("--jacobi-block must be at least 1, got {}".format(block))
     if horizon is not None and int(horizon) < 0:
         raise FairseqStreamError("--jacobi-horizon must be at least 0, got {}".format(horizon))
@@ -175,7 +182,8 @@ class JacobiDecoder:
             decoder reproduces (beam 1, on the lean runner): its length rules,
             output layer and score arithmetic are used as they are.
         variant: ``pj``, ``pgj`` or ``hgj``.
-        block: b, the window of ``pgj`` and ``hgj`` (>= 1; 1 is greedy).
+        block: b, the window of ``pgj`` and ``hgj`` (>= 1; 1 is greedy); None:
+            ``hgj`` takes ``AUTO_BLOCK`` by how many sentences share a call, ``pgj`` 2.
         draft: ``pad`` (the paper: PAD, then each iteration's guesses) or
             ``ngram`` (first an n-gram pool of the run's outputs).
         horizon: ``hgj`` decodes by windows up to this many tokens, by
@@ -188,7 +196,7 @@ class JacobiDecoder:
             chain). Sentences traced for DDGviz draft one chain.
     """
 
-    def __init__(self, greedy, variant: str = "hgj", block: int = 2, draft: str = "ngram",
+    def __init__(self, greedy, variant: str = "hgj", block: Optional[int] = None, draft: str = "ngram",
                  horizon: Optional[int] = None, trace_ids=(), call_cost: Optional[float] = None,
                  candidates: int = 1):
         check_options(variant, block, draft, horizon, call_cost, candidates)
@@ -200,7 +208,9 @@ class JacobiDecoder:
             raise FairseqStreamError("--search jacobi does not support --no-repeat-ngram-size "
                                      "(use --search greedy)")
         self.greedy = greedy
-        self.variant, self.block = variant, int(block)
+        self.variant = variant
+        self.auto_block = block is None and variant == "hgj"
+        self.block = int(block) if block is not None else (max(AUTO_BLOCK.values()) if self.auto_block else 2)
         self.horizon = None if horizon is None else int(horizon)
         self.call_cost = None if call_cost is None else float(call_cost)
         self.candidates = int(candidates)
@@ -230,8 +240,8 @@ class JacobiDecoder:
 
     # -- windows -----------------------------------------------------------
 
-    def width(self, verified: int, max_len: int) -> int:
-        """The window a row with ``verified`` tokens after BOS runs (1 = a greedy step)."""
+    def width(self, verified: int, max_len: int, rows: int = 1) -> int:
+        """The window a row with ``verified`` tokens after BOS runs (1 = a greedy step) in a call of ``rows``."""
         remaining = max_len - verified + 1  # steps verified .. max_len (EOS forced at max_len)
         if self.variant == "pj":
             return remaining
@@ -239,7 +249,8 @@ class JacobiDecoder:
             return min(self.block - verified % self.block, remaining)
         if self.horizon is not None and verified >= self.horizon:
             return 1
-        return min(self.block, remaining)
+        block = AUTO_BLOCK["alone" if rows == 1 else "shared"] if self.auto_block else self.block
+        return min(block, remaining)
 
     # -- fairseq's generator interface ---------------------------------------
 
@@ -317,7 +328,7 @@ class JacobiDecoder:
         self._learn()
         threshold = self._threshold(len(rows), device)
         for row in rows:
-            self._draft(row, [], threshold)
+            self._draft(row, [], threshold, len(rows))
         state = None
         if rows:
             state = self.windows.start(net_input)
@@ -418,7 +429,7 @@ class JacobiDecoder:
         survivors = [rows[i] for i in keep]
         threshold = self._threshold(len(survivors), device)
         for r, guess in zip(survivors, guesses):
-            self._draft(r, guess, threshold)
+            self._draft(r, guess, threshold, len(survivors))
         if done and survivors:
             state = self.windows.keep(state, keep)
         return survivors, state, done
@@ -441,19 +452,20 @@ class JacobiDecoder:
                                   for j in d], device=device)
         return ban, force
 
-    def _draft(self, row: _Row, guesses: List[int], threshold: Optional[float]):
+    def _draft(self, row: _Row, guesses: List[int], threshold: Optional[float], rows: int):
         """Set the row's next draft: a fixed window (``threshold`` None), or the tokens that pay for their positions."""
         context = row.tokens[-NgramPool.ORDERS[0]:]
         if threshold is None:
-            row.draft = next_draft(guesses, self.pool, context, self._draft_room(row), self.pad)
+            row.draft = next_draft(guesses, self.pool, context, self._draft_room(row, rows), self.pad)
         else:
             count = self.candidates if row.trace is None else 1
-            row.draft, row.parents, row.estimates = likely_tree(guesses, self.pool, context, self._draft_room(row),
-                                                                threshold, self.rates, count)
+            room = self._draft_room(row, rows)
+            row.draft, row.parents, row.estimates = likely_tree(guesses, self.pool, context, room, threshold,
+                                                                self.rates, count)
 
-    def _draft_room(self, row: _Row) -> int:
-        """How many draft tokens the row's next window can take."""
-        return max(0, self.width(len(row.tokens) - 1, row.max_len) - 1)
+    def _draft_room(self, row: _Row, rows: int) -> int:
+        """How many draft tokens the row's next window can take, in a call of ``rows``."""
+        return max(0, self.width(len(row.tokens) - 1, row.max_len, rows) - 1)
 
     def _hypothesis(self, row: _Row, device) -> Dict[str, Tensor]:
         """fairseq's hypothesis dict for a finished row, scored as greedy scores it."""

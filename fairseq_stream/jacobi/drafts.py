@@ -118,11 +118,7 @@ class NgramPool:
                     return known
                 seen = self.table.get(key)
                 if seen:
-                    best = max(seen.values())
-                    follow = next(f for f in reversed(seen) if seen[f] == best)
-                    total = sum(seen.values()) + 1
-                    chances = [sum(n for f, n in seen.items() if f[:i] == follow[:i]) / total
-                               for i in range(1, len(follow) + 1)]
+                    follow, chances = _likeliest(seen)
                     self.drafts[key] = follow, chances
                     return follow, chances
         return (), []
@@ -164,6 +160,27 @@ class NgramPool:
                         placed.add(node)
                         out.append((node, prefixes[node] / total))
         return out
+
+
+def _likeliest(seen: Dict[Tuple[int, ...], int]) -> Tuple[Tuple[int, ...], List[float]]:
+    """The continuation whose tokens are likeliest position by position, and each prefix's share.
+
+    Continuations are compared by how often their first token was seen
+    first, then their first two tokens, and so on (counting every
+    continuation that begins with them), the newest among equals: each
+    position drafts its likeliest token. The single most frequent
+    continuation may begin with a less likely one: (a, b) and (a, c) twice
+    each against (d, e) three times. Shares count one unseen continuation,
+    as :meth:`NgramPool.draft` says.
+    """
+    total = sum(seen.values()) + 1
+    prefixes: Dict[Tuple[int, ...], int] = {}
+    for follow, n in seen.items():
+        for i in range(1, len(follow) + 1):
+            prefixes[follow[:i]] = prefixes.get(follow[:i], 0) + n
+    # seen keeps insertion order with a grown count re-inserted: a later index is newer.
+    _, _, follow = max((tuple(prefixes[f[:i]] for i in range(1, len(f) + 1)), age, f) for age, f in enumerate(seen))
+    return follow, [prefixes[follow[:i]] / total for i in range(1, len(follow) + 1)]
 
 
 def next_draft(guesses: List[int], pool, context: Sequence[int], width: int, pad: int) -> List[int]:

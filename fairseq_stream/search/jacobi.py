@@ -24,9 +24,11 @@ class JacobiSearchConfig(DecodeStatsConfig):
                   "--jacobi-block positions; hgj: a window of --jacobi-block positions after the "
                   "verified prefix, greedy steps after --jacobi-horizon tokens"},
     )
-    jacobi_block: int = field(
-        # 2, not the paper's 3: the fastest on the CPU measured (docs/BENCHMARKS.md).
-        default=2, metadata={"help": "b: the window of pgj and hgj, in positions (1 is greedy)"}
+    jacobi_block: Optional[int] = field(
+        default=None,
+        metadata={"help": "b: the window of pgj and hgj, in positions (1 is greedy); default: hgj 3 while a "
+                  "call decodes one sentence and 2 when several share it (the fastest of each measured on "
+                  "the CPU, docs/BENCHMARKS.md), pgj 2"},
     )
     jacobi_draft: ChoiceEnum(list(DRAFTS)) = field(
         default="ngram",
