@@ -30,8 +30,8 @@ class NgramPool:
     """Continuations of one- to three-token contexts seen in the run's verified outputs.
 
     A context keeps the continuations it was seen with and their counts;
-    the most frequent one is drafted (the newest among equals), from the
-    longest context that is known.
+    the one likeliest token by token is drafted (:func:`_likeliest`), from
+    the longest context that is known.
 
     Args:
         span: tokens kept after each context (a window's draft length).
@@ -100,7 +100,7 @@ class NgramPool:
         del top[self.top_size:]
 
     def lookup(self, context: Sequence[int]) -> Tuple[int, ...]:
-        """The most frequent continuation of the longest known suffix of ``context``, or ()."""
+        """:meth:`draft`'s continuation of the longest known suffix of ``context``, or ()."""
         return self.draft(context)[0]
 
     def draft(self, context: Sequence[int]) -> Tuple[Tuple[int, ...], List[float]]:
@@ -123,7 +123,6 @@ class NgramPool:
                     return follow, chances
         return (), []
 
-
     def candidates(self, context: Sequence[int], count: int) -> List[Tuple[Tuple[int, ...], float]]:
         """Up to ``count`` continuations of ``context`` as trie nodes: (tokens after the context, estimated chance).
 
@@ -133,7 +132,9 @@ class NgramPool:
         more tokens, docs/BENCHMARKS.md). A node's chance is the share of its
         context's seen continuations that begin with it (one unseen counted,
         as :meth:`draft`), from the longest context that has it. Nodes come
-        in depth-first order of their continuations: :meth:`draft`'s first.
+        in depth-first order of their continuations, which are ranked by
+        their whole count: the first need not be :meth:`draft`'s chain (the
+        likeliest token by token), which :func:`likely_tree` places first.
         ``count`` is at most the pool's ``candidates``.
         """
         count = min(count, self.top_size)

@@ -277,8 +277,9 @@ def source_groups(lengths: List[int], padded: int, call_cost: int = ENCODER_CALL
     per group are fewest (dynamic programming over the distinct lengths).
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    ordered = [lengths[i] for i in order]
     values = sorted(set(lengths))
-    ends = [bisect.bisect_right([lengths[i] for i in order], v) for v in values]  # sentences up to each length
+    ends = [bisect.bisect_right(ordered, v) for v in values]  # sentences up to each length
     # best[j]: the cost of encoding the sentences up to the j-th distinct length; cut[j]: its last group's start.
     best, cut = [0] * (len(values) + 1), [0] * (len(values) + 1)
     starts = [0] + ends

@@ -90,7 +90,7 @@ class WindowLayout:
             steps += range(length, length + len(window))
         needed = max(l + len(w) for w, l in zip(windows, lengths))
         trees = parents is not None and any(p is not None for p in parents)
-        flat = torch.tensor([tokens, rows, steps, _embed_steps(windows, lengths, parents) if trees else steps],
+        flat = torch.tensor([tokens, rows, steps] + ([_embed_steps(windows, lengths, parents)] if trees else []),
                             dtype=torch.long)
         if flat.device != device:
             flat = flat.to(device)
