@@ -160,8 +160,7 @@ class Cohort:
         if len(cohorts) == 1:
             return cohorts[0]
         assert len({c.step for c in cohorts}) == 1, "only cohorts at the same step join"
-        state = runner.concat([c.state for c in cohorts], any_length=True) if any_length else \
-            runner.concat([c.state for c in cohorts])
+        state = runner.concat([c.state for c in cohorts], any_length=any_length)
         width = max(c.tokens.size(1) for c in cohorts)
         run_rows, total = [], 0
         for c in cohorts:

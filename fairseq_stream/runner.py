@@ -244,8 +244,14 @@ class ModelRunner:
             )
         return encoder_outs, incremental_states
 
-    def concat(self, states: List[RowState]) -> RowState:
-        """One state holding the rows of ``states`` in order; all must be at the same length."""
+    def concat(self, states: List[RowState], any_length: bool = False) -> RowState:
+        """One state holding the rows of ``states`` in order; all must be at the same length.
+
+        ``any_length`` (states at different lengths, :meth:`Cohort.merge`) is
+        refused: fairseq's incremental state has one length (``joins_lengths``).
+        """
+        if any_length:
+            raise ValueError("internal: the fairseq runner joins states of one length only")
         if len(states) == 1:
             return states[0]
         for i in range(len(self.model.models)):
