@@ -83,6 +83,7 @@ LEAN_VARIANTS = {
     "lean-torch-gemm": dict(prepack=False),  # F.linear instead of the MKL-prepacked products
     "lean-torch-attention": dict(compiled_attention=False),  # the attentions as torch ops
     "lean-python-step": dict(compiled_step=False),  # the layers' ops called from Python
+    "lean-fairseq-encoder": dict(packed_encoder=False),  # fairseq's encoder instead of the packed one
 }
 from fairseq_stream.search.pruning import Pruning  # noqa: E402
 

@@ -201,8 +201,9 @@ def test_joined_lengths_keep_lean_state_consistent(exact, float64_fairseq, monke
 @pytest.mark.parametrize("scheduler", ["batch", "fifo"])
 def test_batches_in_input_order_encode_in_groups_exactly(exact, float64_fairseq, monkeypatch, scheduler,
                                                          compiled_attention):
-    """Batches in input order (mini-batching, top-up) encode their sources in groups of similar length:
-    the same n-best as the fairseq runner, which encodes each batch whole."""
+    """With fairseq's encoder (the lean encoder off: GPUs, encoders it does not know), batches in input
+    order (mini-batching, top-up) encode their sources in groups of similar length: the same n-best as
+    the fairseq runner, which encodes each batch whole."""
     from fairseq_stream.runners import lean
 
     models, task = exact("ensemble")
@@ -216,6 +217,7 @@ def test_batches_in_input_order_encode_in_groups_exactly(exact, float64_fairseq,
     monkeypatch.setattr(lean, "source_groups", lambda *args: groups.append(real(*args)) or groups[-1])
     dec = BeamDecoder(models, task.target_dictionary, runner="lean", **opts)
     dec.runner.compiled_attention = compiled_attention
+    dec.runner.packed_encoder = False
     ours = decode(dec, models, batches, None if scheduler == "batch" else dict(pool_size=16, eps=1 / 2, order="fifo"))
     assert differences(ref, ours) == []
     assert groups and all(len(g) > 1 for g in groups)

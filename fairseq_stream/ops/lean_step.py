@@ -35,7 +35,7 @@ def available() -> bool:
     return _extension() is not None
 
 
-def _activation(fn) -> Optional[int]:
+def activation_code(fn) -> Optional[int]:
     """The kernel's code for a fairseq activation function: 0 relu, 1 fairseq's gelu (in float32); None: other."""
     from fairseq.modules.gelu import gelu
 
@@ -61,7 +61,7 @@ def compile_layers(layers) -> Optional[List]:
         return None
     compiled = []
     for layer in layers:
-        activation = _activation(layer.activation)
+        activation = activation_code(layer.activation)
         norms = (layer.self_norm, layer.cross_norm, layer.final_norm)
         if activation is None or any(n is None or n[1] is None or n[2] is None for n in norms):
             return None
@@ -72,6 +72,38 @@ def compile_layers(layers) -> Optional[List]:
         compiled.append(module.LeanLayer(layer.pre_norm, products, [(n[1], n[2], n[3]) for n in norms],
                                          layer.scaling, layer.cross_scaling, activation))
     return compiled
+
+
+def compile_encoder_layers(layers) -> Optional[List]:
+    """The compiled description of encoder layers, or None where one cannot be described.
+
+    ``layers``: dicts of ``pre_norm``, ``products`` (qkv, out, fc1, fc2:
+    :mod:`prepacked_linear` callables), ``norms`` (self-attention's, the
+    feed-forward block's: ``(shape, weight, bias, eps)``), ``scaling``,
+    ``activation`` (the fairseq function) and ``heads``
+    (:class:`fairseq_stream.runners.lean_encoder.LeanEncoder`).
+    """
+    module = _extension()
+    if module is None or not hasattr(module, "lean_encoder_layers"):
+        return None
+    compiled = []
+    for layer in layers:
+        activation = activation_code(layer["activation"])
+        norms = layer["norms"]
+        if activation is None or any(n is None or n[1] is None or n[2] is None for n in norms):
+            return None
+        products = [_product(module, p) for p in layer["products"]]
+        if any(p is None for p in products):
+            return None
+        compiled.append(module.LeanEncoderLayer(layer["pre_norm"], products, [(n[1], n[2], n[3]) for n in norms],
+                                                layer["scaling"], activation, layer["heads"]))
+    return compiled
+
+
+def lean_encoder_layers(x, compiled, starts, dense_from):
+    """Every encoder layer over sources packed without padding: ``x`` (tokens, dim), sentence s rows
+    ``starts[s]:starts[s + 1]``; sentences of ``dense_from`` tokens or more attend through batched products."""
+    return _extension().lean_encoder_layers(x, compiled, starts, dense_from)
 
 
 def lean_layers(x, compiled, caches, slots, lengths, starts, enc_keys, enc_values, masks, row_sentences):

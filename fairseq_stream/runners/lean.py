@@ -47,6 +47,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_stream.ops import attention, lean_step, prepacked_linear
+from fairseq_stream.runners import lean_encoder
+from fairseq_stream.runners.lean_encoder import LeanEncoder
 from fairseq_stream.runners.own_step import OwnStepRunner
 from fairseq_stream.runners.packing import pack_by_sentence
 
@@ -174,17 +176,20 @@ class LeanModel:
         first = decoder.layers[0].self_attn
         self.heads, self.head_dim, self.dim = first.num_heads, first.head_dim, first.embed_dim
         self.positions = self._position_table(decoder)
+        self.encoder = None  # None: fairseq's encoder
+        if lean_encoder.unsupported_reason(model.encoder) is None:
+            self.encoder = LeanEncoder(model.encoder, prepack, self._position_table(model.encoder))
 
     @staticmethod
-    def _position_table(decoder):
-        """Every position's embedding, indexed as fairseq does (``padding_idx + prefix length``)."""
+    def _position_table(coder):
+        """Every position's embedding of a decoder or encoder, indexed as fairseq does (``padding_idx + prefix length``)."""
         from fairseq.modules import SinusoidalPositionalEmbedding
 
-        module = decoder.embed_positions
+        module = coder.embed_positions
         if module is None:
             return None
         if isinstance(module, SinusoidalPositionalEmbedding):
-            size = module.padding_idx + 2 + decoder.max_positions()
+            size = module.padding_idx + 2 + coder.max_positions()
             return SinusoidalPositionalEmbedding.get_embedding(
                 size, module.embedding_dim, module.padding_idx).to(module.weights)
         return module.weight
@@ -213,21 +218,28 @@ class LeanModel:
             x = self.project_out(x)
         return self.output(x)
 
-    def encode(self, net_input):
-        """fairseq's encoder, then every layer's encoder keys and values, once per sentence.
+    def encode(self, net_input, packed: bool = True):
+        """The encoder, then every layer's encoder keys and values, once per sentence.
 
-        On the CPU a batch of sources of very different lengths (batches in
-        input order: mini-batching, top-up, a service) is encoded in groups of
-        similar length (:func:`source_groups`): the encoder's products ran
-        every padded position of the longest source for every sentence. The
-        groups' keys are joined in the batch's order, each sentence's source
-        padded on the right (masked): a sentence's keys and values are its
-        own encoding's whatever the batch.
+        With ``packed``, where :class:`LeanEncoder` applies (the CPU, a plain
+        fairseq transformer encoder), the batch's tokens are encoded without
+        padding in one compiled call (:mod:`fairseq_stream.runners.lean_encoder`).
+
+        Otherwise fairseq's encoder runs. On the CPU a batch of sources of
+        very different lengths (batches in input order: mini-batching,
+        top-up, a service) is then encoded in groups of similar length
+        (:func:`source_groups`): the encoder's products ran every padded
+        position of the longest source for every sentence. The groups' keys
+        are joined in the batch's order, each sentence's source padded on
+        the right (masked): a sentence's keys and values are its own
+        encoding's whatever the batch.
         """
         src_tokens = net_input["src_tokens"]
+        plain = set(net_input) <= {"src_tokens", "src_lengths", "prev_output_tokens"}
+        if packed and plain and self.encoder is not None and self.encoder.applies(src_tokens):
+            return self._encode_packed(src_tokens)
         pad = getattr(self.model.encoder, "padding_idx", None)
-        if src_tokens.is_cpu and pad is not None and src_tokens.dim() == 2 and set(net_input) <= {
-                "src_tokens", "src_lengths", "prev_output_tokens"}:
+        if src_tokens.is_cpu and pad is not None and src_tokens.dim() == 2 and plain:
             groups = source_groups(src_tokens.ne(pad).sum(dim=1).tolist(), src_tokens.size(1), ENCODER_CALL_COST)
             if len(groups) > 1:
                 parts = []
@@ -258,6 +270,32 @@ class LeanModel:
         if masks and masks[0] is not None and masks[0].numel() and bool(masks[0].any()):
             mask = torch.zeros(S, 1, 1, T, dtype=enc.dtype, device=enc.device)
             mask.masked_fill_(masks[0].view(S, 1, 1, T), -math.inf)
+        return _EncoderKeys(keys, values, mask)
+
+
+    def _encode_packed(self, src_tokens: Tensor) -> "_EncoderKeys":
+        """Every decoder layer's encoder keys and values from :class:`LeanEncoder`'s packed states.
+
+        Each sentence's source starts at position 0 and is padded on the
+        right (masked, keys and values 0) to the batch's longest.
+        """
+        states, lengths = self.encoder.encode(src_tokens)
+        S, T = lengths.numel(), int(lengths.max())
+        ragged = bool(lengths.ne(T).any())
+        if ragged:
+            keep = torch.arange(T, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)  # (S, T)
+            where = keep.view(-1).nonzero().view(-1)
+        keys, values = [], []
+        for layer in self.layers:
+            kv = layer.cross_kv(states)  # (tokens, 2 * dim)
+            if ragged:
+                kv = kv.new_zeros(S * T, kv.size(1)).index_copy_(0, where, kv)
+            kv = kv.view(S, T, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (2, S, H, T, hd)
+            keys.append(kv[0].contiguous())
+            values.append(kv[1].contiguous())
+        mask = None
+        if ragged:
+            mask = states.new_zeros(S, 1, 1, T).masked_fill_(~keep.view(S, 1, 1, T), -math.inf)
         return _EncoderKeys(keys, values, mask)
 
 
@@ -416,6 +454,10 @@ class LeanRunner(OwnStepRunner):
         compiled_step: with the compiled attention, all layers of a step in
             one compiled call (:mod:`fairseq_stream.ops.lean_step`; the same
             results); False keeps the Python step.
+        packed_encoder: on the CPU, the encoder's layers over the batch's
+            tokens without padding in one compiled call
+            (:mod:`fairseq_stream.runners.lean_encoder`); False keeps
+            fairseq's encoder.
     """
 
     name = "lean"
@@ -423,11 +465,12 @@ class LeanRunner(OwnStepRunner):
     joins_lengths = True
 
     def __init__(self, models, temperature: float = 1.0, prepack: bool = True, compiled_attention: bool = True,
-                 compiled_step: bool = True):
+                 compiled_step: bool = True, packed_encoder: bool = True):
         super().__init__(models, temperature)
         self.prepack = prepack
         self.compiled_attention = compiled_attention
         self.compiled_step = compiled_step
+        self.packed_encoder = packed_encoder
         self._build()
 
     def _build(self):
@@ -438,7 +481,7 @@ class LeanRunner(OwnStepRunner):
     @torch.no_grad()
     def start(self, net_input, rows_per_sentence: int, sentence_ids: Optional[Tensor] = None) -> LeanState:
         """Encode ``net_input``; ``rows_per_sentence`` decoder rows per sentence, nothing decoded yet."""
-        encoder = [m.encode(net_input) for m in self.lean]
+        encoder = [m.encode(net_input, self.packed_encoder) for m in self.lean]
         S = net_input["src_tokens"].size(0)
         device = net_input["src_tokens"].device
         row_sentence = torch.arange(S, device=device).repeat_interleave(rows_per_sentence)

@@ -163,7 +163,7 @@ class WindowRunner:
     @torch.no_grad()
     def start(self, net_input) -> WindowState:
         """Encode ``net_input``; one row per sentence, nothing decoded yet."""
-        encoder = [m.encode(net_input) for m in self.lean]
+        encoder = [m.encode(net_input, self.runner.packed_encoder) for m in self.lean]
         rows = net_input["src_tokens"].size(0)
         device = net_input["src_tokens"].device
         caches = [self._new_cache(m, rows, 32, device) for m in self.lean]

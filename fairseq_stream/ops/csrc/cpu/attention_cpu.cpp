@@ -237,6 +237,57 @@ Tensor window_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
   return out;
 }
 
+// An encoder's self-attention over sources packed without padding: qkv (tokens, 3 * heads * head_dim)
+// holds each token's query, key and value side by side; sentence s is tokens starts[s] .. starts[s + 1],
+// and each of its tokens attends over them all. A sentence of fewer than `dense_from` tokens runs
+// attend_one per (token, head), reading keys and values in place; a longer one runs as batched
+// products and a softmax, whose cost grows with its length squared where the loops' would.
+Tensor sentence_attention(const Tensor& qkv, const std::vector<int64_t>& starts, int64_t heads, double scale,
+                          int64_t dense_from) {
+  TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) % (3 * heads) == 0,
+              "sentence_attention: qkv (tokens, 3 * heads * head_dim) CPU rows, contiguous within a row");
+  const int64_t N = qkv.size(0), D = qkv.size(1) / 3, H = heads, hd = D / heads;
+  TORCH_CHECK(!starts.empty() && starts.front() == 0 && starts.back() == N,
+              "sentence_attention: starts from 0 to the token count");
+  std::vector<int64_t> first(N), last(N);  // each token's sentence, for the loops; -1: a dense sentence
+  int64_t longest = 0;
+  for (size_t s = 0; s + 1 < starts.size(); ++s) {
+    const int64_t a = starts[s], b = starts[s + 1];
+    TORCH_CHECK(a <= b, "sentence_attention: starts in order");
+    const bool dense = b - a >= dense_from;
+    for (int64_t n = a; n < b; ++n) first[n] = dense ? -1 : a, last[n] = b;
+    if (!dense) longest = std::max(longest, b - a);
+  }
+  Tensor out = at::empty({N, D}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "sentence_attention", [&] {
+    const scalar_t* base = qkv.data_ptr<scalar_t>();
+    const int64_t row = qkv.stride(0);
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const scalar_t s = static_cast<scalar_t>(scale);
+    at::parallel_for(0, N * H, grain(std::max<int64_t>(1, longest), hd), [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> scores(longest), query(hd);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t n = i / H, h = i % H;
+        if (first[n] < 0) continue;
+        const scalar_t* qr = base + n * row + h * hd;
+        for (int64_t d = 0; d < hd; ++d) query[d] = qr[d] * s;
+        const scalar_t* keys = base + first[n] * row + D + h * hd;
+        attend_one(query.data(), keys, keys + D, row, last[n] - first[n], static_cast<const scalar_t*>(nullptr), hd,
+                   scores.data(), o + n * D + h * hd);
+      }
+    });
+  });
+  for (size_t s = 0; s + 1 < starts.size(); ++s) {
+    const int64_t a = starts[s], b = starts[s + 1];
+    if (b - a < dense_from || a == b) continue;
+    auto part = [&](int64_t i) { return qkv.slice(0, a, b).slice(1, i * D, (i + 1) * D).view({b - a, H, hd}).transpose(0, 1); };
+    const Tensor scores = at::matmul(part(0) * scale, part(1).transpose(1, 2));  // (H, T, T)
+    const Tensor mixed = at::matmul(at::softmax(scores, -1), part(2));        // (H, T, hd)
+    out.slice(0, a, b).copy_(mixed.transpose(0, 1).reshape({b - a, D}));
+  }
+  return out;
+}
+
 void register_attention(pybind11::module& m) {
   m.def("cached_attention_", &cached_attention_,
         "(q, k, v (rows, heads * head_dim), keys, values (slots, heads, capacity, head_dim), slot (rows,) or None, "
@@ -248,6 +299,11 @@ void register_attention(pybind11::module& m) {
         "mask (sentences, 1, 1, source) additive or None, scale) -> (rows, heads * head_dim)",
         pybind11::arg("q"), pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("row_sentence"),
         pybind11::arg("mask"), pybind11::arg("scale"));
+  m.def("sentence_attention", &sentence_attention,
+        "(qkv (tokens, 3 * heads * head_dim), starts (sentences + 1), heads, scale, dense_from) -> "
+        "(tokens, heads * head_dim): each token over its own sentence's tokens",
+        pybind11::arg("qkv"), pybind11::arg("starts"), pybind11::arg("heads"), pybind11::arg("scale"),
+        pybind11::arg("dense_from"));
   m.def("window_attention_", &window_attention_,
         "(q, k, v (positions, heads * head_dim), keys, values (rows, heads, capacity, head_dim), window_row, "
         "window_step (positions,), scale, visible (positions, W) additive or None) -> (positions, heads * head_dim); "

@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <optional>
+#include <vector>
 
 // Writes each row's k, v (rows, heads * head_dim) at position `length` of its slot of keys/values
 // (slots, heads, capacity, head_dim), then attends over positions 0..length: (rows, heads * head_dim).
@@ -22,5 +23,10 @@ torch::Tensor window_attention_(const torch::Tensor& q, const torch::Tensor& k, 
                                 torch::Tensor keys, torch::Tensor values, const torch::Tensor& window_row,
                                 const torch::Tensor& window_step, double scale,
                                 const std::optional<torch::Tensor>& visible = std::nullopt);
+
+// An encoder's self-attention over sources packed without padding: qkv (tokens, 3 * heads * head_dim),
+// sentence s is tokens starts[s] .. starts[s + 1]; sentences of dense_from tokens or more use batched products.
+torch::Tensor sentence_attention(const torch::Tensor& qkv, const std::vector<int64_t>& starts, int64_t heads,
+                                 double scale, int64_t dense_from);
 
 void register_attention(pybind11::module& m);
