@@ -178,7 +178,7 @@ class LeanModel:
         self.positions = self._position_table(decoder)
         self.encoder = None  # None: fairseq's encoder
         if lean_encoder.unsupported_reason(model.encoder) is None:
-            self.encoder = LeanEncoder(model.encoder, prepack, self._position_table(model.encoder))
+            self.encoder = LeanEncoder(model.encoder, self._position_table(model.encoder))
 
     @staticmethod
     def _position_table(coder):

@@ -11,10 +11,10 @@ order runs every padded position of its longest source.
 :class:`LeanEncoder` runs the same arithmetic on the batch's tokens only,
 sentences side by side ("packed"): the embedding and positions as fairseq's
 ``forward_embedding`` makes them, then every layer in one call of
-``lean_encoder_layers`` (``csrc/cpu/lean_step_cpu.cpp``): the products (the
-runner's prepacked ones), each token's attention over its own sentence
-(``sentence_attention``: no padding, so no mask), the residual sums, norms
-and feed-forward blocks. A token's result does not depend on the batch.
+``lean_encoder_layers`` (``csrc/cpu/lean_step_cpu.cpp``): the products,
+each token's attention over its own sentence (``sentence_attention``: no
+padding, so no mask), the residual sums, norms and feed-forward blocks. A
+token's result does not depend on the batch.
 
 Exactness: fairseq's arithmetic in another order (fused projections, the
 attention loops); in float64 the lean runner's n-best equal the fairseq
@@ -78,15 +78,19 @@ def _layers(encoder) -> List:
 class LeanEncoder:
     """One fairseq transformer encoder's weights, arranged for :func:`lean_step.lean_encoder_layers`.
 
+    The products read fairseq's weights (``at::linear``), not copies packed
+    for MKL as the decoder's: packing gained 0.2 ms a sentence at batch 1 and
+    nothing at batch 64 (Multi30k transformer, one Xeon thread), and would
+    hold a second copy of every encoder weight (about 0.5 GB for each model
+    of a WMT'19 ensemble). Only the joined query/key/value weight is a copy.
+
     Args:
         encoder: a ``TransformerEncoder`` that :func:`unsupported_reason` accepts.
-        prepack: float32 products with weights packed once for MKL
-            (:mod:`fairseq_stream.ops.prepacked_linear`), as the decoder's.
         position_table: every position's embedding, as ``LeanModel``'s
             ``_position_table`` makes it for this encoder (None: no positions).
     """
 
-    def __init__(self, encoder, prepack: bool, position_table: Optional[Tensor]):
+    def __init__(self, encoder, position_table: Optional[Tensor]):
         from fairseq_stream.runners.lean import _joined, _norm
 
         self.padding_idx = encoder.padding_idx
@@ -100,9 +104,9 @@ class LeanEncoder:
             attention = layer.self_attn
             layers.append(dict(
                 pre_norm=layer.normalize_before,
-                products=[_joined([attention.q_proj, attention.k_proj, attention.v_proj], prepack),
-                          _joined([attention.out_proj], prepack), _joined([layer.fc1], prepack),
-                          _joined([layer.fc2], prepack)],
+                products=[_joined([attention.q_proj, attention.k_proj, attention.v_proj], False),
+                          _joined([attention.out_proj], False), _joined([layer.fc1], False),
+                          _joined([layer.fc2], False)],
                 norms=[_norm(layer.self_attn_layer_norm), _norm(layer.final_layer_norm)],
                 scaling=attention.scaling, activation=layer.activation_fn, heads=attention.num_heads))
         self.compiled = lean_step.compile_encoder_layers(layers)  # None: fairseq's encoder only
