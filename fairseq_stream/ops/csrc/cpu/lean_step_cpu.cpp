@@ -154,6 +154,9 @@ Tensor lean_encoder_layers(Tensor x, const std::vector<LeanEncoderLayer>& layers
 
 }  // namespace
 
+// The three calls run without the GIL (they touch no Python object): the encoder thread
+// (schedule/read_ahead.py) encodes while the decoder's layers run, and the other way round. Holding
+// it, a batch's whole encoder call would stall the decoder's Python for its duration.
 void register_lean_step(pybind11::module& m) {
   namespace py = pybind11;
   py::class_<Product>(m, "LeanProduct", "x W^T + b for lean_layers: a PrepackedLinear, or a weight and bias")
@@ -201,16 +204,18 @@ void register_lean_step(pybind11::module& m) {
   m.def("lean_encoder_layers", &lean_encoder_layers,
         "(x (tokens, dim): the batch's sources packed, layers, starts (sentences + 1), dense_from: sentences of at "
         "least this many tokens attend through batched products) -> (tokens, dim)",
-        py::arg("x"), py::arg("layers"), py::arg("starts"), py::arg("dense_from"));
+        py::arg("x"), py::arg("layers"), py::arg("starts"), py::arg("dense_from"), py::call_guard<py::gil_scoped_release>());
   m.def("lean_layers", &lean_layers,
         "(x (rows, dim), layers, per segment: caches, slot or None, length; starts (segments + 1), per segment: "
         "encoder keys [layers], values [layers], mask or None, row_sentence) -> (rows, dim)",
         py::arg("x"), py::arg("layers"), py::arg("caches"), py::arg("slots"), py::arg("lengths"), py::arg("starts"),
-        py::arg("enc_keys"), py::arg("enc_values"), py::arg("masks"), py::arg("row_sentences"));
+        py::arg("enc_keys"), py::arg("enc_values"), py::arg("masks"), py::arg("row_sentences"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("lean_window_layers", &lean_window_layers,
         "(x (positions, dim), layers, cache, window_row, window_step (positions,), encoder keys [layers], "
         "values [layers], mask or None, visible (positions, W) additive or None: a tree-shaped window) -> "
         "(positions, dim)",
         py::arg("x"), py::arg("layers"), py::arg("cache"), py::arg("window_row"), py::arg("window_step"),
-        py::arg("enc_keys"), py::arg("enc_values"), py::arg("mask"), py::arg("visible") = py::none());
+        py::arg("enc_keys"), py::arg("enc_values"), py::arg("mask"), py::arg("visible") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
 }
