@@ -54,6 +54,17 @@ def _product(module, linear):
     return module.LeanProduct(linear)
 
 
+def _parts(module, activation_fn, norms, products):
+    """(activation code, norm weights, compiled products) of one layer, or None where one cannot be described."""
+    activation = activation_code(activation_fn)
+    if activation is None or any(n is None or n[1] is None or n[2] is None for n in norms):
+        return None
+    compiled = [_product(module, p) for p in products]
+    if any(p is None for p in compiled):
+        return None
+    return activation, [(n[1], n[2], n[3]) for n in norms], compiled
+
+
 def compile_layers(layers) -> Optional[List]:
     """The compiled description of the runner's ``_Layer`` objects, or None where one cannot be described."""
     module = _extension()
@@ -61,16 +72,13 @@ def compile_layers(layers) -> Optional[List]:
         return None
     compiled = []
     for layer in layers:
-        activation = activation_code(layer.activation)
-        norms = (layer.self_norm, layer.cross_norm, layer.final_norm)
-        if activation is None or any(n is None or n[1] is None or n[2] is None for n in norms):
+        parts = _parts(module, layer.activation, (layer.self_norm, layer.cross_norm, layer.final_norm),
+                       (layer.qkv, layer.self_out, layer.cross_q, layer.cross_out, layer.fc1, layer.fc2))
+        if parts is None:
             return None
-        products = [_product(module, p) for p in (layer.qkv, layer.self_out, layer.cross_q, layer.cross_out,
-                                                  layer.fc1, layer.fc2)]
-        if any(p is None for p in products):
-            return None
-        compiled.append(module.LeanLayer(layer.pre_norm, products, [(n[1], n[2], n[3]) for n in norms],
-                                         layer.scaling, layer.cross_scaling, activation))
+        activation, norms, products = parts
+        compiled.append(module.LeanLayer(layer.pre_norm, products, norms, layer.scaling, layer.cross_scaling,
+                                         activation))
     return compiled
 
 
@@ -88,15 +96,12 @@ def compile_encoder_layers(layers) -> Optional[List]:
         return None
     compiled = []
     for layer in layers:
-        activation = activation_code(layer["activation"])
-        norms = layer["norms"]
-        if activation is None or any(n is None or n[1] is None or n[2] is None for n in norms):
+        parts = _parts(module, layer["activation"], layer["norms"], layer["products"])
+        if parts is None:
             return None
-        products = [_product(module, p) for p in layer["products"]]
-        if any(p is None for p in products):
-            return None
-        compiled.append(module.LeanEncoderLayer(layer["pre_norm"], products, [(n[1], n[2], n[3]) for n in norms],
-                                                layer["scaling"], activation, layer["heads"]))
+        activation, norms, products = parts
+        compiled.append(module.LeanEncoderLayer(layer["pre_norm"], products, norms, layer["scaling"], activation,
+                                                layer["heads"]))
     return compiled
 
 

@@ -48,7 +48,6 @@ from torch import Tensor
 
 from fairseq_stream.ops import attention, lean_step, prepacked_linear
 from fairseq_stream.runners import lean_encoder
-from fairseq_stream.runners.lean_encoder import LeanEncoder
 from fairseq_stream.runners.own_step import OwnStepRunner
 from fairseq_stream.runners.packing import pack_by_sentence
 
@@ -177,8 +176,9 @@ class LeanModel:
         self.heads, self.head_dim, self.dim = first.num_heads, first.head_dim, first.embed_dim
         self.positions = self._position_table(decoder)
         self.encoder = None  # None: fairseq's encoder
-        if lean_encoder.unsupported_reason(model.encoder) is None:
-            self.encoder = LeanEncoder(model.encoder, self._position_table(model.encoder))
+        # Compiled for the CPU only: elsewhere its joined weights would be a copy nothing reads.
+        if lean_encoder.unsupported_reason(model.encoder) is None and model.encoder.embed_tokens.weight.is_cpu:
+            self.encoder = lean_encoder.LeanEncoder(model.encoder, self._position_table(model.encoder))
 
     @staticmethod
     def _position_table(coder):
@@ -271,7 +271,6 @@ class LeanModel:
             mask = torch.zeros(S, 1, 1, T, dtype=enc.dtype, device=enc.device)
             mask.masked_fill_(masks[0].view(S, 1, 1, T), -math.inf)
         return _EncoderKeys(keys, values, mask)
-
 
     def _encode_packed(self, src_tokens: Tensor) -> "_EncoderKeys":
         """Every decoder layer's encoder keys and values from :class:`LeanEncoder`'s packed states.

@@ -27,6 +27,7 @@ NormFormer layer), or off the CPU, the runner keeps fairseq's encoder.
 from typing import List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_stream.ops import lean_step
@@ -123,8 +124,6 @@ class LeanEncoder:
         s is rows ``lengths[:s].sum()`` on, as fairseq's encoder output at
         its non-padding positions.
         """
-        import torch.nn.functional as F
-
         keep = src_tokens.ne(self.padding_idx)
         lengths = keep.sum(dim=1)
         tokens = src_tokens[keep]

@@ -38,10 +38,12 @@ struct Norm {
 
 enum class Activation { kRelu = 0, kGeluInFloat = 1 };
 
-// What a decoder layer and an encoder layer share: the residual sums and the activation.
+// What a decoder layer and an encoder layer share: the residual sums and the feed-forward block.
 struct Sublayers {
   bool pre_norm;
   Activation activation;
+  Product fc1, fc2;
+  Norm final_norm;
 
   // x + block(x), the norm where fairseq places it (before the block, or after the sum).
   template <typename Block>
@@ -56,21 +58,41 @@ struct Sublayers {
     // fairseq's gelu: torch's, computed in float32 whatever the type.
     return at::gelu(x.to(at::kFloat)).to(x.scalar_type());
   }
+
+  // The feed-forward sub-layer, with its residual and norm.
+  Tensor feed_forward(const Tensor& x) const {
+    return residual(x, final_norm, [&](const Tensor& h) { return fc2(activate(fc1(h))); });
+  }
 };
 
 struct LeanLayer : Sublayers {
-  Product qkv, self_out, cross_q, cross_out, fc1, fc2;
-  Norm self_norm, cross_norm, final_norm;
+  Product qkv, self_out, cross_q, cross_out;
+  Norm self_norm, cross_norm;
   double scaling, cross_scaling;
 };
 
 // fairseq's TransformerEncoderLayer: self-attention over the sentence, then the feed-forward block.
 struct LeanEncoderLayer : Sublayers {
-  Product qkv, self_out, fc1, fc2;
-  Norm self_norm, final_norm;
+  Product qkv, self_out;
+  Norm self_norm;
   double scaling;
   int64_t heads;
 };
+
+using NormWeights = std::tuple<Tensor, Tensor, double>;
+
+Norm norm_of(const NormWeights& n) { return Norm{std::get<0>(n), std::get<1>(n), std::get<2>(n)}; }
+
+// The parts both layer kinds take from Python: the norm placement, the activation (0 relu, 1 fairseq's
+// gelu), the feed-forward products and their norm.
+void set_sublayers(Sublayers& layer, const char* kind, bool pre_norm, int64_t activation, const Product& fc1,
+                   const Product& fc2, const NormWeights& final_norm) {
+  TORCH_CHECK(activation == 0 || activation == 1, kind, ": activation 0 (relu) or 1 (gelu in float)");
+  layer.pre_norm = pre_norm;
+  layer.activation = static_cast<Activation>(activation);
+  layer.fc1 = fc1, layer.fc2 = fc2;
+  layer.final_norm = norm_of(final_norm);
+}
 
 Tensor joined(std::vector<Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts); }
 
@@ -107,7 +129,7 @@ Tensor lean_layers(Tensor x, const std::vector<LeanLayer>& layers, const std::ve
       }
       return layer.cross_out(joined(outs));
     });
-    x = layer.residual(x, layer.final_norm, [&](const Tensor& h) { return layer.fc2(layer.activate(layer.fc1(h))); });
+    x = layer.feed_forward(x);
   }
   return x;
 }
@@ -132,7 +154,7 @@ Tensor lean_window_layers(Tensor x, const std::vector<LeanLayer>& layers, const 
       return layer.cross_out(
           source_attention(layer.cross_q(h), enc_keys[l], enc_values[l], window_row, mask, layer.cross_scaling));
     });
-    x = layer.residual(x, layer.final_norm, [&](const Tensor& h) { return layer.fc2(layer.activate(layer.fc1(h))); });
+    x = layer.feed_forward(x);
   }
   return x;
 }
@@ -147,7 +169,7 @@ Tensor lean_encoder_layers(Tensor x, const std::vector<LeanEncoderLayer>& layers
     x = layer.residual(x, layer.self_norm, [&](const Tensor& h) {
       return layer.self_out(sentence_attention(layer.qkv(h), starts, layer.heads, layer.scaling, dense_from));
     });
-    x = layer.residual(x, layer.final_norm, [&](const Tensor& h) { return layer.fc2(layer.activate(layer.fc1(h))); });
+    x = layer.feed_forward(x);
   }
   return x;
 }
@@ -164,38 +186,28 @@ void register_lean_step(pybind11::module& m) {
       .def(py::init([](Tensor w, std::optional<Tensor> b) { return Product{std::nullopt, w, b}; }), py::arg("weight"),
            py::arg("bias"));
   py::class_<LeanLayer>(m, "LeanLayer", "one decoder layer's weights for lean_layers (see ops/lean_step.py)")
-      .def(py::init([](bool pre_norm, std::vector<Product> products, std::vector<std::tuple<Tensor, Tensor, double>> norms,
-                       double scaling, double cross_scaling, int64_t activation) {
+      .def(py::init([](bool pre_norm, std::vector<Product> products, std::vector<NormWeights> norms, double scaling,
+                       double cross_scaling, int64_t activation) {
              TORCH_CHECK(products.size() == 6 && norms.size() == 3, "LeanLayer: 6 products and 3 norms");
-             TORCH_CHECK(activation == 0 || activation == 1, "LeanLayer: activation 0 (relu) or 1 (gelu in float)");
-             auto norm = [&](size_t i) {
-               return Norm{std::get<0>(norms[i]), std::get<1>(norms[i]), std::get<2>(norms[i])};
-             };
              LeanLayer layer;
-             layer.pre_norm = pre_norm;
-             layer.activation = static_cast<Activation>(activation);
+             set_sublayers(layer, "LeanLayer", pre_norm, activation, products[4], products[5], norms[2]);
              layer.qkv = products[0], layer.self_out = products[1], layer.cross_q = products[2];
-             layer.cross_out = products[3], layer.fc1 = products[4], layer.fc2 = products[5];
-             layer.self_norm = norm(0), layer.cross_norm = norm(1), layer.final_norm = norm(2);
+             layer.cross_out = products[3];
+             layer.self_norm = norm_of(norms[0]), layer.cross_norm = norm_of(norms[1]);
              layer.scaling = scaling, layer.cross_scaling = cross_scaling;
              return layer;
            }),
            py::arg("pre_norm"), py::arg("products"), py::arg("norms"), py::arg("scaling"), py::arg("cross_scaling"),
            py::arg("activation"));
   py::class_<LeanEncoderLayer>(m, "LeanEncoderLayer", "one encoder layer's weights for lean_encoder_layers")
-      .def(py::init([](bool pre_norm, std::vector<Product> products, std::vector<std::tuple<Tensor, Tensor, double>> norms,
-                       double scaling, int64_t activation, int64_t heads) {
+      .def(py::init([](bool pre_norm, std::vector<Product> products, std::vector<NormWeights> norms, double scaling,
+                       int64_t activation, int64_t heads) {
              TORCH_CHECK(products.size() == 4 && norms.size() == 2, "LeanEncoderLayer: 4 products and 2 norms");
-             TORCH_CHECK(activation == 0 || activation == 1, "LeanEncoderLayer: activation 0 (relu) or 1 (gelu in float)");
              TORCH_CHECK(heads > 0, "LeanEncoderLayer: heads > 0");
-             auto norm = [&](size_t i) {
-               return Norm{std::get<0>(norms[i]), std::get<1>(norms[i]), std::get<2>(norms[i])};
-             };
              LeanEncoderLayer layer;
-             layer.pre_norm = pre_norm;
-             layer.activation = static_cast<Activation>(activation);
-             layer.qkv = products[0], layer.self_out = products[1], layer.fc1 = products[2], layer.fc2 = products[3];
-             layer.self_norm = norm(0), layer.final_norm = norm(1);
+             set_sublayers(layer, "LeanEncoderLayer", pre_norm, activation, products[2], products[3], norms[1]);
+             layer.qkv = products[0], layer.self_out = products[1];
+             layer.self_norm = norm_of(norms[0]);
              layer.scaling = scaling, layer.heads = heads;
              return layer;
            }),
