@@ -339,6 +339,37 @@ def test_ngram_pool_candidates_are_the_most_frequent_continuations():
         assert [c for _, c in got] == pytest.approx([c for _, c in expected])
 
 
+def _likeliest_afresh(seen):
+    """The draft of a context with continuation counts ``seen`` (oldest sighting first), ranked from scratch."""
+    total = sum(seen.values()) + 1
+    prefixes = {}
+    for follow, n in seen.items():
+        for i in range(1, len(follow) + 1):
+            prefixes[follow[:i]] = prefixes.get(follow[:i], 0) + n
+    # Token by token by how many continuations begin with it, then the newest.
+    _, _, follow = max((tuple(prefixes[f[:i]] for i in range(1, len(f) + 1)), age, f) for age, f in enumerate(seen))
+    return follow, [prefixes[follow[:i]] / total for i in range(1, len(follow) + 1)]
+
+
+@pytest.mark.parametrize("span", [1, 2, 4])
+def test_ngram_pool_drafts_are_kept_up_to_date_as_outputs_are_learnt(span):
+    """draft()'s incremental bests against ranking the context's continuations afresh, on a skewed vocabulary (ties)."""
+    rng = random.Random(span)
+    pool = NgramPool(span=span)
+    for _ in range(150):
+        pool.add_output([2] + [rng.choice([4, 4, 4, 5, 5, 6, 7, 8]) for _ in range(rng.randint(1, 10))] + [2])
+        context = [2] + [rng.randint(4, 8) for _ in range(rng.randint(0, 3))]
+        expected = ((), [])
+        for order in NgramPool.ORDERS:
+            seen = pool.table.get(tuple(context[-order:])) if order <= len(context) else None
+            if seen:
+                expected = _likeliest_afresh(seen)
+                break
+        follow, chances = pool.draft(context)
+        assert follow == expected[0]
+        assert chances == pytest.approx(expected[1])
+
+
 def test_ddgviz_writes_a_picture_and_its_json(toy, tmp_path, capsys):
     from fairseq_stream.jacobi import ddgviz
 

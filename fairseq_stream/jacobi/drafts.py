@@ -15,6 +15,7 @@ its chance of being accepted pays for its position (:func:`likely_draft`'s
 ``threshold``, set by the decoder from the call's rows).
 """
 
+import itertools
 from typing import Dict, List, Optional, Sequence, Tuple
 
 DRAFTS = ("pad", "ngram")
@@ -30,8 +31,16 @@ class NgramPool:
     """Continuations of one- to three-token contexts seen in the run's verified outputs.
 
     A context keeps the continuations it was seen with and their counts;
-    the one likeliest token by token is drafted (:func:`_likeliest`), from
-    the longest context that is known.
+    the one likeliest token by token is drafted (:meth:`draft`), from the
+    longest context that is known.
+
+    What a lookup costs does not grow with the pool: per context, each
+    continuation prefix's count and the best continuation below it are kept
+    up to date as outputs are learnt (:meth:`_learn`), in steps of the draft
+    span. Recomputing a common context's draft from its hundreds of
+    continuations after each sentence made a Jacobi iteration 9% dearer
+    after 1,000 Multi30k sentences than after 150 (docs/BENCHMARKS.md,
+    Jacobi run 9).
 
     Args:
         span: tokens kept after each context (a window's draft length).
@@ -44,46 +53,67 @@ class NgramPool:
     def __init__(self, span: int, candidates: int = 1):
         self.span = max(1, span)
         self.top_size = int(candidates)
+        # Per context: each continuation's count, in the order of their last sighting (the newest last).
         self.table: Dict[Tuple[int, ...], Dict[Tuple[int, ...], int]] = {}
-        # A context's draft, kept until the context is seen again: a batch looks up every row each
-        # iteration, and summing the shares each time cost more than a window position at 16 rows.
-        self.drafts: Dict[Tuple[int, ...], Tuple[Tuple[int, ...], List[float]]] = {}
+        # Per context: how often each continuation prefix was seen, and in all.
+        self.prefixes: Dict[Tuple[int, ...], Dict[Tuple[int, ...], int]] = {}
+        self.totals: Dict[Tuple[int, ...], int] = {}
+        # Per context and prefix p (() the context itself): the likeliest continuation through p, as
+        # (counts of its prefixes below p, the tick it was last seen, the continuation): _likeliest's key.
+        self.best: Dict[Tuple[int, ...], Dict[Tuple[int, ...], Tuple[Tuple[int, ...], int, Tuple[int, ...]]]] = {}
+        self.tick = 0
         # For candidates(), kept up to date as outputs are learnt (a window's draft is looked up every
         # iteration; ranking a common context's hundreds of continuations each time cost more than
         # the positions the candidates saved): per context, its most frequent continuations (the
-        # newest first among equals), how often each continuation prefix was seen, and in all.
+        # newest first among equals).
         self.top: Dict[Tuple[int, ...], List[Tuple[int, ...]]] = {}
-        self.prefixes: Dict[Tuple[int, ...], Dict[Tuple[int, ...], int]] = {}
-        self.totals: Dict[Tuple[int, ...], int] = {}
 
     def add_output(self, tokens: Sequence[int]):
         """Learn every context of a finished sentence's tokens (BOS first, EOS last)."""
         tokens = list(tokens)
-        table, span = self.table, self.span
+        span = self.span
         for i in range(len(tokens) - 1):
             follow = tuple(tokens[i + 1: i + 1 + span])
             for order in self.ORDERS:
                 if order <= i + 1:
-                    key = tuple(tokens[i + 1 - order: i + 1])
-                    seen = table.setdefault(key, {})
-                    # Re-inserted last: among equal counts the newest comes last.
-                    seen[follow] = seen.pop(follow, 0) + 1
-                    self.drafts.pop(key, None)
-                    if self.top_size > 1:
-                        self._rank(key, seen, follow)
-        if len(table) > MAX_POOL:
-            for key in list(table)[: len(table) - MAX_POOL]:
-                del table[key]
-                self.drafts.pop(key, None)
-                for kept in (self.top, self.prefixes, self.totals):
+                    self._learn(tuple(tokens[i + 1 - order: i + 1]), follow)
+        if len(self.table) > MAX_POOL:
+            # The oldest contexts go, a tenth of the pool at a time: one pass over the pool per
+            # MAX_POOL / 10 new contexts, not one per sentence.
+            for key in list(itertools.islice(self.table, len(self.table) - MAX_POOL * 9 // 10)):
+                for kept in (self.table, self.prefixes, self.totals, self.best, self.top):
                     kept.pop(key, None)
 
-    def _rank(self, key: Tuple[int, ...], seen: Dict[Tuple[int, ...], int], follow: Tuple[int, ...]):
-        """Count one more ``follow`` of ``key`` in :meth:`candidates`' structures (its count in ``seen`` is updated)."""
+    def _learn(self, key: Tuple[int, ...], follow: Tuple[int, ...]):
+        """Count one more ``follow`` of ``key``: its count, its prefixes' counts, the best continuations through them."""
+        seen = self.table.setdefault(key, {})
+        # Re-inserted last: among equal counts the newest comes last.
+        seen[follow] = seen.pop(follow, 0) + 1
+        self.totals[key] = self.totals.get(key, 0) + 1
         prefixes = self.prefixes.setdefault(key, {})
         for i in range(1, len(follow) + 1):
             prefixes[follow[:i]] = prefixes.get(follow[:i], 0) + 1
-        self.totals[key] = self.totals.get(key, 0) + 1
+        # Only the prefixes of ``follow`` changed: each one's best is the old one or the one through
+        # its child on ``follow`` (whose count grew), from the longest prefix up to the context.
+        self.tick += 1
+        best = self.best.setdefault(key, {})
+        below = ((), self.tick, follow)
+        for d in range(len(follow), -1, -1):
+            node = follow[:d]
+            if d < len(follow):
+                child = follow[: d + 1]
+                counts, tick, leaf = best[child]
+                below = ((prefixes[child],) + counts, tick, leaf)
+            old = best.get(node)
+            if old is None or below > old:
+                best[node] = below
+            else:
+                below = old
+        if self.top_size > 1:
+            self._rank(key, seen, follow)
+
+    def _rank(self, key: Tuple[int, ...], seen: Dict[Tuple[int, ...], int], follow: Tuple[int, ...]):
+        """Place ``follow`` in ``key``'s most frequent continuations (its count in ``seen`` is updated)."""
         top = self.top.setdefault(key, [])
         # A count only grows by one, so the continuation only moves up; among equals the newest first.
         if follow in top:
@@ -106,21 +136,24 @@ class NgramPool:
     def draft(self, context: Sequence[int]) -> Tuple[Tuple[int, ...], List[float]]:
         """:meth:`lookup`'s continuation and, per token, the estimated chance that it and those before it are right.
 
-        The chance is the share of the context's seen continuations that
-        agree with it up to that token, counting one unseen continuation
-        (a context seen once gives 1/2, not certainty).
+        The continuation is the one whose tokens are likeliest position by
+        position: compared by how often their first token was seen first,
+        then their first two tokens, and so on (counting every continuation
+        that begins with them), the newest among equals. The single most
+        frequent continuation may begin with a less likely token: (a, b) and
+        (a, c) twice each against (d, e) three times. The chance is the
+        share of the context's seen continuations that agree with it up to
+        that token, counting one unseen continuation (a context seen once
+        gives 1/2, not certainty).
         """
         for order in self.ORDERS:
             if order <= len(context):
                 key = tuple(context[-order:])
-                known = self.drafts.get(key)
-                if known is not None:
-                    return known
-                seen = self.table.get(key)
-                if seen:
-                    follow, chances = _likeliest(seen)
-                    self.drafts[key] = follow, chances
-                    return follow, chances
+                best = self.best.get(key)
+                if best:
+                    counts, _, follow = best[()]
+                    total = self.totals[key] + 1
+                    return follow, [n / total for n in counts]
         return (), []
 
     def candidates(self, context: Sequence[int], count: int) -> List[Tuple[Tuple[int, ...], float]]:
@@ -161,27 +194,6 @@ class NgramPool:
                         placed.add(node)
                         out.append((node, prefixes[node] / total))
         return out
-
-
-def _likeliest(seen: Dict[Tuple[int, ...], int]) -> Tuple[Tuple[int, ...], List[float]]:
-    """The continuation whose tokens are likeliest position by position, and each prefix's share.
-
-    Continuations are compared by how often their first token was seen
-    first, then their first two tokens, and so on (counting every
-    continuation that begins with them), the newest among equals: each
-    position drafts its likeliest token. The single most frequent
-    continuation may begin with a less likely one: (a, b) and (a, c) twice
-    each against (d, e) three times. Shares count one unseen continuation,
-    as :meth:`NgramPool.draft` says.
-    """
-    total = sum(seen.values()) + 1
-    prefixes: Dict[Tuple[int, ...], int] = {}
-    for follow, n in seen.items():
-        for i in range(1, len(follow) + 1):
-            prefixes[follow[:i]] = prefixes.get(follow[:i], 0) + n
-    # seen keeps insertion order with a grown count re-inserted: a later index is newer.
-    _, _, follow = max((tuple(prefixes[f[:i]] for i in range(1, len(f) + 1)), age, f) for age, f in enumerate(seen))
-    return follow, [prefixes[follow[:i]] / total for i in range(1, len(follow) + 1)]
 
 
 def next_draft(guesses: List[int], pool, context: Sequence[int], width: int, pad: int) -> List[int]:
