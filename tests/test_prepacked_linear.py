@@ -62,8 +62,9 @@ def test_any_leading_shape_and_strided_input():
 
 
 @needs_mkl
+@pytest.mark.skipif(P.skinny_rows() > 0, reason="this CPU has AVX-512F: few rows take the skinny product")
 def test_two_and_three_rows_are_torchs_product():
-    """At 2 and 3 rows MKL's unpacked path is faster than the packed one: the product is F.linear's, bitwise."""
+    """Without AVX-512F, at 2 and 3 rows MKL's unpacked path beats the packed one: the product is F.linear's, bitwise."""
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(300, 64, generator=g), torch.randn(300, generator=g)
     f = P.linear(w, b)
@@ -71,6 +72,26 @@ def test_two_and_three_rows_are_torchs_product():
         x = torch.randn(rows, 64, generator=g)
         assert torch.equal(f(x), F.linear(x, w, b))
         assert torch.equal(P.linear(w, None)(x), F.linear(x, w))
+
+
+@needs_mkl
+@pytest.mark.skipif(P.skinny_rows() == 0, reason="no skinny product here: the CPU lacks AVX-512F")
+@pytest.mark.parametrize("out_features, in_features", [(1, 1), (17, 5), (40, 37), (300, 64), (8008, 256)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_few_rows_give_each_row_the_same_bits_whatever_shares_the_call(out_features, in_features, with_bias):
+    """A row's outputs from the skinny product do not depend on the rows beside it (a Jacobi window, a beam)."""
+    g = torch.Generator().manual_seed(out_features + in_features)
+    w = torch.randn(out_features, in_features, generator=g) * 0.1
+    b = torch.randn(out_features, generator=g) if with_bias else None
+    f = P.linear(w, b)
+    most = P.skinny_rows()
+    x = torch.randn(most, in_features, generator=g)
+    alone = torch.cat([f(x[i: i + 1]) for i in range(most)])
+    exact = F.linear(x.double(), w.double(), b.double() if b is not None else None)
+    assert ((alone.double() - exact).abs() <= float32_bound(x, w, b)).all()
+    for rows in range(1, most + 1):
+        for start in range(most - rows + 1):
+            assert torch.equal(f(x[start: start + rows]), alone[start: start + rows]), (rows, start)
 
 
 def test_torch_where_it_does_not_apply():

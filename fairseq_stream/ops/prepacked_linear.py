@@ -6,12 +6,18 @@ to 100) by wide weights, so that copy is a large part of each product. MKL's
 packed API (``cblas_sgemm_pack`` once, ``cblas_sgemm_compute`` per call;
 ``csrc/cpu/prepacked_linear_cpu.cpp``) skips it: on one Xeon thread, with
 the Multi30k transformer's shapes, 1.3-2.6x faster at 5-64 rows, the same
-from a few hundred rows on (docs/BENCHMARKS.md). At 2 and 3 rows MKL's
-unpacked sgemm takes a skinny path, 18% faster than the packed product on
-the Multi30k output layer (from 4 rows on it is up to twice as slow), so
-there the callable is
-``F.linear`` on the weight itself; Jacobi's windows at batch 1 are such
-products (docs/BENCHMARKS.md, Jacobi run 5).
+from a few hundred rows on (docs/BENCHMARKS.md).
+
+At 1 to 5 rows (one sentence's greedy step, its beam of 5, its Jacobi
+window) the product is bound by reading W, and MKL changes method at 4 rows
+(0.40 ms against 0.31 at 1 to 3 rows on the Multi30k output layer). There,
+on a CPU with AVX-512F, the product is our own (``csrc/cpu/skinny_linear_cpu.cpp``,
+:func:`skinny_rows`): W read once in its own layout while up to 4 rows
+share each load, 0.29-0.35 ms at 1 to 5 rows; a whole batch-1 window call
+of 1 to 5 positions costs 0.78-0.96 ms against MKL's 0.87-1.11
+(docs/BENCHMARKS.md, Jacobi run 11). Without AVX-512F, 2 and 3 rows take
+MKL's unpacked skinny path (``F.linear`` on the weight itself) and the
+other row counts the packed product.
 
 :func:`linear` returns a callable ``f(x)`` for a weight and bias: the
 prepacked product where it applies (a float32 CPU weight, the compiled
@@ -19,13 +25,15 @@ module built, MKL found in torch), else ``F.linear`` on the weight. So
 float64 (the exactness tests' type), CUDA and a torch without MKL keep
 torch's arithmetic.
 
-**Arithmetic.** The same float32 products summed by MKL in another blocking
-than ``F.linear``'s: results agree to float32 rounding (bitwise at some
-row counts, not at others), as products of two sgemm calls of different
-shapes do (tests/test_prepacked_linear.py bounds the difference against
-float64). The packed copy holds the weight as it was when packed; products
-of 2 and 3 rows read the parameter itself. Change a parameter after packing
-and the two disagree: pack again (a new runner).
+**Arithmetic.** The same float32 products summed in another order than
+``F.linear``'s: results agree to float32 rounding (bitwise at some row
+counts, not at others), as products of two sgemm calls of different shapes
+do (tests/test_prepacked_linear.py bounds the difference against float64).
+At the skinny row counts each row's results are the same bits whatever
+rows share the call. The packed copy holds the weight as it was when
+packed; products of 1 to 5 rows (2 and 3 without AVX-512F) read the
+parameter itself. Change a parameter after packing and the two disagree:
+pack again (a new runner).
 """
 
 from typing import Callable, Optional
@@ -45,6 +53,16 @@ def missing_reason() -> str:
     if module is None or not hasattr(module, "PrepackedLinear"):
         return "the compiled CPU extension is not built"
     return module.prepacked_linear_missing()
+
+
+def skinny_rows() -> int:
+    """Up to how many rows the product reads the weight once in its own layout (0 where the CPU lacks AVX-512F).
+
+    At those row counts each row's results are the same bits whatever rows
+    share the call (``csrc/cpu/skinny_linear_cpu.cpp``).
+    """
+    module = compiled_module("cpu")
+    return module.skinny_linear_rows() if module is not None and hasattr(module, "skinny_linear_rows") else 0
 
 
 def available() -> bool:

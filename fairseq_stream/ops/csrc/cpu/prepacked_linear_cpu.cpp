@@ -16,6 +16,10 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "skinny_linear_cpu.h"
 
 namespace {
 
@@ -85,13 +89,34 @@ PrepackedLinear prepack_linear(const Tensor& weight, std::optional<Tensor> bias)
   return PrepackedLinear{packed, n, k, bias, w};
 }
 
-Tensor PrepackedLinear::operator()(const Tensor& x) const {
+namespace {
+
+// x as float32 rows of in_features, and the output's shape.
+std::pair<Tensor, std::vector<int64_t>> rows_of(const Tensor& x, int64_t in_features, int64_t out_features) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.size(-1) == in_features,
               "prepacked linear: float32 CPU input of ", in_features, " features");
-  const Tensor a = x.contiguous();
-  const int64_t rows = a.numel() / in_features;
-  auto shape = a.sizes().vec();
+  auto shape = x.sizes().vec();
   shape.back() = out_features;
+  return {x.contiguous().view({-1, in_features}), shape};
+}
+
+}  // namespace
+
+Tensor PrepackedLinear::operator()(const Tensor& x) const {
+  auto [a, shape] = rows_of(x, in_features, out_features);
+  const int64_t rows = a.size(0);
+  if (rows >= 1 && rows <= kSkinnyMaxRows && skinny_linear_available()) {
+    Tensor y = at::empty({rows, out_features}, a.options());
+    skinny_linear(a.data_ptr<float>(), rows, weight.data_ptr<float>(), out_features, in_features,
+                  bias ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>());
+    return y.view(shape);
+  }
+  return mkl_product(x);
+}
+
+Tensor PrepackedLinear::mkl_product(const Tensor& x) const {
+  auto [a, shape] = rows_of(x, in_features, out_features);
+  const int64_t rows = a.size(0);
   if (rows >= kUnpackedFromRows && rows <= kUnpackedToRows) {
     return at::linear(a, weight, bias ? *bias : Tensor()).view(shape);
   }
@@ -118,7 +143,13 @@ void register_prepacked_linear(pybind11::module& m) {
       .def(pybind11::init(&prepack_linear), pybind11::arg("weight"), pybind11::arg("bias"))
       .def_readonly("out_features", &PrepackedLinear::out_features)
       .def_readonly("in_features", &PrepackedLinear::in_features)
-      .def("__call__", &PrepackedLinear::operator());
+      .def_readonly("weight", &PrepackedLinear::weight)
+      .def_readonly("bias", &PrepackedLinear::bias)
+      .def("__call__", &PrepackedLinear::operator())
+      .def("mkl_product", &PrepackedLinear::mkl_product,
+           "the product as MKL computes it at every row count (no skinny product): for benchmarks and tests");
   m.def("prepacked_linear_missing", &prepacked_linear_missing,
         "'' where MKL's packed sgemm is found in this process, else why not");
+  m.def("skinny_linear_rows", [] { return skinny_linear_available() ? kSkinnyMaxRows : int64_t{0}; },
+        "up to how many rows the prepacked product reads W once in its own layout (0: never, no AVX-512F)");
 }

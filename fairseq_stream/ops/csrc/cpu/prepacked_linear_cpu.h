@@ -9,7 +9,8 @@
 
 // Row counts at which at::linear on the unpacked weight beats the packed product (MKL's skinny path:
 // 18% faster on the Multi30k output layer at 2 and 3 rows on a Xeon, docs/BENCHMARKS.md Jacobi run 5;
-// the packed one is level at 1 row and up to twice as fast from 4).
+// the packed one is level at 1 row and up to twice as fast from 4). On a CPU with AVX-512F the
+// skinny product (skinny_linear_cpu.h) takes these row counts first.
 constexpr int64_t kUnpackedFromRows = 2;
 constexpr int64_t kUnpackedToRows = 3;
 
@@ -18,9 +19,12 @@ struct __attribute__((visibility("hidden"))) PrepackedLinear {
   int64_t out_features;
   int64_t in_features;
   std::optional<torch::Tensor> bias;
-  torch::Tensor weight;  // W itself (the model's parameter, not a copy), for the row counts above
+  torch::Tensor weight;  // W itself (the model's parameter, not a copy), for the skinny and unpacked products
 
+  // The skinny product (skinny_linear_cpu.h) at its row counts where the CPU has it, else mkl_product.
   torch::Tensor operator()(const torch::Tensor& x) const;
+  // MKL's: unpacked at kUnpackedFromRows .. kUnpackedToRows rows, packed otherwise.
+  torch::Tensor mkl_product(const torch::Tensor& x) const;
 };
 
 // "" where MKL's packed sgemm was found in the process (torch's own MKL), else why not.

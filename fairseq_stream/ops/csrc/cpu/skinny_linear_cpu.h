@@ -1,0 +1,17 @@
+// float32 y = x W^T + b for a few rows of x, reading W once in its own layout (skinny_linear_cpu.cpp).
+#pragma once
+
+#include <cstdint>
+
+// The most rows the skinny product takes. On one Xeon thread, the Multi30k output layer (8008 x 256):
+// 0.29 ms at 1 row, 0.32 at 4, 0.35 at 5, against MKL's 0.30-0.31 at 1 to 3 rows and 0.40 at 4 to 8
+// (packed); at 6 rows both take 0.41 ms, at 8 MKL is 14% faster (docs/BENCHMARKS.md).
+constexpr int64_t kSkinnyMaxRows = 5;
+
+// Whether the CPU running this process has the skinny product's instructions (AVX-512F).
+bool skinny_linear_available();
+
+// y (rows, n) = x (rows, k) W^T (W: (n, k), row-major) + bias (n floats, or null). Each output is
+// computed the same way whatever ``rows`` is and wherever its row stands: one row's results do not
+// depend on the rows beside it. Needs skinny_linear_available().
+void skinny_linear(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias, float* y);
