@@ -51,7 +51,8 @@ ALWAYS = 1e9
 SETTINGS = [("pj", 0, "pad", None, 1), ("pj", 0, "ngram", None, 1), ("pgj", 3, "pad", None, 1),
             ("pgj", 3, "ngram", None, 1), ("pgj", 5, "pad", None, 1), ("pgj", 5, "ngram", None, 1),
             ("hgj", 3, "pad", None, 1), ("hgj", 3, "ngram", None, 1), ("hgj", 2, "ngram", ALWAYS, 1),
-            ("hgj", 2, "ngram", None, 1), ("hgj", "auto", "ngram", None, 1), ("hgj", 1, "ngram", None, 1)]
+            ("hgj", 2, "ngram", None, 1), ("hgj", "auto", "ngram", None, 1), ("hgj", 1, "ngram", None, 1),
+            ("hgj", 4, "ngram", None, 1), ("hgj", 5, "ngram", None, 1)]
 # The command line's default: hgj, its block by how many sentences share a call (JacobiDecoder's AUTO_BLOCK).
 DEFAULT = "hgj b=auto ngram"
 

@@ -65,13 +65,17 @@ PJ_DRAFT_SPAN = 8
 # 0.97 ms for one position, + 0.059 ms a position at 64 rows (docs/BENCHMARKS.md, issue 12). CUDA:
 # a call's ~10 ms of host time against rows that are nearly free below hundreds (issue 10).
 CALL_COST = {"cpu": 15.0, "cuda": 200.0}
-# The draft threshold from which a whole batch runs greedy's step (JacobiDecoder._greedy_pays):
-# rows >= call_cost / 2.
-GREEDY_THRESHOLD = 1.0 / 3.0
+# The draft threshold from which a whole batch runs greedy's step (JacobiDecoder._greedy_pays), per
+# device: rows / (rows + call_cost) >= t, i.e. rows >= call_cost * t / (1 - t). CPU: from 3 rows at
+# the default cost. With the skinny product (ops/prepacked_linear.py) a call of up to 4 positions
+# reads the weights once, as greedy's step of up to 4 rows does; 2 sentences' windows of 2 fit,
+# 3 sentences' do not. Multi30k transformer, one Xeon thread (docs/BENCHMARKS.md, Jacobi run 11):
+# the default at 2 sentences a call 1.10x greedy, at 3 0.87x, at 4 0.78x. CUDA: rows >= call_cost / 2.
+GREEDY_THRESHOLD = {"cpu": 0.15, "cuda": 1.0 / 3.0}
 # hgj's block without --jacobi-block, for a call of one sentence and of several (pgj's: 2). Multi30k
-# transformer, one Xeon thread (docs/BENCHMARKS.md, Jacobi run 6): b=3 was the fastest at batch 1
-# (1.18-1.19x greedy against b=2's 1.11-1.17x, one and two threads), b=2 at batch 4 (1.06x against
-# 1.02x): one sentence's 3 positions stay on MKL's skinny product path, several sentences' do not.
+# transformer, one Xeon thread (docs/BENCHMARKS.md, Jacobi runs 6, 11 and 12): at batch 1 a fourth
+# position verifies 1.32 tokens an iteration against 1.31 and costs more than that (b=4 1.09-1.13x
+# greedy against b=3's 1.06-1.15x); two sentences' windows of 2 fit one pass of the skinny product.
 AUTO_BLOCK = {"alone": 3, "shared": 2}
 
 
@@ -276,17 +280,19 @@ class JacobiDecoder:
         With ``ngram`` drafts (pgj, hgj) a draft token pays at chance
         ``_threshold(rows)``. That rule shares a call's fixed cost evenly
         among its rows, which holds for one sentence but flatters a batch,
-        whose calls go on until its longest sentence ends. Measured (one
-        Xeon thread, Multi30k transformer, b = 2; docs/BENCHMARKS.md): windows
-        pay at 4 rows (1.05x greedy) and lose at 8 (0.95x), where the
-        threshold is 0.21 and 0.35; and a window call of one position a row
-        still costs a few percent more than greedy's step (the loop's
-        bookkeeping in Python against a compiled search step). So from
+        whose calls go on until its longest sentence ends; and on the CPU
+        a call's cost grows by steps (one pass over the weights per 4
+        positions), not by position. Measured (one Xeon thread, Multi30k
+        transformer, the default block; docs/BENCHMARKS.md, Jacobi run 11):
+        windows pay at 2 rows (1.10x greedy) and lose at 3 and 4 (0.87x,
+        0.78x), and a window call of one position a row still costs a few
+        percent more than greedy's step (the loop's bookkeeping in Python
+        against a compiled search step). So from the device's
         ``GREEDY_THRESHOLD`` on the batch runs greedy's step: the same tokens
         by construction, at greedy's speed.
         """
         threshold = self._threshold(rows, device)
-        return threshold is not None and threshold >= GREEDY_THRESHOLD
+        return threshold is not None and threshold >= GREEDY_THRESHOLD.get(device.type, GREEDY_THRESHOLD["cuda"])
 
     def _greedy_batch(self, models, sample, prefix_tokens, constraints, bos_token, **kwargs):
         """Greedy's own decoding of a batch, counted as iterations of one token each (iteration speedup 1)."""

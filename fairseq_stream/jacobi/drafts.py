@@ -91,19 +91,19 @@ class NgramPool:
         seen[follow] = seen.pop(follow, 0) + 1
         self.totals[key] = self.totals.get(key, 0) + 1
         prefixes = self.prefixes.setdefault(key, {})
-        for i in range(1, len(follow) + 1):
-            prefixes[follow[:i]] = prefixes.get(follow[:i], 0) + 1
+        nodes = [follow[:i] for i in range(len(follow) + 1)]  # () (the context itself), then each prefix
+        for node in nodes[1:]:
+            prefixes[node] = prefixes.get(node, 0) + 1
         # Only the prefixes of ``follow`` changed: each one's best is the old one or the one through
         # its child on ``follow`` (whose count grew), from the longest prefix up to the context.
         self.tick += 1
         best = self.best.setdefault(key, {})
         below = ((), self.tick, follow)
         for d in range(len(follow), -1, -1):
-            node = follow[:d]
+            node = nodes[d]
             if d < len(follow):
-                child = follow[: d + 1]
-                counts, tick, leaf = best[child]
-                below = ((prefixes[child],) + counts, tick, leaf)
+                counts, tick, leaf = below
+                below = ((prefixes[nodes[d + 1]],) + counts, tick, leaf)
             old = best.get(node)
             if old is None or below > old:
                 best[node] = below
