@@ -59,7 +59,7 @@ class NgramPool:
         self.prefixes: Dict[Tuple[int, ...], Dict[Tuple[int, ...], int]] = {}
         self.totals: Dict[Tuple[int, ...], int] = {}
         # Per context and prefix p (() the context itself): the likeliest continuation through p, as
-        # (counts of its prefixes below p, the tick it was last seen, the continuation): _likeliest's key.
+        # (counts of its prefixes below p, the tick it was last seen, the continuation): draft()'s ranking.
         self.best: Dict[Tuple[int, ...], Dict[Tuple[int, ...], Tuple[Tuple[int, ...], int, Tuple[int, ...]]]] = {}
         self.tick = 0
         # For candidates(), kept up to date as outputs are learnt (a window's draft is looked up every

@@ -100,6 +100,30 @@ std::pair<Tensor, std::vector<int64_t>> rows_of(const Tensor& x, int64_t in_feat
   return {x.contiguous().view({-1, in_features}), shape};
 }
 
+// MKL's product of rows (rows, in_features), contiguous: unpacked at kUnpackedFromRows ..
+// kUnpackedToRows rows, packed otherwise.
+Tensor mkl_rows(const PrepackedLinear& p, const Tensor& a) {
+  const int64_t rows = a.size(0);
+  if (rows >= kUnpackedFromRows && rows <= kUnpackedToRows) {
+    return at::linear(a, p.weight, p.bias ? *p.bias : Tensor());
+  }
+  Tensor y = at::empty({rows, p.out_features}, a.options());
+  float beta = 0.0f;
+  if (p.bias) {
+    // As addmm: C starts as the bias, and the product is added with beta = 1. (A copy always:
+    // with one row, expand().contiguous() would be the bias itself, and MKL would write into it.)
+    y.copy_(p.bias->expand({rows, p.out_features}));
+    beta = 1.0f;
+  }
+  if (rows > 0) {
+    mkl().compute(kRowMajor, kNoTrans, kPacked, static_cast<int>(rows), static_cast<int>(p.out_features),
+                  static_cast<int>(p.in_features), a.data_ptr<float>(), static_cast<int>(p.in_features),
+                  p.packed.data_ptr<float>(), static_cast<int>(p.in_features), beta, y.data_ptr<float>(),
+                  static_cast<int>(p.out_features));
+  }
+  return y;
+}
+
 }  // namespace
 
 Tensor PrepackedLinear::operator()(const Tensor& x) const {
@@ -111,30 +135,12 @@ Tensor PrepackedLinear::operator()(const Tensor& x) const {
                   bias ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>());
     return y.view(shape);
   }
-  return mkl_product(x);
+  return mkl_rows(*this, a).view(shape);
 }
 
 Tensor PrepackedLinear::mkl_product(const Tensor& x) const {
   auto [a, shape] = rows_of(x, in_features, out_features);
-  const int64_t rows = a.size(0);
-  if (rows >= kUnpackedFromRows && rows <= kUnpackedToRows) {
-    return at::linear(a, weight, bias ? *bias : Tensor()).view(shape);
-  }
-  Tensor y = at::empty({rows, out_features}, a.options());
-  float beta = 0.0f;
-  if (bias) {
-    // As addmm: C starts as the bias, and the product is added with beta = 1. (A copy always:
-    // with one row, expand().contiguous() would be the bias itself, and MKL would write into it.)
-    y.copy_(bias->expand({rows, out_features}));
-    beta = 1.0f;
-  }
-  if (rows > 0) {
-    mkl().compute(kRowMajor, kNoTrans, kPacked, static_cast<int>(rows), static_cast<int>(out_features),
-                  static_cast<int>(in_features), a.data_ptr<float>(), static_cast<int>(in_features),
-                  packed.data_ptr<float>(), static_cast<int>(in_features), beta, y.data_ptr<float>(),
-                  static_cast<int>(out_features));
-  }
-  return y.view(shape);
+  return mkl_rows(*this, a).view(shape);
 }
 
 void register_prepacked_linear(pybind11::module& m) {
