@@ -160,9 +160,9 @@ class BeamDecoder:
         return min(2 * k, V)
 
     def _output_backend(self) -> str:
-        from fairseq_stream.runner import ModelRunner
+        from fairseq_stream.runner import ModelRunner, module_device
 
-        device = next(self.runner.model.parameters()).device
+        device = module_device(self.runner.model)
         # Bitwise fairseq needs fairseq's runner and output layer together: without the one, the other
         # keeps nothing.
         bitwise = self.keep_reference and isinstance(self.runner, ModelRunner)

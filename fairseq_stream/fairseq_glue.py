@@ -297,12 +297,18 @@ def selection_of(gen_cfg) -> Selection:
     generator = getattr(gen_cfg, "generator", None)
     return Selection(
         search,
-        SEARCH_DATACLASS_REGISTRY[search].from_namespace(gen_cfg) if search else None,
+        _named(SEARCH_DATACLASS_REGISTRY[search].from_namespace(gen_cfg), search) if search else None,
         generator,
-        GENERATOR_DATACLASS_REGISTRY[generator].from_namespace(gen_cfg)
+        _named(GENERATOR_DATACLASS_REGISTRY[generator].from_namespace(gen_cfg), generator)
         if generator
         else None,
     )
+
+
+def _named(cfg, name):
+    """``cfg`` with ``_name`` set, as fairseq's parser sets it (errors and schedulers read it)."""
+    cfg._name = name
+    return cfg
 
 
 def _patch_build_generator():

@@ -34,7 +34,9 @@ class OwnStepRunner:
     @property
     def dtype(self) -> torch.dtype:
         """The models' floating-point type."""
-        return next(self.model.parameters()).dtype
+        from fairseq_stream.runner import module_dtype
+
+        return module_dtype(self.model)
 
     def max_decoder_positions(self):
         return self.model.max_decoder_positions()

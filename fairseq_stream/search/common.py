@@ -107,6 +107,22 @@ def rnn_options(search_cfg):
     )
 
 
+def search_name(search_cls, search_cfg=None) -> str:
+    """The ``--search`` name that messages give for ``search_cls``.
+
+    fairseq sets ``_name`` on the config it parses; a config built directly
+    (``task.build_generator`` with a Namespace, a dataclass made in Python)
+    has ``_name`` None, and errors must still name the search the user chose.
+    """
+    from fairseq_stream.registry import SEARCH_REGISTRY
+
+    name = getattr(search_cfg, "_name", None)
+    if name:
+        return str(name)
+    # Subclasses share build() (var is fixed's): find the entry registered for this very class.
+    return next((n for n, c in SEARCH_REGISTRY.items() if c is search_cls), search_cls.__name__)
+
+
 def check_beam(beam):
     """Refuse a beam width below 1 (fairseq's decoder fails deep inside on it)."""
     if beam is None or int(beam) < 1:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from fairseq.dataclass import ChoiceEnum
 
 from fairseq_stream.registry import register_search
-from fairseq_stream.search.common import DecodeStatsConfig, build_scheduled
+from fairseq_stream.search.common import DecodeStatsConfig, build_scheduled, search_name
 from fairseq_stream.search.pruning import Pruning
 
 FinalizeChoice = ChoiceEnum(["fairseq", "stay"])
@@ -34,7 +34,7 @@ class FixedSearch:
 
     @classmethod
     def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
-        name = getattr(search_cfg, "_name", "fixed")
+        name = search_name(cls, search_cfg)
         return build_scheduled(
             name, task, models, gen_cfg, search_cfg, generator_cfg, cls.default_generator,
             beam=getattr(gen_cfg, "beam", 5),
