@@ -142,6 +142,20 @@ def test_malformed_line_is_named(report, tmp_path, line, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_line_that_is_not_utf8_is_named(report, tmp_path, capsys):
+    """Not a UnicodeDecodeError traceback: one line naming the file, line and byte; exit status 1."""
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps(row("beam", 1.0)).encode() + b"\n" + json.dumps(row("fixed", 1.0)).encode("utf-8")
+                     .replace(b"fixed", b"fix\xe9d") + b"\n")
+    with pytest.raises(report.ReportError) as err:
+        report.read_rows([str(path)])
+    assert str(err.value).startswith("{}:2: not UTF-8 text (byte 0xe9 at byte offset ".format(path))
+    capsys.readouterr()
+    assert report.main([str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("report.py: error: {}:2: not UTF-8".format(path)) and err.count("\n") == 1
+
+
 def test_command_line_writes_tables_and_plots(tmp_path, report, capsys):
     a = write_results(tmp_path / "a.jsonl", ROWS[:8])
     b = write_results(tmp_path / "b.jsonl", ROWS[8:])

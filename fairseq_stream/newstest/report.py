@@ -55,14 +55,26 @@ def read_rows(paths):
     rows = []
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as f:
-                lines = f.readlines()
+            with open(path, "rb") as f:
+                data = f.read()
         except OSError as e:
             raise ReportError("cannot read {}: {}".format(path, e.strerror or e))
-        for number, line in enumerate(lines, 1):
+        # Decoded line by line, so that bytes that are not UTF-8 are reported with their line.
+        for number, raw in enumerate(data.splitlines(), 1):
+            where = "{}:{}".format(path, number)
+            line = decode_line(raw, where)
             if line.strip():
-                rows.append(parse_row(line, "{}:{}".format(path, number)))
+                rows.append(parse_row(line, where))
     return rows
+
+
+def decode_line(raw, where):
+    """One line of a results file as text; a ReportError naming ``where`` if it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ReportError("{}: not UTF-8 text (byte 0x{:02x} at byte offset {} of the line); results files are "
+                          "written in UTF-8".format(where, raw[e.start], e.start))
 
 
 def parse_row(line, where):
