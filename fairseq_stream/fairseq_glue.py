@@ -145,11 +145,13 @@ def _patch_parse_args_and_arch():
         chosen = _chosen_names(input_args)
         # Checked before fairseq parses: some wrong combinations (a preset that
         # already includes its generator's options, plus --generator) would
-        # otherwise fail inside argparse with a conflicting-option traceback.
-        if chosen.search in _search_registry():
+        # otherwise fail inside argparse with a conflicting-option traceback,
+        # and an unknown name is named as unknown, not as a bad combination.
+        error = check_names(chosen.search, chosen.generator)
+        if not error and chosen.search in _search_registry():
             error = check_selection(chosen.search, chosen.generator)
-            if error:
-                parser.error(error)
+        if error:
+            parser.error(error)
         result = original(parser, input_args=input_args, parse_known=parse_known, **kwargs)
         args = result[0] if parse_known else result
         error = check_selection(
@@ -221,10 +223,23 @@ def _add_chosen_options_for_help(parser, input_args):
             )
 
 
+def check_names(search, generator):
+    """A one-line error naming an unknown ``--search`` or ``--generator`` and the valid names, else None."""
+    from fairseq_stream.registry import GENERATOR_REGISTRY, SEARCH_REGISTRY
+
+    for group, name, registry in (("search", search, SEARCH_REGISTRY), ("generator", generator, GENERATOR_REGISTRY)):
+        if name is not None and name not in registry:
+            return "unknown --{} {} (choose from: {})".format(group, name, ", ".join(registry))
+    return None
+
+
 def check_selection(search, generator):
-    """Return a one-line error if ``--search``/``--generator`` do not combine, else None."""
+    """Return a one-line error if ``--search``/``--generator`` are unknown or do not combine, else None."""
     from fairseq_stream.registry import SEARCH_REGISTRY
 
+    unknown = check_names(search, generator)
+    if unknown:
+        return unknown
     if search is None:
         if generator is not None:
             return "--generator {} needs a --search policy (choose from {})".format(

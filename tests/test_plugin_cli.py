@@ -52,7 +52,16 @@ def test_unknown_search_is_a_one_line_error_naming_the_choices(toy, capsys):
         parse_generate_args(gen_args(toy, "--user-dir", plugin_dir(), "--search", "nope"))
     assert done.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "invalid choice: 'nope'" in last and "beam" in last and "var" in last
+    assert "unknown --search nope (choose from: beam, fixed, greedy, jacobi, var, var-batch, var-stream)" in last
+
+
+@pytest.mark.parametrize("extra", [["--search", "greedy"], ["--search", "var-stream"], ["--search", "beam"], []])
+def test_unknown_generator_is_named_unknown_not_a_bad_combination(toy, capsys, extra):
+    with pytest.raises(SystemExit) as done:
+        parse_generate_args(gen_args(toy, "--user-dir", plugin_dir(), *extra, "--generator", "nosuch"))
+    assert done.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith("error: unknown --generator nosuch (choose from: batch, stream, fifo, topup)"), last
 
 
 @pytest.mark.parametrize("model", ["transformer", "lstm"])
