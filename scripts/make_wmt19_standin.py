@@ -158,8 +158,9 @@ def parse_args(argv=None):
                              "small text may yield fewer".format(FULL_MERGES, TINY_MERGES))
     parser.add_argument("--dict-size", type=int, nargs="+", metavar="N",
                         help="dictionary entries (incl. the 4 special symbols): one number for both "
-                             "dictionaries, or SRC TGT for separate ones (default: the real model's, "
-                             "see below)")
+                             "dictionaries, or SRC TGT for separate ones; text with more symbols is an "
+                             "error (default: the real model's, see below, grown to hold every symbol "
+                             "of text that needs more)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--joined", dest="joined", action="store_true", default=None,
                        help="one joined dictionary and --share-all-embeddings (default for de-en)")
@@ -201,6 +202,8 @@ def resolve(opts):
         opts.joined = known["joined"]
     if opts.bpe_merges is None:
         opts.bpe_merges = TINY_MERGES if opts.tiny else FULL_MERGES
+    # A default size is a floor: text with more symbols grows it (a typed --dict-size is a hard limit).
+    opts.grow_dict = opts.dict_size is None
     if opts.dict_size is None:
         opts.dict_size = [TINY_DICT_SIZE] * 2 if opts.tiny else list(known["dict_size"])
         if opts.joined and opts.dict_size[0] != opts.dict_size[1]:
@@ -339,8 +342,13 @@ def apply_codes(codes_path, lines):
     return fastBPE.fastBPE(codes_path).apply(lines)
 
 
-def build_dictionary(bpe_lines, size):
+def build_dictionary(bpe_lines, size, grow=False):
     """A fairseq Dictionary counted as fairseq-preprocess counts, padded to ``size`` entries.
+
+    With ``grow``, text with more symbols than ``size`` holds gets a larger
+    dictionary (every symbol, no filler) instead of an error: the default
+    sizes are the real models', but ``--tiny``'s 2048 or the real sizes
+    cannot know how much text the user brings.
 
     Symbols are counted and sorted as ``Dictionary.add_file_to_dictionary``
     and ``finalize`` do (by count, ties alphabetically; one ``</s>`` per
@@ -361,6 +369,11 @@ def build_dictionary(bpe_lines, size):
     for symbol, count in sorted(counts.items()):
         dictionary.add_symbol(symbol, count)
     dictionary.finalize(padding_factor=1)
+    if len(dictionary) > size and grow:
+        note("the BPE'd text has {} distinct symbols, more than the default {}-entry dictionary holds: "
+             "the dictionary holds all of them ({} entries)".format(
+                 len(dictionary) - dictionary.nspecial, size, len(dictionary)))
+        size = len(dictionary)
     if len(dictionary) > size:
         fail("the BPE'd text has {} distinct symbols, more than a {}-entry dictionary holds; "
              "use a larger --dict-size or fewer --bpe-merges".format(len(dictionary) - dictionary.nspecial, size))
@@ -427,7 +440,12 @@ def save_checkpoint(path, args, model, fp16, num_updates=0):
         "last_optimizer_state": None,
     }
     tmp = path + ".tmp"
-    torch.save(state, tmp)
+    try:
+        torch.save(state, tmp)
+    except RuntimeError as e:  # torch reports a file it cannot open or write (a full disk) as RuntimeError
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        fail("cannot write {}: {}".format(tmp, str(e).strip().splitlines()[-1] if str(e).strip() else e))
     os.replace(tmp, path)
 
 
@@ -553,10 +571,10 @@ def write_text_files(opts, out_dir):
     write_codes(codes_path, codes)
     bpe = {lang: apply_codes(codes_path, text[lang]) for lang in langs}
     if opts.joined:
-        joined = build_dictionary(bpe[opts.src] + bpe[opts.tgt], opts.dict_size[0])
+        joined = build_dictionary(bpe[opts.src] + bpe[opts.tgt], opts.dict_size[0], opts.grow_dict)
         dicts = (joined, joined)
     else:
-        dicts = tuple(build_dictionary(bpe[lang], size) for lang, size in zip(langs, opts.dict_size))
+        dicts = tuple(build_dictionary(bpe[lang], size, opts.grow_dict) for lang, size in zip(langs, opts.dict_size))
     for lang, dictionary in zip(langs, dicts):
         dictionary.save(os.path.join(out_dir, "dict.{}.txt".format(lang)))
     return dicts, len(codes)
@@ -661,7 +679,10 @@ def main(argv=None):
     opts = parse_args(argv)
     for path in opts.train_text:
         text_language(path, (opts.src, opts.tgt))
-    record, skipped = build(opts)
+    try:
+        record, skipped = build(opts)
+    except OSError as e:  # OUT_DIR cannot be created or written (permissions, a file in the way, a full disk)
+        fail("cannot write {}: {}".format(e.filename or opts.out_dir, e.strerror or e))
     print(summary_line(opts.out_dir, record, skipped), flush=True)
     return record
 

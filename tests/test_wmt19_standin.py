@@ -293,3 +293,41 @@ def test_command_line_error_is_one_line_on_stderr(tmp_path):
                     check=False)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip().count("\n") == 0 and "does not exist" in proc.stderr
+
+
+def test_a_default_dictionary_grows_to_hold_the_text(tmp_path, monkeypatch, capsys):
+    """The README's --tiny command on four years of newstest needs 2205 symbols: the default size grows.
+
+    The same situation on the committed sample: a default smaller than the
+    text's symbols. A typed --dict-size stays a hard limit.
+    """
+    monkeypatch.setattr(standin, "TINY_DICT_SIZE", 64)
+    text = texts("de-en", 2016, "de", "en")
+    out = tmp_path / "grown"
+    record = build(out, "de-en", out, "--tiny", "--models", "1", "--bpe-merges", "100", "--train-text", *text)
+    d = load_dict(out / "dict.de.txt")
+    assert len(d) > 64 and record["result"]["dict_size"] == [len(d), len(d)]
+    assert not any(d[i].startswith("<standin_") for i in range(len(d)))  # every entry is a symbol of the text
+    assert "more than the default 64-entry dictionary holds" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="more than a 64-entry dictionary holds; use a larger --dict-size"):
+        build(out, "de-en", tmp_path / "typed", "--tiny", "--models", "1", "--bpe-merges", "100",
+              "--dict-size", "64", "--train-text", *text)
+
+
+@pytest.mark.parametrize("where", ["under a file", "bpecodes is a directory"])
+def test_an_unwritable_out_dir_stops_with_one_line(tmp_path, where):
+    """A path that cannot be created or written: one line naming it, exit status 1, no traceback."""
+    if where == "under a file":
+        (tmp_path / "file").write_text("x")
+        out, culprit = tmp_path / "file" / "standin", tmp_path / "file" / "standin"
+    else:
+        out = tmp_path / "standin"
+        (out / "bpecodes").mkdir(parents=True)
+        (out / "standin.json").write_text("{}")  # a stand-in's directory, so no --force is needed
+        culprit = out / "bpecodes"
+    argv = ["de-en", out, "--tiny", "--models", "1", "--bpe-merges", "50", "--dict-size", "512",
+            "--train-text"] + texts("de-en", 2016, "de", "en")
+    with pytest.raises(SystemExit) as err:
+        build(out, *argv)
+    message = str(err.value)
+    assert message.startswith("make_wmt19_standin: cannot write {}: ".format(culprit)) and "\n" not in message
