@@ -123,3 +123,76 @@ def test_the_wmt19_path_on_newstest_text_with_a_standin(tmp_path, monkeypatch):
 
     refs = (sample / "newstest2018.en").read_text().splitlines()[:8]
     assert row["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
+
+
+# --- scratch folders of interrupted preparations (issue 32) ---------------------------------------
+
+def toy_testset(toy, limit=5):
+    from fairseq_stream.newstest.testset import Corpus
+
+    lines = lambda side: (toy.raw / "test.{}".format(side)).read_text().splitlines()[:limit]  # noqa: E731
+    return Corpus("newstest0", lines("src"), lines("tgt"), str(toy.raw / "test.src"))
+
+
+def prepare_toy(toy, work_dir, limit=5):
+    from fairseq_stream.newstest import prepare as prep
+
+    return prep.prepare(toy_testset(toy, limit), "src-tgt", prep.Encoding("none", "none"),
+                        str(toy.data_bin / "dict.src.txt"), str(toy.data_bin / "dict.tgt.txt"), str(work_dir))
+
+
+def scratch_folders(work_dir):
+    return sorted(p.name for p in (work_dir / "prepared").glob("*.tmp*"))
+
+
+def test_an_interrupted_preparation_removes_its_scratch_folder(toy, tmp_path, monkeypatch):
+    from fairseq_stream.newstest import prepare as prep
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prep.subprocess, "run", interrupted)  # Ctrl-C during fairseq-preprocess
+    with pytest.raises(KeyboardInterrupt):
+        prepare_toy(toy, tmp_path)
+    assert (tmp_path / "prepared").is_dir() and scratch_folders(tmp_path) == []
+
+
+def test_scratch_folders_of_dead_processes_are_removed(toy, tmp_path):
+    """What SIGKILL leaves behind goes at the next run; a live process's and another host's stay."""
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    prepared = tmp_path / "prepared"
+    names = {"old.tmp{}".format(dead.pid): False, "x.tmp{}@{}".format(dead.pid, host): False,
+             "x.tmp{}@{}".format(os.getppid(), host): True, "x.tmp{}@elsewhere".format(dead.pid): True}
+    for name in names:
+        (prepared / name / "data-bin").mkdir(parents=True)
+    data_bin = prepare_toy(toy, tmp_path)
+    assert os.path.isfile(os.path.join(data_bin, "test.src-tgt.src.bin"))
+    assert scratch_folders(tmp_path) == sorted(n for n, kept in names.items() if kept)
+
+
+def test_sigterm_during_preparation_leaves_no_scratch_folder(toy, tmp_path):
+    """newstest.sh killed (SIGTERM) while it prepares its input: no prepared/*.tmp* folder is left."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import tool_env
+
+    args = ["src-tgt", "0", "greedy", "--source", toy.raw / "test.src", "--reference", toy.raw / "test.tgt",
+            "--results", tmp_path / "r.jsonl"] + toy_model_args(toy, tmp_path / "work")
+    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "newstest.sh")] + [str(a) for a in args],
+                            env=tool_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not scratch_folders(tmp_path / "work") and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert scratch_folders(tmp_path / "work"), "the preparation never started"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+    assert scratch_folders(tmp_path / "work") == [] and not (tmp_path / "r.jsonl").exists()

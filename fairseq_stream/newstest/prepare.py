@@ -11,7 +11,9 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -21,6 +23,8 @@ from fairseq_stream.newstest import NewstestError
 from fairseq_stream.newstest.testset import Corpus
 
 TOKENIZERS = ("moses", "none")
+# A preparation in progress: NAME.tmp<PID>@<host> (older versions wrote NAME.tmp<PID>).
+TMP_SUFFIX = re.compile(r"\.tmp(\d+)(?:@(.+))?$")
 BPES = ("fastbpe", "sentencepiece", "none")
 
 
@@ -111,11 +115,24 @@ def prepare(testset: Corpus, pair: str, encoding: Encoding, srcdict: str, tgtdic
     target = os.path.join(work_dir, "prepared", "{}.{}.{}".format(
         testset.name, pair, cache_key(testset, pair, encoding, srcdict, tgtdict)))
     data_bin = os.path.join(target, "data-bin")
+    remove_stale_work(os.path.dirname(target))
     if os.path.exists(os.path.join(target, "DONE")):
         return data_bin
-    work = target + ".tmp{}".format(os.getpid())
+    work = "{}.tmp{}@{}".format(target, os.getpid(), socket.gethostname())
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    try:
+        _prepare_in(work, testset, src, tgt, encoding, srcdict, tgtdict)
+    except BaseException:  # a failure or an interruption (Ctrl-C; SIGTERM, see newstest.exit_on_signals)
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    shutil.rmtree(target, ignore_errors=True)
+    os.rename(work, target)
+    return data_bin
+
+
+def _prepare_in(work, testset, src, tgt, encoding, srcdict, tgtdict):
+    """Encode and binarize into the scratch folder ``work``, ending with its DONE stamp."""
     encode = encoding.encoder(src, tgt)
     for lang, lines in ((src, testset.source), (tgt, testset.reference)):
         with open(os.path.join(work, "test." + lang), "w", encoding="utf-8") as f:
@@ -131,6 +148,34 @@ def prepare(testset: Corpus, pair: str, encoding: Encoding, srcdict: str, tgtdic
         raise PrepareError("fairseq-preprocess failed: {}".format(last))
     with open(os.path.join(work, "DONE"), "w") as f:
         f.write("\n")
-    shutil.rmtree(target, ignore_errors=True)
-    os.rename(work, target)
-    return data_bin
+
+
+def remove_stale_work(prepared_dir):
+    """Remove the scratch folders of preparations whose process is gone (killed with SIGKILL, a crash).
+
+    Only this host's: a folder named for another host may belong to a live
+    process there (a shared file system). Folders without a host are from
+    older versions, which wrote them on this host as far as anyone can tell.
+    """
+    try:
+        names = os.listdir(prepared_dir)
+    except OSError:
+        return
+    host = socket.gethostname()
+    for name in names:
+        match = TMP_SUFFIX.search(name)
+        if match and match.group(2) in (None, host) and not _alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(prepared_dir, name), ignore_errors=True)
+
+
+def _alive(pid):
+    """Whether a process ``pid`` exists on this host (one of another user counts)."""
+    if pid == os.getpid():
+        return False  # this process starts its own preparations afresh
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

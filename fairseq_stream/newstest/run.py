@@ -21,7 +21,7 @@ import time
 from typing import List, Optional
 
 from fairseq_stream import presets
-from fairseq_stream.newstest import NewstestError
+from fairseq_stream.newstest import NewstestError, exit_on_signals
 from fairseq_stream.newstest import prepare as prep
 from fairseq_stream.newstest import testset as ts
 
@@ -287,6 +287,7 @@ def run(argv: List[str]) -> List[dict]:
 
 def main(argv: Optional[List[str]] = None):
     """Console entry: one-line errors, exit 1."""
+    exit_on_signals()
     try:
         run(sys.argv[1:] if argv is None else argv)
     except NewstestError as e:

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import List, Optional
 
-from fairseq_stream.newstest import NewstestError, report, run
+from fairseq_stream.newstest import NewstestError, exit_on_signals, report, run
 
 PROG = "newstest_all.sh"
 # Yang et al. 2020, Table 1: GREEDY, FIXED (fairseq's beam search), VAR-BATCH, VAR-STREAM.
@@ -61,6 +61,7 @@ def cells(args, passthrough: List[str]):
 
 def main(argv: Optional[List[str]] = None):
     """Run the grid; exit 1 if any cell failed (after running the others and the report)."""
+    exit_on_signals()
     args, passthrough = parser().parse_known_args(sys.argv[1:] if argv is None else argv)
     for method in args.methods:
         if method not in run.methods() and not os.path.isfile(method):
