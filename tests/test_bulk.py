@@ -4,7 +4,7 @@ Real runs: the toy checkpoint, torchrun with two CPU ranks on gloo, chunk
 files on disk. Checked: the merged output equals the Python API's
 translations in input order (empty lines and a last line without a newline
 included); two ranks give the same file as one and both take chunks; a
-re-run redoes exactly the missing, corrupt and stale chunks; other settings
+re-run redoes exactly the missing, corrupt, altered and stale chunks; other settings
 redo everything; merge in every format; one-line errors.
 """
 
@@ -154,6 +154,23 @@ def test_rerun_redoes_only_missing_corrupt_and_stale_chunks(toy, corpus, expecte
     assert translated(proc) == {0: (5, 0)}
 
 
+def test_a_chunk_altered_after_it_was_written_is_redone(toy, corpus, tmp_path):
+    """Its manifest's output hash, not only its line count, decides: same lines, other text: redone."""
+    out = tmp_path / "out.txt"
+    work = tmp_path / "out.txt.chunks" / "chunks"
+    bulk(toy, "translate", "--input", corpus[0], "--output", out)
+    first = out.read_text()
+    records = [json.loads(line) for line in (work / "0000002.jsonl").read_text().splitlines()]
+    records[0]["text"] = "not what the model said"
+    (work / "0000002.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))  # as many lines
+    proc = bulk(toy, "merge", "--input", corpus[0], "--output", tmp_path / "merged.txt", "--work-dir",
+                str(out) + ".chunks", check=False)
+    assert proc.returncode == 1 and "(chunk 2)" in proc.stderr.strip().splitlines()[-1]
+    proc = bulk(toy, "translate", "--input", corpus[0], "--output", out)
+    assert translated(proc) == {0: (1, 4)}
+    assert out.read_text() == first
+
+
 def test_merge_formats_and_missing_chunks(toy, corpus, expected, tmp_path):
     out = tmp_path / "out.txt"
     bulk(toy, "translate", "--input", corpus[0], "--output", out)
@@ -170,8 +187,8 @@ def test_merge_formats_and_missing_chunks(toy, corpus, expected, tmp_path):
                 str(out) + ".chunks", check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        "fairseq-stream: error: 1 of 5 chunks are not done for this input and these settings (chunk 4); "
-        "run the translation again with the same options to finish them")
+        "fairseq-stream: error: 1 of 5 chunks in {}.chunks/chunks are not done for this input and these "
+        "settings (chunk 4); run the translation again with the same options to finish them".format(out))
     assert not (tmp_path / "again.txt").exists()
 
 
