@@ -15,28 +15,17 @@ hash, settings hash, output hash) under ``--work-dir`` (default:
 redoes missing, partial, corrupt or stale ones. Rank 0 shows the progress of
 the whole job and, at the end, merges the chunks into ``--output`` in input
 order. Every input line gets exactly one output line (an empty line an empty
-translation).
+translation; with ``--long-lines skip`` an over-long line an empty one too).
+A regular ``--output`` file is replaced atomically; a device, fifo or pipe
+(``/dev/null``, ``/dev/fd/N``) is written into, never replaced. Under
+torchrun, a rank exits when its launcher does (see :mod:`.launcher`).
 """
 
 import argparse
-import ast
 import logging
-import os
 import sys
 
 from fairseq_stream.errors import FairseqStreamError, install_excepthook
-
-
-def _option(text: str):
-    """``KEY=VALUE`` of ``--option``: the value as a Python literal where it is one (1, 0.5, True), else text."""
-    if "=" not in text:
-        raise argparse.ArgumentTypeError("--option takes KEY=VALUE, got {!r}".format(text))
-    key, value = text.split("=", 1)
-    try:
-        value = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        pass
-    return key.strip().replace("-", "_"), value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,8 +50,9 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("--tokenizer")
         c.add_argument("--sentencepiece-model")
         c.add_argument("--bpe-codes")
-        c.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
-                       help="a search or generation option by its name, e.g. lenpen=1.2, prune_ap=2.0 (repeat)")
+        c.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                       help="a search or generation option by its name, e.g. lenpen=1.2, prune_ap=2.0 (repeat); "
+                       "nbest=N (N > 1) needs --format generate")
         if name == "translate":
             c.add_argument("--pool", type=int, default=64, help="sentences decoded at once per rank")
             c.add_argument("--batch-size", type=int, help="sentences encoded together (default: --pool)")
@@ -73,33 +63,69 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument("--trust-checkpoint", action="store_true",
                            help="load the checkpoints with the full unpickler (trusted files only)")
             c.add_argument("--no-progress-bar", action="store_true")
+            c.add_argument("--long-lines", choices=["error", "skip", "truncate"], default="error",
+                           help="a line longer than the model's positions: error (default: stop, naming its "
+                           "line), skip (an empty output line) or truncate (translate the longest prefix of "
+                           "whole words that fits); the summary counts them")
+            c.add_argument("--startup-timeout", type=float, default=600, metavar="SECONDS",
+                           help="how long a rank waits at start-up for the job's store and rank 0's input "
+                           "index (default 600)")
     return p
 
 
 def main(argv=None):
     """The ``fairseq-stream-bulk`` command."""
+    from fairseq_stream.bulk.launcher import die_with_launcher
+
+    die_with_launcher()  # first: a rank must not outlive a torchrun that is killed during start-up
     install_excepthook()
     args = parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
                         stream=sys.stderr)
-    from fairseq_stream.bulk import chunks, job
+    from datetime import timedelta
 
-    work_dir = args.work_dir or args.output + ".chunks"
+    from fairseq_stream.bulk import chunks, job, options
+
+    option_values = options.checked(args.search, args.option)
+    options.check_nbest(option_values, args.format, args.beam)
+    work_dir = args.work_dir or default_work_dir(args.output)
     settings = job.JobSettings(
         paths=args.path.split(":"), search=args.search, beam=args.beam, data=args.data, bpe=args.bpe,
         tokenizer=args.tokenizer, sentencepiece_model=args.sentencepiece_model, bpe_codes=args.bpe_codes,
-        options=dict(args.option))
+        options=option_values)
     if args.command == "merge":
         index = chunks.index_input(args.input, args.chunk_size)
-        chunks.merge(index, work_dir, settings.digest(), args.output, args.format)
-        print("fairseq-stream bulk: merged {} lines into {}".format(index.lines, args.output), file=sys.stderr)
+        summary = chunks.merge(index, work_dir, settings.digest(), args.output, args.format)
+        print("fairseq-stream bulk: merged {} lines into {}{}".format(
+            index.lines, args.output, _long_lines_note(summary)), file=sys.stderr)
         return
-    out = job.run(args.input, args.output, work_dir, args.chunk_size, settings, fmt=args.format, pool=args.pool,
-                  batch_size=args.batch_size, maxi_batch=args.maxi_batch, cpu=args.cpu,
-                  trust_checkpoint=args.trust_checkpoint,
-                  progress=not args.no_progress_bar)
-    if out is not None:
-        print("fairseq-stream bulk: wrote {}".format(out), file=sys.stderr)
+    if not args.startup_timeout > 0:
+        raise FairseqStreamError("--startup-timeout must be more than 0 seconds, got {}".format(args.startup_timeout))
+    summary = job.run(args.input, args.output, work_dir, args.chunk_size, settings, fmt=args.format,
+                      pool=args.pool, batch_size=args.batch_size, maxi_batch=args.maxi_batch, cpu=args.cpu,
+                      trust_checkpoint=args.trust_checkpoint, progress=not args.no_progress_bar,
+                      long_lines=args.long_lines, startup_timeout=timedelta(seconds=args.startup_timeout))
+    if summary is not None:
+        print("fairseq-stream bulk: wrote {}{}".format(args.output, _long_lines_note(summary)), file=sys.stderr)
+
+
+def default_work_dir(output: str) -> str:
+    """``OUTPUT.chunks``; refused where ``output`` is a device, fifo or pipe (it would land in /dev or /proc)."""
+    from fairseq_stream.bulk.chunks import output_target
+
+    target = output_target(output)
+    if target.streamed:
+        raise FairseqStreamError(
+            "--output {} is a {} (written into, never replaced): give --work-dir for the chunk files, which "
+            "by default go next to the output".format(output, target.kind))
+    return output + ".chunks"
+
+
+def _long_lines_note(summary: dict) -> str:
+    counts = summary.get("long_lines") or {}
+    words = {"skip": "skipped (empty output lines)", "truncate": "truncated"}
+    return "".join("; {} over-long line{} {}".format(n, "" if n == 1 else "s", words.get(mode, mode))
+                   for mode, n in sorted(counts.items()))
 
 
 __all__ = ["main", "parser", "FairseqStreamError"]

@@ -7,7 +7,8 @@ an earlier run (:func:`~fairseq_stream.bulk.chunks.chunk_done`), translates
 the others with :class:`~fairseq_stream.api.Translator` (any of our searches,
 streaming within the rank) and writes them atomically. Rank 0 shows one
 progress bar for the whole job (sentences done by all ranks, from a second
-counter in the store), waits for the others at a barrier, and merges the
+counter in the store), waits until every rank has written its last chunk
+(a barrier in the store: the job makes no process group), and merges the
 chunks into the output in input order.
 
 Without torchrun's environment (``WORLD_SIZE`` unset) the job runs as one
@@ -30,10 +31,17 @@ from fairseq_stream.errors import FairseqStreamError
 
 logger = logging.getLogger(__name__)
 
-# The store's keys; a PrefixStore keeps them apart from the process group's.
+# The store's keys; a PrefixStore keeps them apart from torchrun's own.
 NEXT_CHUNK, SENTENCES_DONE, INDEX = "next_chunk", "sentences_done", "input_index"
+RANKS_DONE, ALL_DONE = "ranks_done", "all_done"
 PROGRESS_EVERY = 64  # sentences between a rank's progress reports to the store
-STORE_TIMEOUT = timedelta(hours=24)  # rank 0 indexes the input while the others wait
+# Rank 0 waits this long at the end for the slowest rank's last chunk (a
+# launcher that dies meanwhile takes the ranks with it: see launcher.py).
+STORE_TIMEOUT = timedelta(hours=24)
+# Start-up waits (the store, rank 0's input index) give up far sooner: a rank
+# that outlived its launcher must not wait a day for a store that is gone.
+STARTUP_TIMEOUT = timedelta(minutes=10)
+LONG_LINES = ("error", "skip", "truncate")
 
 
 @dataclass
@@ -67,14 +75,22 @@ class JobSettings:
 
 
 class Ranks:
-    """This process's place in the job: rank, world size, the shared store, the device."""
+    """This process's place in the job: rank, world size, the shared store, the device.
 
-    def __init__(self, use_cuda: bool):
+    The job needs nothing from torch.distributed but its store (the chunk
+    counter, the progress counter, the input index and the end-of-job
+    barrier): no process group is made, so a GPU rank holds no NCCL buffers.
+    Waits at start-up (the store's address, rank 0's input index) give up
+    after ``startup_timeout``; only the end-of-job barrier, where rank 0 waits
+    for the slowest rank's last chunk, waits longer (:data:`STORE_TIMEOUT`).
+    """
+
+    def __init__(self, use_cuda: bool, startup_timeout: timedelta = STARTUP_TIMEOUT):
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.startup_timeout = startup_timeout
         if use_cuda:
-            # Before the process group: nccl's collectives use the current device.
             torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
         if self.world == 1:
             self.base = dist.HashStore()
@@ -86,12 +102,16 @@ class Ranks:
         # an agent (a plain multi-process launch) rank 0 hosts it.
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         self._address = (host, port)
-        self.base = dist.TCPStore(host, port, self.world, is_master=(self.rank == 0 and not agent),
-                                  timeout=STORE_TIMEOUT, wait_for_workers=False)
-        backend = "nccl" if use_cuda and dist.is_nccl_available() else "gloo"
-        dist.init_process_group(backend, store=dist.PrefixStore(self._prefix("pg"), self.base), rank=self.rank,
-                                world_size=self.world, timeout=STORE_TIMEOUT)
+        try:
+            self.base = dist.TCPStore(host, port, self.world, is_master=(self.rank == 0 and not agent),
+                                      timeout=startup_timeout, wait_for_workers=False)
+        except (RuntimeError, OSError) as e:  # torch's DistStoreError is a RuntimeError
+            raise FairseqStreamError("rank {} could not reach the job's store at {}:{} within {:.0f} s ({}); "
+                                     "is the launcher (torchrun) still running?".format(
+                                         self.rank, host, port, startup_timeout.total_seconds(),
+                                         str(e).splitlines()[0] if str(e) else type(e).__name__)) from None
         self.store = dist.PrefixStore(self._prefix("work"), self.base)
+        logger.info("fairseq-stream bulk: joined the job as rank %d of %d", self.rank, self.world)
 
     @staticmethod
     def _prefix(name: str) -> str:
@@ -104,38 +124,61 @@ class Ranks:
         if self._address is None:
             return self.store
         return dist.PrefixStore(self._prefix("work"), dist.TCPStore(
-            self._address[0], self._address[1], self.world, is_master=False, timeout=STORE_TIMEOUT,
+            self._address[0], self._address[1], self.world, is_master=False, timeout=self.startup_timeout,
             wait_for_workers=False))
 
-    def barrier(self):
-        if self.world > 1:
-            dist.barrier()
+    def get_index(self) -> "ch.InputIndex":
+        """Rank 0's input index, on the other ranks (it is set right after start-up)."""
+        try:
+            self.store.wait([INDEX], self.startup_timeout)
+        except RuntimeError as e:
+            raise FairseqStreamError("rank {} got no input index from rank 0 within {:.0f} s ({})".format(
+                self.rank, self.startup_timeout.total_seconds(), str(e).splitlines()[0] if str(e) else "")) from None
+        return ch.InputIndex.from_json(self.store.get(INDEX).decode("utf-8"))
+
+    def finish(self):
+        """Tell the others this rank has written its last chunk; on rank 0, wait until every rank has."""
+        if self.world == 1:
+            return
+        if self.store.add(RANKS_DONE, 1) == self.world:
+            self.store.set(ALL_DONE, "1")
+        if self.rank == 0:
+            self.store.wait([ALL_DONE], STORE_TIMEOUT)
 
     def close(self):
-        if self.world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        """Nothing to tear down: the store's connection closes with the process."""
 
 
 def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: JobSettings,
         fmt: str = "text", pool: int = 64, batch_size: Optional[int] = None, maxi_batch: int = 1,
-        cpu: bool = False, trust_checkpoint: bool = False, progress: bool = True) -> Optional[str]:
+        cpu: bool = False, trust_checkpoint: bool = False, progress: bool = True,
+        long_lines: str = "error", startup_timeout: timedelta = STARTUP_TIMEOUT) -> Optional[dict]:
     """Translate ``input_path`` into ``output`` as this rank of the job; rank 0 merges.
 
-    Returns the output path on rank 0, None on the other ranks.
+    ``long_lines``: what to do with a line longer than the model's positions:
+    ``error`` (stop, naming its line in the file), ``skip`` (an empty output
+    line, no score) or ``truncate`` (translate its longest prefix of whole
+    words that fits).
+
+    Returns the merge's summary on rank 0 (see :func:`~fairseq_stream.bulk.chunks.merge`), None on the
+    other ranks.
     """
     from fairseq_stream.api import Translator
 
     if fmt not in ch.FORMATS:
         raise FairseqStreamError("--format must be one of {}, got {}".format(", ".join(ch.FORMATS), fmt))
+    if long_lines not in LONG_LINES:
+        raise FairseqStreamError("--long-lines must be one of {}, got {}".format(", ".join(LONG_LINES), long_lines))
     started = time.perf_counter()
-    ranks = Ranks(use_cuda=torch.cuda.is_available() and not cpu)
+    ranks = Ranks(use_cuda=torch.cuda.is_available() and not cpu, startup_timeout=startup_timeout)
     try:
         if ranks.rank == 0:
+            ch.check_output(output)  # before hours of work, not after
             index = ch.index_input(input_path, chunk_size)
             os.makedirs(os.path.join(work_dir, "chunks"), exist_ok=True)
             ranks.store.set(INDEX, index.to_json())
         else:
-            index = ch.InputIndex.from_json(ranks.store.get(INDEX).decode("utf-8"))
+            index = ranks.get_index()
         settings_sha = settings.digest()
         translator = Translator(settings.paths, data=settings.data, search=settings.search, beam=settings.beam,
                                 pool=pool, batch_size=batch_size, maxi_batch=maxi_batch, bpe=settings.bpe,
@@ -145,52 +188,112 @@ def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: 
         loaded = time.perf_counter()
         bar = _ProgressBar(ranks, index.lines) if progress and ranks.rank == 0 else None
         try:
-            done, skipped, sentences = _work(ranks, index, work_dir, settings_sha, translator)
+            worker = _Worker(ranks, index, work_dir, settings_sha, translator, long_lines,
+                             nbest=int(settings.options.get("nbest", 1)))
+            worker.work()
             finished = time.perf_counter()
             logger.info("fairseq-stream bulk: rank %d translated %d chunk(s), found %d done; %d sentences in "
-                        "%.2f s after %.2f s of start-up", ranks.rank, done, skipped, sentences, finished - loaded,
-                        loaded - started)
-            ranks.barrier()  # every chunk is written
+                        "%.2f s after %.2f s of start-up", ranks.rank, worker.done, worker.skipped,
+                        worker.sentences, finished - loaded, loaded - started)
+            ranks.finish()  # every chunk is written
         finally:
             if bar is not None:
                 bar.close()
         if ranks.rank != 0:
             return None
         merging = time.perf_counter()
-        ch.merge(index, work_dir, settings_sha, output, fmt)
+        summary = ch.merge(index, work_dir, settings_sha, output, fmt)
         logger.info("fairseq-stream bulk: waited %.2f s for the other ranks, merged %d lines in %.2f s",
                     merging - finished, index.lines, time.perf_counter() - merging)
-        return output
+        return summary
     finally:
         ranks.close()
 
 
-def _work(ranks: Ranks, index: ch.InputIndex, work_dir: str, settings_sha: str, translator):
-    """Take chunks from the shared counter until none is left; (translated, found done, sentences translated)."""
-    done = skipped = sentences = 0
-    while True:
-        i = ranks.store.add(NEXT_CHUNK, 1) - 1
-        if i >= index.chunks:
-            return done, skipped, sentences
-        data, lines = ch.read_chunk(index, i)
+class _Worker:
+    """Takes chunks from the shared counter until none is left, translating those not done yet."""
+
+    def __init__(self, ranks: Ranks, index: ch.InputIndex, work_dir: str, settings_sha: str, translator,
+                 long_lines: str, nbest: int = 1):
+        self.ranks, self.index, self.work_dir, self.settings_sha = ranks, index, work_dir, settings_sha
+        self.translator, self.long_lines, self.nbest = translator, long_lines, nbest
+        self.done = self.skipped = self.sentences = 0
+
+    def work(self):
+        """Translate chunks until the counter passes the last one."""
+        while True:
+            i = self.ranks.store.add(NEXT_CHUNK, 1) - 1
+            if i >= self.index.chunks:
+                return
+            self._chunk(i)
+
+    def _chunk(self, i: int):
+        data, lines = ch.read_chunk(self.index, i)
         input_sha = ch.sha256(data)
-        if ch.chunk_done(work_dir, i, input_sha, settings_sha, len(lines)):
-            ranks.store.add(SENTENCES_DONE, len(lines))
-            skipped += 1
-            continue
+        if ch.chunk_done(self.work_dir, i, input_sha, self.settings_sha, len(lines), self.long_lines):
+            self.ranks.store.add(SENTENCES_DONE, len(lines))
+            self.skipped += 1
+            return
+        sources, long = self._fitted(lines, first_line=i * self.index.chunk_size + 1)
         results: List[Optional[dict]] = [None] * len(lines)
-        pending = 0
-        for t in translator.translate(lines):
-            results[t.index] = {"text": t.text, "score": t.score}
+        for j in long:
+            if sources[j] is None:  # skipped: still one (empty) output line
+                results[j] = {"text": "", "score": None, "long": "skip"}
+        todo = [j for j, s in enumerate(sources) if s is not None]
+        pending = len(lines) - len(todo)
+        for t in self.translator.translate(sources[j] for j in todo):
+            results[todo[t.index]] = self._record(t, "truncate" if todo[t.index] in long else None)
             pending += 1
-            if pending == PROGRESS_EVERY:
-                ranks.store.add(SENTENCES_DONE, pending)
+            if pending >= PROGRESS_EVERY:
+                self.ranks.store.add(SENTENCES_DONE, pending)
                 pending = 0
         if pending:
-            ranks.store.add(SENTENCES_DONE, pending)
-        ch.write_chunk(work_dir, i, input_sha, settings_sha, results)
-        done += 1
-        sentences += len(lines)
+            self.ranks.store.add(SENTENCES_DONE, pending)
+        ch.write_chunk(self.work_dir, i, input_sha, self.settings_sha, results, self.long_lines, len(long))
+        self.done += 1
+        self.sentences += len(lines)
+
+    def _fitted(self, lines: List[str], first_line: int):
+        """(the lines to translate, None for a skipped one; the set of indices of over-long lines).
+
+        Checked here, not left to the Translator, so that an error names the
+        line in the input file rather than its place in the chunk.
+        """
+        limit = self.translator.max_positions
+        sources, long = list(lines), set()
+        for j, line in enumerate(lines):
+            tokens = self.translator.encode(line).numel()
+            if tokens <= limit:
+                continue
+            if self.long_lines == "error":
+                raise FairseqStreamError(
+                    "input line {} has {} tokens, more than the model's {} positions; shorten or split it, "
+                    "or give --long-lines skip or --long-lines truncate".format(first_line + j, tokens, limit))
+            long.add(j)
+            sources[j] = None if self.long_lines == "skip" else _truncated(self.translator, line, limit)
+        return sources, long
+
+    def _record(self, t, long: Optional[str]) -> dict:
+        record = {"text": t.text, "score": t.score}
+        if self.nbest > 1:  # every hypothesis, best first, for --format generate
+            record["hypotheses"] = [[float(h["score"]), self.translator.decode(h["tokens"])]
+                                    for h in t.hypotheses[:self.nbest]]
+        if long:
+            record["long"] = long
+        return record
+
+
+def _truncated(translator, line: str, limit: int) -> str:
+    """The longest prefix of whole (space-separated) words of ``line`` whose encoding fits ``limit`` tokens."""
+    words = line.split(" ")
+    low, high = 0, len(words)  # a prefix of `low` words fits; one of `high + 1` words does not
+    while low < high:
+        middle = (low + high + 1) // 2
+        if translator.encode(" ".join(words[:middle])).numel() <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return " ".join(words[:low])
 
 
 class _ProgressBar:
