@@ -29,6 +29,7 @@ from fairseq_stream.errors import FairseqStreamError, install_excepthook
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of ``fairseq-stream-bulk`` (``translate`` and ``merge``)."""
     p = argparse.ArgumentParser(prog="fairseq-stream-bulk", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (("translate", "translate the input (run under torchrun for several ranks)"),
