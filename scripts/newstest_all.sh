@@ -5,7 +5,9 @@
 #                           [--beams 5 50] [--runs 5] [--wmt19-dir DIR] [--text-dir-root DIR]
 #                           [--results FILE] [--report-dir DIR] [newstest.sh options] [-- fairseq-generate options]
 #
-# Results: one JSON line per run in --results; report.md and PNG plots in --report-dir.
+# Results: one JSON line per run appended to --results (default results/newstest_table1.jsonl, relative
+# to the current directory; results/ is git-ignored in this repository), labelled with this grid run's ID;
+# report.md and PNG plots of this grid run's rows in --report-dir (default results/table1).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${FAIRSEQ_STREAM_VENV:-$ROOT/.venv}

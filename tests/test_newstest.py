@@ -55,6 +55,20 @@ def test_the_table1_grid_offline_on_the_toy_model(toy, tmp_path, work_dir):
     assert sorted(p.name for p in report_dir.glob("*.png")) == ["bleu_vs_decode_cpu_beam5.png",
                                                                 "decode_cpu_beam5.png"]
 
+    # A second grid run into the same files: the results file keeps both runs, the report is the second's.
+    again = run_tool(["bash", REPO / "scripts" / "newstest_all.sh", "--pairs", "src-tgt", "--year", "0",
+                      "--methods", "greedy", "--runs", "1", "--text-dir-root", tmp_path / "text",
+                      "--results", results, "--report-dir", report_dir, "--limit", "12"]
+                     + toy_model_args(toy, work_dir))
+    rows2 = [json.loads(line) for line in results.read_text().splitlines()]
+    assert len(rows2) == 4 and len({r["grid"] for r in rows2[:3]}) == 1 and rows2[3]["grid"] != rows2[0]["grid"]
+    table = (report_dir / "report.md").read_text()
+    assert table in again.stdout and "| fixed |" not in table and "| beam |" not in table
+    assert "| src-tgt | newstest0 | greedy | {:.2f} | ".format(rows2[3]["bleu"]) in table
+    assert "| 1 |" in table.split("| greedy |")[1].splitlines()[0]  # one run, not the first grid's too
+    assert sorted(p.name for p in report_dir.glob("*.png")) == ["bleu_vs_decode_cpu_beam-.png",
+                                                                "decode_cpu_beam-.png"]
+
 
 def test_user_errors_are_one_line(toy, tmp_path, work_dir):
     base = ["src-tgt", "0", "greedy"] + [str(a) for a in toy_model_args(toy, work_dir)]

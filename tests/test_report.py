@@ -156,6 +156,33 @@ def test_a_line_that_is_not_utf8_is_named(report, tmp_path, capsys):
     assert out == "" and err.startswith("report.py: error: {}:2: not UTF-8".format(path)) and err.count("\n") == 1
 
 
+def test_grid_selects_one_grid_runs_rows(report, tmp_path, capsys):
+    """newstest_all.sh appends every run to one file; its report holds only its own rows (no mixing)."""
+    first = [dict(row("beam", 300.0), grid="g1"), dict(row("var-stream", 100.0), grid="g1")]
+    second = [dict(row("beam", 200.0), grid="g2"), dict(row("fixed", 150.0), grid="g2")]
+    path = write_results(tmp_path / "r.jsonl", [row("greedy", 30.0, beam=None)] + first + second)
+    capsys.readouterr()
+    for grid in ("g2", "last"):
+        assert report.main([str(path), "--grid", grid]) == 0
+        t = table_rows(capsys.readouterr().out, GPU + ", beam 50")
+        assert list(t) == [("de-en", "beam"), ("de-en", "fixed")] and t[("de-en", "beam")][4:6] == ["200.00 ± 0.00", "1"]
+    assert report.main([str(path), "--grid", "g3"]) == 1
+    assert capsys.readouterr().err == "report.py: error: --grid g3: no row of that grid run\n"
+    assert report.main([str(path)]) == 0  # without --grid: every row, as before
+    assert table_rows(capsys.readouterr().out, GPU + ", beam 50")[("de-en", "beam")][5] == "2"
+
+
+def test_out_dir_keeps_no_plot_of_an_earlier_report(report, tmp_path):
+    out = tmp_path / "out"
+    report.write_outputs(report.build_tables(report.group_runs(ROWS), "beam"), "beam", str(out))
+    assert len(list(out.glob("*.png"))) == 6
+    (out / "notes.png").write_bytes(b"not ours")
+    report.write_outputs(report.build_tables(report.group_runs([row("beam", 500.0, beam=5, device="cpu")]), "beam"),
+                         "beam", str(out))
+    assert sorted(p.name for p in out.glob("*.png")) == ["bleu_vs_decode_cpu_beam5.png", "decode_cpu_beam5.png",
+                                                        "notes.png"]
+
+
 def test_command_line_writes_tables_and_plots(tmp_path, report, capsys):
     a = write_results(tmp_path / "a.jsonl", ROWS[:8])
     b = write_results(tmp_path / "b.jsonl", ROWS[8:])

@@ -1,6 +1,6 @@
 """Summarize newstest results files as markdown tables and plots.
 
-    python scripts/report.py RESULTS.jsonl [MORE.jsonl ...] [--out DIR] [--baseline beam]
+    python scripts/report.py RESULTS.jsonl [MORE.jsonl ...] [--out DIR] [--baseline beam] [--grid ID|last]
 
 Each results file holds one JSON object per line, one line per run, as the
 newstest scripts append them (fields: pair, testset, method, beam, bleu,
@@ -24,10 +24,17 @@ table's baseline.
 
 With --out DIR the tables also go to DIR/report.md, and per table two PNG
 plots: decode seconds per method and pair (bars, standard deviation as error
-bars) and BLEU against decode seconds (one point per method and pair).
+bars) and BLEU against decode seconds (one point per method and pair). The
+plots of an earlier report in DIR whose tables are not in this one are removed.
+
+Results files keep every run appended to them. ``scripts/newstest_all.sh``
+labels the rows of each of its runs with a grid ID and reports that run's rows
+only; ``--grid ID`` does the same by hand, ``--grid last`` picks the grid of
+the last labelled row.
 """
 
 import argparse
+import glob
 import json
 import logging
 import os
@@ -326,6 +333,7 @@ def write_outputs(tables, baseline, out):
     import matplotlib.pyplot as plt
 
     os.makedirs(out, exist_ok=True)
+    stale = set(glob.glob(os.path.join(out, "decode_*.png")) + glob.glob(os.path.join(out, "bleu_vs_decode_*.png")))
     written = [os.path.join(out, "report.md")]
     with open(written[0], "w", encoding="utf-8") as f:
         f.write(markdown(tables, baseline))
@@ -335,7 +343,23 @@ def write_outputs(tables, baseline, out):
         plot_decode_bars(plt, device, beam, rows, bars)
         plot_bleu_vs_time(plt, device, beam, rows, scatter)
         written += [bars, scatter]
+    # A plot of a table this report does not have (an earlier run's beam or device) would pass for this run's.
+    for path in stale - set(written):
+        os.remove(path)
     return written
+
+
+def select_grid(rows, grid):
+    """The rows of one grid run (``grid`` an ID, or "last": the last labelled row's); a ReportError if none."""
+    if grid == "last":
+        labelled = [r["grid"] for r in rows if r.get("grid")]
+        if not labelled:
+            raise ReportError("--grid last: no row has a grid ID (rows of newstest_all.sh runs have one)")
+        grid = labelled[-1]
+    chosen = [r for r in rows if r.get("grid") == grid]
+    if not chosen:
+        raise ReportError("--grid {}: no row of that grid run".format(grid))
+    return chosen
 
 
 def main(argv=None):
@@ -346,11 +370,16 @@ def main(argv=None):
     parser.add_argument("--out", metavar="DIR", help="also write DIR/report.md and PNG plots")
     parser.add_argument("--baseline", default="beam", metavar="METHOD",
                         help="method the speedups are measured against (default: beam)")
+    parser.add_argument("--grid", metavar="ID|last",
+                        help="only the rows of this newstest_all.sh run (its ID, or last: the latest run's); "
+                             "default: every row")
     args = parser.parse_args(argv)
     try:
         rows = read_rows(args.results)
         if not rows:
             raise ReportError("no results in {}".format(", ".join(args.results)))
+        if args.grid:
+            rows = select_grid(rows, args.grid)
         tables = build_tables(group_runs(rows), args.baseline)
         print(markdown(tables, args.baseline), end="")
         if args.out:

@@ -76,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
                    help="JSON lines file the rows are appended to (default: %(default)s)")
     r.add_argument("--work-dir", default="results/work", metavar="DIR",
                    help="prepared inputs (cached) and fairseq-generate's outputs (default: %(default)s)")
+    r.add_argument("--grid", metavar="ID",
+                   help="label the rows with this grid run's ID (newstest_all.sh sets it; report.py --grid "
+                        "ID reports those rows only)")
     return p
 
 
@@ -239,7 +242,7 @@ def decode_once(args, model, testset, data_bin, extra, run: int, device: str) ->
         "models": model["checkpoints"], "source": testset.origin,
         "host": socket.gethostname(), "threads": os.environ.get("OMP_NUM_THREADS"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "run": run,
-        "hypotheses": stem + ".hyp",
+        "hypotheses": stem + ".hyp", "grid": args.grid,
     }
 
 

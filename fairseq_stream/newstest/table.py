@@ -3,12 +3,14 @@
 Pairs x methods x beams, each repeated ``--runs`` times through
 :mod:`fairseq_stream.newstest.run` (one fairseq-generate process per run, as
 the paper times them), appended to one results file, then
-:mod:`fairseq_stream.newstest.report` on it. Searches that ignore the beam
+:mod:`fairseq_stream.newstest.report` on this run's rows (labelled with a grid
+ID; the file keeps earlier runs' rows too). Searches that ignore the beam
 (greedy, Jacobi) run once per pair, not once per beam. A failing cell is
 reported and the grid goes on; the exit status is 1 if any cell failed.
 """
 
 import argparse
+import datetime
 import os
 import sys
 from typing import List, Optional
@@ -37,16 +39,19 @@ def parser() -> argparse.ArgumentParser:
                         "each pair's model is DIR/NAME")
     p.add_argument("--text-dir-root", metavar="DIR",
                    help="local test sets: DIR/PAIR/newstestYEAR.{SRC,TGT} (as shared/data/wmt)")
-    p.add_argument("--results", default="results/newstest_table1.jsonl", metavar="FILE")
+    p.add_argument("--results", default="results/newstest_table1.jsonl", metavar="FILE",
+                   help="JSON lines file every run's rows are appended to, labelled with this grid run's ID "
+                        "(default: %(default)s)")
     p.add_argument("--report-dir", default="results/table1", metavar="DIR",
-                   help="report.md and the plots (default: %(default)s)")
+                   help="report.md and the plots of this grid run's rows, replacing an earlier report's "
+                        "(default: %(default)s)")
     return p
 
 
 def cells(args, passthrough: List[str]):
     """(label, newstest.sh argv) for every cell of the grid, in order."""
     for pair in args.pairs:
-        common = ["--runs", str(args.runs), "--results", args.results]
+        common = ["--runs", str(args.runs), "--results", args.results, "--grid", args.grid]
         if args.wmt19_dir:
             common += ["--models", os.path.join(args.wmt19_dir, run.WMT19_NAMES.get(pair, pair))]
         if args.text_dir_root:
@@ -59,6 +64,11 @@ def cells(args, passthrough: List[str]):
                 yield label, [pair, args.year, method] + beam + common + passthrough
 
 
+def grid_id() -> str:
+    """A label for this run of the grid, unique on this host: UTC start time and process id."""
+    return "{}-{}".format(datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ"), os.getpid())
+
+
 def main(argv: Optional[List[str]] = None):
     """Run the grid; exit 1 if any cell failed (after running the others and the report)."""
     exit_on_signals()
@@ -66,6 +76,8 @@ def main(argv: Optional[List[str]] = None):
     for method in args.methods:
         if method not in run.methods() and not os.path.isfile(method):
             sys.exit("{}: unknown method {!r} (choose from: {})".format(PROG, method, ", ".join(run.methods())))
+    # The results file keeps every run's rows; this run's table is made of this run's rows only.
+    args.grid = grid_id()
     failed = []
     for label, cell in cells(args, passthrough):
         print("{}: {}".format(PROG, label), flush=True)
@@ -76,7 +88,7 @@ def main(argv: Optional[List[str]] = None):
             failed.append(label)
     status = 0
     if os.path.exists(args.results):
-        status = report.main([args.results, "--out", args.report_dir])
+        status = report.main([args.results, "--out", args.report_dir, "--grid", args.grid])
     if failed:
         sys.exit("{}: {} of the grid's cells failed: {}".format(PROG, len(failed), "; ".join(failed)))
     sys.exit(status)
