@@ -4,7 +4,9 @@
 # fairseq's beam search, with var-stream and with greedy, printing BLEU, wall
 # clock and the speedup over beam side by side (scripts/compare_searches.py).
 #   bash scripts/quickstart.sh [TOY_DIR]     (default: toy/)
-# A second run skips the set-up (stamp in .venv) and the training (TOY_DIR/DONE).
+# A second run skips the set-up (stamp in .venv) and the toy (TOY_DIR/DONE). The toy is trained once
+# per machine into the cache shared with the test suite (scripts/toy_cache.py says where) and copied
+# into TOY_DIR; delete that cache folder to train it again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -13,11 +15,13 @@ export PATH="$PWD/$VENV/bin:$PATH"
 TOY=${1:-toy}
 
 if [ ! -f "$TOY/DONE" ]; then
-  echo "fairseq-stream: training the toy checkpoints into $TOY/ (about a minute each)"
+  # Trained once per machine into the cache the test suite uses too (trained there
+  # already by a test run, it is only copied); the training's output goes to $TOY/train.log.
   mkdir -p "$TOY"
-  bash scripts/train_toy.sh "$TOY" > "$TOY/train.log" 2>&1 || { tail -30 "$TOY/train.log"; exit 1; }
+  "$VENV/bin/python" scripts/toy_cache.py --copy-to "$TOY" --log "$TOY/train.log" > /dev/null
 else
-  echo "fairseq-stream: toy checkpoints found in $TOY/ (delete $TOY/DONE to retrain)"
+  echo "fairseq-stream: toy checkpoints found in $TOY/ (delete $TOY/DONE to copy them again from the cache" \
+    "where they are trained once per machine: python scripts/toy_cache.py prints it)"
 fi
 
 echo "fairseq-stream: decoding with --search beam, var-stream and greedy (3 rounds of fairseq-generate, about a minute)"

@@ -1,9 +1,7 @@
 """Shared fixtures: toy checkpoints trained once per machine and cached, CLI runners."""
 
-import fcntl
-import hashlib
+import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -13,7 +11,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-TOY_SOURCES = ("scripts/train_toy.sh", "scripts/make_toy_data.py")
+
+
+def _load_toy_cache():
+    """scripts/toy_cache.py: the one place that decides where the toy is cached (shared with the quickstart)."""
+    spec = importlib.util.spec_from_file_location("toy_cache", REPO / "scripts" / "toy_cache.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+toy_cache = _load_toy_cache()
 
 
 @dataclass
@@ -43,14 +51,6 @@ class Toy:
         return self.root / "lstm" / "checkpoint_best.pt"
 
 
-def _toy_cache_dir():
-    digest = hashlib.sha1()
-    for rel in TOY_SOURCES:
-        digest.update((REPO / rel).read_bytes())
-    base = Path(os.environ.get("FAIRSEQ_STREAM_CACHE", Path.home() / ".cache" / "fairseq-stream"))
-    return base / "toy-{}".format(digest.hexdigest()[:12])
-
-
 def tool_env():
     """Environment for subprocesses: this venv's tools first, one thread, repo importable."""
     env = dict(os.environ)
@@ -64,25 +64,14 @@ def tool_env():
 def toy():
     """The toy checkpoints; trained on first use (deterministic), then reused from the cache.
 
-    Test workers (pytest-xdist) and parallel runs share the cache: a file lock
-    lets the first one train while the others wait for it.
+    The cache (scripts/toy_cache.py: $FAIRSEQ_STREAM_CACHE, else
+    $XDG_CACHE_HOME/fairseq-stream, else ~/.cache/fairseq-stream) is the one
+    scripts/quickstart.sh trains into and copies toy/ from, so the suite and
+    the quickstart train once between them. Test workers (pytest-xdist) and
+    parallel runs share it: a file lock lets the first one train while the
+    others wait for it.
     """
-    target = _toy_cache_dir()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_name(target.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / "DONE").exists():
-            work = target.with_name(target.name + ".tmp{}".format(os.getpid()))
-            shutil.rmtree(work, ignore_errors=True)
-            subprocess.run(
-                ["bash", str(REPO / "scripts" / "train_toy.sh"), str(work)],
-                check=True,
-                env=tool_env(),
-                stdout=subprocess.DEVNULL,
-            )
-            shutil.rmtree(target, ignore_errors=True)
-            work.rename(target)
-    return Toy(target)
+    return Toy(toy_cache.ensure())
 
 
 def run_tool(argv, cwd=REPO, check=True, input=None, env=None):
