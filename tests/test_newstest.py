@@ -210,3 +210,64 @@ def test_sigterm_during_preparation_leaves_no_scratch_folder(toy, tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err
     assert scratch_folders(tmp_path / "work") == [] and not (tmp_path / "r.jsonl").exists()
+
+
+# --- the score is the detokenized D- lines', not the H- lines' (issue 32) ------------------------
+
+GENERATE_OUTPUT = """S-1\ts1 s2
+H-1\t-0.5\tt1&amp; t2
+D-1\t-0.5\tt1& t2
+P-1\t-0.1 -0.2 -0.3
+S-0\ts3
+H-0\t-0.4\tit &apos;s
+D-0\t-0.4\tit's
+P-0\t-0.1 -0.3
+"""
+
+
+def test_detokenized_reads_the_d_lines_in_sentence_order():
+    assert newstest.detokenized(GENERATE_OUTPUT, 2) == ["it's", "t1& t2"]
+    with pytest.raises(newstest.NewstestError, match="printed 2 of 3 translations"):
+        newstest.detokenized(GENERATE_OUTPUT, 3)
+
+
+@pytest.fixture(scope="module")
+def escaping_toy(toy, tmp_path_factory):
+    """The toy transformer with target words that Moses escapes: its H- and D- lines differ.
+
+    Every target word tN is spelled ``tN&apos;`` in the (joined) dictionary:
+    the model computes exactly what it did, its H- lines print ``t5&apos;``
+    and fairseq's Moses detokenizer turns them into ``t5'`` on its D- lines
+    (``&apos;``, unlike ``&amp;``, is not undone by sacreBLEU's 13a
+    tokenizer, so the two score differently). The source words (sN) are
+    Moses-proof, so the input is unchanged. The reference is the toy's,
+    spelled ``tN'`` as a detokenized translation is.
+    """
+    import re
+
+    root = tmp_path_factory.mktemp("escaping-toy")
+    text = (toy.data_bin / "dict.src.txt").read_text()
+    (root / "dict.txt").write_text(re.sub(r"^(t\d+) ", r"\1&apos; ", text, flags=re.M))
+    (root / "test.tgt").write_text(re.sub(r"(t\d+)", r"\1'", (toy.raw / "test.tgt").read_text()))
+    return root
+
+
+def test_bleu_is_scored_on_the_detokenized_d_lines(toy, escaping_toy, tmp_path):
+    from sacrebleu.metrics import BLEU
+
+    results = tmp_path / "r.jsonl"
+    newstest.run(["src-tgt", "0", "greedy", "--models", str(toy.root), "--checkpoints", "transformer/checkpoint_best.pt",
+                  "--srcdict", str(escaping_toy / "dict.txt"), "--tgtdict", str(escaping_toy / "dict.txt"),
+                  "--tokenizer", "moses", "--bpe", "none", "--source", str(toy.raw / "test.src"),
+                  "--reference", str(escaping_toy / "test.tgt"), "--limit", "12", "--results", str(results),
+                  "--work-dir", str(tmp_path / "work"), "--cpu"])
+    row = json.loads(results.read_text())
+    out = open(row["hypotheses"].replace(".hyp", ".out")).read()
+    lines = lambda tag: [text for _, text in sorted(  # noqa: E731
+        (int(line.split("\t")[0][2:]), line.split("\t")[2]) for line in out.splitlines() if line.startswith(tag))]
+    hyps, tokenized = lines("D-"), lines("H-")
+    assert all("&apos;" in h and "&" not in d and "'" in d for h, d in zip(tokenized, hyps))
+    assert open(row["hypotheses"]).read().splitlines() == hyps
+    refs = (escaping_toy / "test.tgt").read_text().splitlines()[:12]
+    assert row["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
+    assert row["bleu"] > round(BLEU().corpus_score(tokenized, [refs]).score, 2) + 10  # the H- lines score far lower
