@@ -122,7 +122,7 @@ def _patch_parse_args_and_arch():
             parser.add_argument_group("fairseq-stream").add_argument(
                 presets.FLAG, action="append", metavar="NAME|FILE", help=presets.help_text())
         try:
-            input_args = presets.expand(sys.argv[1:] if input_args is None else input_args)
+            input_args = expand_presets(parser, sys.argv[1:] if input_args is None else input_args)
         except presets.PresetError as e:
             parser.error(str(e))
 
@@ -172,6 +172,116 @@ def _patch_parse_args_and_arch():
 
     parse_args_and_arch._fairseq_stream = True
     options.parse_args_and_arch = parse_args_and_arch
+
+
+def expand_presets(parser, argv):
+    """``argv`` with its ``--preset`` options expanded before the typed ones (typed options win).
+
+    Two things argparse alone gets wrong: a preset's repeated options make
+    parsing quadratic (kept: the last of each, which is what argparse would
+    keep), and a typed ``--search`` (or ``--generator``) replacing the
+    preset's leaves the preset's options of the replaced entry, which the
+    new one does not take, as "unrecognized arguments" (left out, logged).
+    """
+    from fairseq_stream import presets
+
+    preset_options, typed = presets.split(argv)
+    if preset_options is None:
+        return list(argv)
+    arity = _option_arity(parser)
+    preset_options = presets.last_of_each(preset_options, arity)
+    return _without_replaced(preset_options, typed, arity) + typed
+
+
+def _option_arity(parser):
+    """{option string: Arity} of the single-valued and flag options of ``parser`` and of every registry entry.
+
+    Options that accumulate (append, count) or take several values are left
+    out: collapsing their repeats would change what argparse makes of them.
+    """
+    import argparse
+
+    from fairseq_stream.presets import Arity
+
+    plain = (argparse._StoreAction, argparse._StoreTrueAction, argparse._StoreFalseAction,
+             argparse._StoreConstAction)
+    arity = {}
+    for action in list(_entry_actions()) + list(parser._actions):
+        if type(action) in plain and action.nargs in (None, 0):
+            for flag in action.option_strings:
+                arity[flag] = Arity(action.dest, action.nargs is None)
+    return arity
+
+
+@functools.lru_cache(maxsize=None)
+def _entry_parser(group, name):
+    """A parser holding only the options of registry entry ``--group name`` (empty for an unknown one)."""
+    import argparse
+
+    from fairseq.dataclass.utils import gen_parser_from_dataclass
+    from fairseq.registry import REGISTRIES
+
+    parser = argparse.ArgumentParser(add_help=False)
+    dataclass = REGISTRIES[group]["dataclass_registry"].get(name)
+    if dataclass is not None:
+        gen_parser_from_dataclass(parser, dataclass())
+    return parser
+
+
+def _entry_actions():
+    from fairseq.registry import REGISTRIES
+
+    for group in PLUGIN_GROUPS:
+        for name in REGISTRIES[group]["dataclass_registry"]:
+            yield from _entry_parser(group, name)._actions
+
+
+def _entry_options(group, name):
+    """The option strings ``--group name`` takes (none for None or an unknown name)."""
+    if name is None:
+        return set()
+    return {flag for action in _entry_parser(group, name)._actions for flag in action.option_strings}
+
+
+def _without_replaced(preset_options, typed, arity):
+    """The preset's options less those of a search or generator that a typed option replaces.
+
+    A typed ``--search`` replaces the preset's; the preset's generator goes
+    too where the typed search does not run on it (or brings its own, as
+    var-stream does). The options only the replaced entries take are left
+    out, with one log line saying which.
+    """
+    from fairseq_stream.registry import GENERATOR_REGISTRY, SEARCH_REGISTRY
+    from fairseq_stream.presets import without
+
+    before, after = _chosen_names(preset_options), _chosen_names(typed)
+    if check_names(before.search, before.generator) or check_names(after.search, after.generator):
+        return preset_options  # an unknown name: its own error follows
+    search = after.search or before.search
+    generator = after.generator or before.generator
+    replaced = []
+    if after.search and before.search and after.search != before.search:
+        replaced.append(("search", before.search))
+    if after.generator and before.generator and after.generator != before.generator:
+        replaced.append(("generator", before.generator))
+    elif after.search and before.generator and not after.generator and before.generator in GENERATOR_REGISTRY:
+        entry = SEARCH_REGISTRY[after.search]
+        if getattr(entry, "includes_generator", False) or before.generator not in entry.generators:
+            replaced.append(("generator", before.generator))
+            generator = None
+    if not replaced:
+        return preset_options
+    kept = _entry_options("search", search) | _entry_options("generator", generator)
+    flags = set().union(*(_entry_options(group, name) for group, name in replaced)) - kept
+    if generator is None:
+        flags.add("--generator")
+    preset_options, dropped = without(preset_options, flags, arity)
+    logger.info("fairseq-stream: the typed %s replace%s the preset's %s; left out the preset's options that "
+                "only those took: %s",
+                " ".join("--{} {}".format(g, getattr(after, g)) for g in PLUGIN_GROUPS if getattr(after, g)),
+                "s" if sum(bool(getattr(after, g)) for g in PLUGIN_GROUPS) == 1 else "",
+                ", ".join("--{} {}".format(g, n) for g, n in replaced), " ".join(dropped) or "none")
+    return preset_options
 
 
 def _search_registry():

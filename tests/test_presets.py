@@ -63,3 +63,93 @@ def test_every_shipped_preset_decodes_every_sentence(toy, capsys, name):
     generate_in_process([toy.data_bin, "--path", toy.transformer, "--gen-subset", "test", "--batch-size", "8",
                          "--cpu", "--user-dir", plugin_dir(), "--preset", name, "--beam", "5"])
     assert sorted(hypotheses(capsys.readouterr().out)) == list(range(37))
+
+
+# -- which file a value names (issue 32, item 6) ----------------------------------
+
+
+def test_a_shipped_name_wins_over_a_file_of_that_name_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "greedy").write_text("--search beam\n")
+    args = parse_generate_args(["DATA", "--user-dir", plugin_dir(), "--preset", "greedy"])
+    assert args.search == "greedy"
+    # A value with a '/' (or ending in .args) is a path.
+    args = parse_generate_args(["DATA", "--user-dir", plugin_dir(), "--preset", "./greedy"])
+    assert args.search == "beam"
+    (tmp_path / "mine.args").write_text("--search var --beam 3\n")
+    args = parse_generate_args(["DATA", "--user-dir", plugin_dir(), "--preset", "mine.args"])
+    assert (args.search, args.beam) == ("var", 3)
+    (tmp_path / "mine").write_text("--search var\n")
+    with pytest.raises(presets.PresetError, match=r"no such preset .*; for the file, give its path: --preset \./mine$"):
+        presets.expand(["--preset", "mine"])
+    with pytest.raises(presets.PresetError, match=r"'\./nope\.args': no such file"):
+        presets.expand(["--preset", "./nope.args"])
+
+
+# -- a typed --search or --generator replaces the preset's (issue 32, item 6) -------
+
+
+@pytest.mark.parametrize("argv, expected, absent", [
+    # The preset's jacobi options went to greedy's parser: "unrecognized arguments" naming DATA.
+    (["--preset", "jacobi", "--search", "greedy"], dict(search="greedy", generator=None), ["jacobi_block"]),
+    # Jacobi runs on batch only: the preset's top-up goes, with its threshold; --beam stays.
+    (["--preset", "topup", "--search", "jacobi"], dict(search="jacobi", generator=None, beam=5), ["topup_threshold"]),
+    # var-stream brings its own generator: the preset's --generator stream would be refused.
+    (["--preset", "fixed-stream", "--search", "var-stream"], dict(search="var-stream", generator=None, beam=50), []),
+    (["--preset", "topup", "--generator", "stream"], dict(search="fixed", generator="stream", beam=5),
+     ["topup_threshold"]),
+    (["--preset", "var-stream", "--search", "fixed"], dict(search="fixed", generator=None, beam=50), ["stream_eps"]),
+    # The same search typed again keeps every option of the preset.
+    (["--preset", "jacobi", "--search", "jacobi", "--jacobi-block", "2"],
+     dict(search="jacobi", jacobi_variant="hgj", jacobi_block=2), []),
+])
+def test_a_typed_search_or_generator_replaces_the_presets(argv, expected, absent):
+    args = parse_generate_args(["DATA", "--user-dir", plugin_dir()] + argv)
+    assert {k: getattr(args, k) for k in expected} == expected
+    assert args.data == "DATA"
+    for name in absent:
+        assert not hasattr(args, name)
+
+
+def test_preset_jacobi_with_a_typed_search_greedy_decodes_greedy(toy, capsys, caplog):
+    common = [toy.data_bin, "--path", toy.transformer, "--gen-subset", "test", "--batch-size", "8", "--cpu",
+              "--user-dir", plugin_dir()]
+    generate_in_process(common + ["--search", "greedy"])
+    greedy = hypotheses(capsys.readouterr().out)
+    with caplog.at_level("INFO", logger="fairseq_stream.fairseq_glue"):
+        generate_in_process(common + ["--preset", "jacobi", "--search", "greedy"])
+    assert hypotheses(capsys.readouterr().out) == greedy
+    assert ("the typed --search greedy replaces the preset's --search jacobi; left out the preset's options "
+            "that only those took: --jacobi-variant hgj --jacobi-block 3") in caplog.text
+
+
+# -- long presets (issue 32, item 8) ------------------------------------------------
+
+
+def test_repeated_options_keep_their_last_value_only():
+    from fairseq_stream.presets import Arity
+
+    arity = {"--beam": Arity("beam", True), "--batch-size": Arity("batch_size", True),
+             "--max-sentences": Arity("batch_size", True), "--cpu": Arity("cpu", False)}
+    options = ["--beam", "5", "--cpu", "--max-sentences", "4", "--beam=7", "--odd", "x", "--batch-size", "6",
+               "--cpu", "--odd", "y", "--beam", "--cpu"]
+    # Aliases share their last value; unknown options and a value argparse would refuse pass unchanged.
+    assert presets.last_of_each(options, arity) == ["--beam=7", "--odd", "x", "--batch-size", "6", "--odd", "y",
+                                                    "--beam", "--cpu"]
+
+
+def test_a_200000_line_preset_loads_in_seconds(tmp_path):
+    """argparse's parsing is quadratic in the options given: minutes for this file before."""
+    import time
+
+    f = tmp_path / "long.args"
+    lines = ["# line {}\n--beam {}\n--max-sentences {}\n--batch-size {}\n--cpu\n".format(i, i % 9 + 1, i % 5 + 1, i % 7 + 1)
+             for i in range(40000)]
+    f.write_text("".join(lines))
+    assert sum(1 for _ in f.open()) == 200000
+    start = time.perf_counter()
+    args = parse_generate_args(["DATA", "--user-dir", plugin_dir(), "--preset", str(f), "--search", "greedy"])
+    seconds = time.perf_counter() - start
+    last = 39999
+    assert (args.beam, args.batch_size, args.cpu) == (last % 9 + 1, last % 7 + 1, True)
+    assert seconds < 60, seconds  # about 3 s on an idle 2-core machine; 10,000 lines took 57 s before
