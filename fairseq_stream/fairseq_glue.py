@@ -159,6 +159,7 @@ def _patch_parse_args_and_arch():
         ) or check_generation(getattr(args, "search", None), args)
         if error:
             parser.error(error)
+        _log_ignored_beam(args, input_args)
         global maxi_batch
         maxi_batch = getattr(args, "maxi_batch", None)
         if maxi_batch is not None and maxi_batch < 1:
@@ -282,6 +283,18 @@ def _without_replaced(preset_options, typed, arity):
                 "s" if sum(bool(getattr(after, g)) for g in PLUGIN_GROUPS) == 1 else "",
                 ", ".join("--{} {}".format(g, n) for g, n in replaced), " ".join(dropped) or "none")
     return preset_options
+
+
+def _log_ignored_beam(args, argv):
+    """Say so when a ``--beam`` that was given has no effect (greedy and Jacobi decode with one row)."""
+    from fairseq_stream.search.common import ignored_beam_note
+
+    search = getattr(args, "search", None)
+    given = any(a == "--beam" or a.startswith("--beam=") for a in argv)
+    if given and search in _search_registry():
+        note = ignored_beam_note(search, _search_registry()[search], getattr(args, "beam", None))
+        if note:
+            logger.warning(note)
 
 
 def _search_registry():

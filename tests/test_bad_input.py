@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from conftest import parse_generate_args, run_tool, unsafe_copy
+from conftest import hypotheses, parse_generate_args, run_tool, unsafe_copy
 from fairseq_stream.checkpoint import is_trusted, load_state, trust_checkpoints, untrust_checkpoints
 from fairseq_stream.cli import plugin_dir
 from fairseq_stream.errors import CheckpointError, FairseqStreamError, UnsafeCheckpointError
@@ -232,6 +232,13 @@ def generate_args(toy, *extra):
     (["--search", "greedy", "--generator", "topup", "--encoder-queue", "-1"], "--encoder-queue must be >= 0, got -1"),
     (["--search", "greedy", "--maxi-batch", "0"], "--maxi-batch must be at least 1, got 0"),
     (["--generator", "batch"], "--generator batch needs a --search"),
+    # Greedy and Jacobi keep one hypothesis: fairseq-generate printed one, silently (issue 32, item 7).
+    (["--search", "greedy", "--nbest", "3"], "--search greedy gives one hypothesis per sentence: --nbest 3 asks "
+     "for 3 (for an n-best list use --search fixed --beam 5 --nbest 3)"),
+    (["--search", "jacobi", "--nbest", "2"], "--search jacobi gives one hypothesis per sentence: --nbest 2"),
+    (["--search", "greedy", "--generator", "topup", "--nbest", "2"], "--search greedy gives one hypothesis"),
+    (["--search", "var-stream", "--beam", "2", "--nbest", "3"],
+     "--nbest 3 asks for more hypotheses than --beam 2 keeps; raise --beam to 3 or more"),
 ])
 def test_option_errors_are_caught_when_parsing(toy, capsys, extra, says):
     args, error = parse_generate(generate_args(toy, *extra), capsys)
@@ -242,6 +249,41 @@ def test_option_errors_are_caught_when_parsing(toy, capsys, extra, says):
 def test_greedy_ignores_the_beam_option(toy, capsys):
     args, error = parse_generate(generate_args(toy, "--search", "greedy", "--beam", "0"), capsys)
     assert error is None and args.search == "greedy"
+
+
+def test_jacobi_and_greedy_say_that_they_ignore_the_beam(toy):
+    """Jacobi used to ignore --beam 5 without a word; its output is greedy's, with one warning line."""
+    greedy = run_tool(["fairseq-generate"] + generate_args(toy, "--search", "greedy", "--batch-size", "8"))
+    assert "is ignored" not in greedy.stderr
+    for search in ("jacobi", "greedy"):
+        proc = run_tool(["fairseq-generate"] + generate_args(toy, "--search", search, "--batch-size", "8", "--beam", "5"))
+        assert hypotheses(proc.stdout) == hypotheses(greedy.stdout)
+        assert ("fairseq-stream: --search {} decodes greedily (one hypothesis, beam 1): --beam 5 is ignored"
+                .format(search)) in proc.stderr
+
+
+def test_nbest_with_greedy_is_a_one_line_error_on_the_command_line(toy):
+    for search in ("greedy", "jacobi"):
+        proc = run_tool(["fairseq-generate"] + generate_args(toy, "--search", search, "--nbest", "3"), check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert one_line_error(proc) == ("fairseq-generate: error: --search {} gives one hypothesis per sentence: "
+                                        "--nbest 3 asks for 3 (for an n-best list use --search fixed --beam 5 "
+                                        "--nbest 3)".format(search))
+
+
+def test_nbest_with_greedy_is_refused_by_the_api_and_a_direct_build(toy, loaded):
+    from fairseq.dataclass.configs import GenerationConfig
+
+    from fairseq_stream.api import Translator
+    from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
+
+    with pytest.raises(FairseqStreamError, match="^--search greedy gives one hypothesis per sentence: --nbest 2"):
+        Translator(str(toy.transformer), data=str(toy.data_bin), search="greedy", nbest=2, cpu=True)
+    models, task = loaded("transformer")
+    for search in ("greedy", "jacobi"):
+        gen_cfg = GenerationConfig(nbest=2)
+        with pytest.raises(FairseqStreamError, match="^--search {} gives one hypothesis".format(search)):
+            SEARCH_REGISTRY[search].build(task, models, gen_cfg, SEARCH_DATACLASS_REGISTRY[search](), None, None)
 
 
 def test_option_errors_are_one_line_on_the_command_line(toy):

@@ -129,6 +129,34 @@ def check_beam(beam):
         raise FairseqStreamError("--beam must be at least 1, got {}".format(beam))
 
 
+def check_nbest(search_name, search_cls, gen_cfg):
+    """Refuse an ``--nbest`` our search cannot give (fairseq-generate would print fewer, silently).
+
+    Greedy and Jacobi keep one hypothesis a sentence; a beam search keeps at
+    most ``--beam`` (pruning may leave fewer, which is the method, not a
+    silent cap).
+    """
+    nbest = int(getattr(gen_cfg, "nbest", 1) or 1)
+    if nbest <= 1:
+        return
+    if not getattr(search_cls, "uses_beam", True):
+        raise FairseqStreamError(
+            "--search {} gives one hypothesis per sentence: --nbest {} asks for {} (for an n-best list use "
+            "--search fixed --beam {} --nbest {})".format(search_name, nbest, nbest, max(nbest, 5), nbest))
+    beam = int(getattr(gen_cfg, "beam", 5))
+    if nbest > beam:
+        raise FairseqStreamError("--nbest {} asks for more hypotheses than --beam {} keeps; raise --beam to {} "
+                                 "or more".format(nbest, beam, nbest))
+
+
+def ignored_beam_note(search_name, search_cls, beam) -> Optional[str]:
+    """The log line for a ``--beam`` that a greedy search (greedy, jacobi) does not use, else None."""
+    if getattr(search_cls, "uses_beam", True) or beam is None or int(beam) == 1:
+        return None
+    return ("fairseq-stream: --search {} decodes greedily (one hypothesis, beam 1): --beam {} is ignored"
+            .format(search_name, beam))
+
+
 def check_generation_options(search_name, gen_cfg):
     """Refuse fairseq generation options this search does not support, naming them."""
     for attr, flag in UNSUPPORTED_GENERATION:
@@ -158,6 +186,8 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
     if getattr(search_cls, "uses_beam", True):
         check_beam(getattr(gen_cfg, "beam", 5))
     if not getattr(search_cls, "fairseq_generator", False):
+        check_nbest(search_name, search_cls, gen_cfg)
+    if not getattr(search_cls, "fairseq_generator", False):
         check_generation_options(search_name, gen_cfg)
     elif getattr(gen_cfg, "sampling", False) and getattr(gen_cfg, "nbest", 1) != getattr(gen_cfg, "beam", 5):
         # fairseq-generate and -interactive assert this (a traceback).
@@ -181,8 +211,12 @@ def build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, 
     """
     from fairseq_stream.decoder import BeamDecoder
 
+    from fairseq_stream.registry import SEARCH_REGISTRY
+
     check_generation_options(name, gen_cfg)
     check_beam(beam)
+    if name in SEARCH_REGISTRY:  # also built directly, without the command line's checks
+        check_nbest(name, SEARCH_REGISTRY[name], gen_cfg)
     stats = DecodeStats(keep_steps=bool(getattr(search_cfg, "stats_steps", False)))
     decoder = BeamDecoder(
         models,
