@@ -62,6 +62,26 @@ def test_trusting_one_checkpoint_trusts_exactly_that_file(toy, tmp_path):
         untrust_checkpoints([str(a)])
 
 
+def test_a_trusted_file_rewritten_in_place_with_the_same_size_is_checked_again(toy, tmp_path):
+    """Same path, inode and size: only the modification time tells that the contents may have changed."""
+    path = unsafe_copy(toy, tmp_path / "a.pt")
+    trust_checkpoints([str(path)])
+    try:
+        before = os.stat(path)
+        data = path.read_bytes()
+        with open(path, "r+b") as f:  # in place: the inode stays
+            f.write(data)
+        # A later time, set explicitly: file systems with coarse timestamps could keep the old one.
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+        after = os.stat(path)
+        assert (after.st_dev, after.st_ino, after.st_size) == (before.st_dev, before.st_ino, before.st_size)
+        assert not is_trusted(str(path))
+        with pytest.raises(UnsafeCheckpointError):
+            load_state(str(path))
+    finally:
+        untrust_checkpoints([str(path)])
+
+
 def test_api_trust_applies_to_that_load_only(toy, tmp_path):
     path = unsafe_copy(toy, tmp_path / "unsafe.pt")
     assert translator(toy, path, trust_checkpoint=True, pool=4).task is not None
