@@ -256,7 +256,8 @@ def test_bleu_is_scored_on_the_detokenized_d_lines(toy, escaping_toy, tmp_path):
     from sacrebleu.metrics import BLEU
 
     results = tmp_path / "r.jsonl"
-    newstest.run(["src-tgt", "0", "greedy", "--models", str(toy.root), "--checkpoints", "transformer/checkpoint_best.pt",
+    newstest.run(["src-tgt", "0", "greedy", "--models", str(toy.root),
+                  "--checkpoints", "transformer/checkpoint_best.pt",
                   "--srcdict", str(escaping_toy / "dict.txt"), "--tgtdict", str(escaping_toy / "dict.txt"),
                   "--tokenizer", "moses", "--bpe", "none", "--source", str(toy.raw / "test.src"),
                   "--reference", str(escaping_toy / "test.tgt"), "--limit", "12", "--results", str(results),

@@ -165,7 +165,8 @@ def test_grid_selects_one_grid_runs_rows(report, tmp_path, capsys):
     for grid in ("g2", "last"):
         assert report.main([str(path), "--grid", grid]) == 0
         t = table_rows(capsys.readouterr().out, GPU + ", beam 50")
-        assert list(t) == [("de-en", "beam"), ("de-en", "fixed")] and t[("de-en", "beam")][4:6] == ["200.00 ± 0.00", "1"]
+        assert list(t) == [("de-en", "beam"), ("de-en", "fixed")]
+        assert t[("de-en", "beam")][4:6] == ["200.00 ± 0.00", "1"]
     assert report.main([str(path), "--grid", "g3"]) == 1
     assert capsys.readouterr().err == "report.py: error: --grid g3: no row of that grid run\n"
     assert report.main([str(path)]) == 0  # without --grid: every row, as before
