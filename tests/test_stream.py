@@ -366,3 +366,53 @@ def test_python_api_streams_an_iterator(toy, var_batch_cli):
     assert {i: by_index[i].text for i in range(37)} == ref
     assert by_index[37].text == "" and by_index[37].source == ""
     assert translator.stats.refills > 1
+
+
+# -- when the pool refills: at ε·n exactly, not only below it (issue 32, item 10) -------
+
+
+def refill_decisions(pool, batches):
+    """Run ``pool`` over ``batches``; return [(live sentences, refilled)] at every step while input remained.
+
+    The pool asks whether to refill before each decoder call until its input
+    runs out; the recording wraps that question and the refill itself, and
+    the real ones run.
+    """
+    dec = pool.decoder
+    decisions = []
+    should_refill, refill = pool._should_refill, pool._refill
+
+    def asking(cohorts):
+        decisions.append([pool._active(cohorts), False])
+        return should_refill(cohorts)
+
+    def refilling(source, staging, cohorts, hold=False):
+        decisions[-1][1] = True
+        return refill(source, staging, cohorts, hold)
+
+    pool._should_refill, pool._refill = asking, refilling
+    out = dict(pool.run(dec.open(b["net_input"], ids=b["id"]) for b in batches))
+    assert sorted(out) == sorted(i for b in batches for i in b["id"].tolist())
+    return [tuple(d) for d in decisions]
+
+
+def assert_refills_at_the_threshold(decisions, threshold):
+    """A refill exactly where at most ``threshold`` sentences are live, and the boundary itself was met."""
+    assert threshold == int(threshold)  # the boundary is a whole number of sentences here
+    wrong = [(live, refilled) for live, refilled in decisions if refilled != (live <= threshold)]
+    assert wrong == [], "refill decisions against {} live sentences: {}".format(threshold, wrong)
+    assert (int(threshold), True) in decisions, "the run never had exactly the threshold live: not pinned"
+
+
+@pytest.mark.parametrize("pool_size, eps", [(6, "1/6"), (12, "1/4")])
+def test_stream_refills_when_exactly_eps_times_the_pool_is_live(loaded, pool_size, eps):
+    """``--stream-eps``: refill when at most ε·n sentences are live (Algorithm 1's ≤), not only below."""
+    from fairseq_stream.schedule.stream import StreamOptions, pool_settings
+
+    models, task = loaded("transformer")
+    dec = BeamDecoder(models, task.target_dictionary, beam_size=5, finalize="fairseq", runner="lean",
+                      keep_reference=False)
+    settings = pool_settings(StreamOptions(stream_eps=eps))
+    pool = StreamPool(dec, pool_size, **settings)
+    decisions = refill_decisions(pool, sorted_batches(task, 4, 60, "valid"))
+    assert_refills_at_the_threshold(decisions, settings["eps"] * pool_size)

@@ -134,3 +134,17 @@ def test_topup_keeps_cohorts_apart_when_asked(exact):
     ours = decode(dec, models, samples, dict(pool_size=8, eps=1 / 2, order="fifo", join_lengths=False))
     assert not differences(ref, ours)
     assert mixed and not any(mixed)
+
+
+@pytest.mark.parametrize("pool_size, threshold", [(8, "1/2"), (8, "1/4")])
+def test_topup_refills_when_exactly_the_threshold_is_live(loaded, pool_size, threshold):
+    """``--topup-threshold``: top up when at most that fraction of the batch is live, the boundary included."""
+    from fairseq_stream.schedule.stream import TopupOptions, pool_settings
+    from test_stream import assert_refills_at_the_threshold, refill_decisions
+
+    models, task = loaded("transformer")
+    dec = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", keep_reference=False)
+    settings = pool_settings(TopupOptions(topup_threshold=threshold), order="fifo")
+    pool = StreamPool(dec, pool_size, **settings)
+    decisions = refill_decisions(pool, sorted_batches(task, 4, 100, "valid"))
+    assert_refills_at_the_threshold(decisions, settings["eps"] * pool_size)
