@@ -42,7 +42,9 @@ class Translation:
     source: str
     text: str  # best hypothesis, detokenized
     score: float  # its length-normalized log-probability (natural log)
-    hypotheses: List[dict]  # fairseq's n-best dicts (tokens, score, positional_scores, ...)
+    # fairseq's n-best dicts (tokens, score, positional_scores, ...), best first, as fairseq orders them;
+    # every hypothesis the search kept, or the first ``nbest`` where that option was given.
+    hypotheses: List[dict]
 
 
 class Translator:
@@ -67,7 +69,9 @@ class Translator:
             files only); applies to this load alone.
         options: further search or stream options by their dataclass name,
             e.g. ``prune_ap=2.0``, ``stream_eps="1/4"``, ``lenpen=1.2``
-            (generation options such as ``lenpen`` and ``max_len_b`` too).
+            (generation options such as ``lenpen`` and ``max_len_b`` too);
+            ``nbest=N`` keeps the best N of each sentence's hypotheses
+            (default: all the search kept).
             All options are checked before the checkpoints are loaded;
             fairseq-generate's read-ahead options are refused here.
     """
@@ -133,6 +137,7 @@ class Translator:
         self.pool_size = pool
         self.batch_size = batch_size or pool
         self.maxi_batch = maxi_batch
+        self.nbest = options.get("nbest")  # None: every hypothesis the search kept
         self.encoder_queue = encoder_queue_for(stream_cfg.encoder_queue, self.device)
         self._make_pool = lambda: StreamPool(self.decoder, pool, **self._pool_args)
 
@@ -253,7 +258,10 @@ class Translator:
                 if pair is None:
                     return
                 index, hyps = pair
-                best = released(hyps)[0]
+                hyps = released(hyps)
+                if self.nbest is not None:
+                    hyps = hyps[:int(self.nbest)]
+                best = hyps[0]
                 yield Translation(index=index, source=sources.pop(index), text=self.decode(best["tokens"]),
                                   score=float(best["score"]), hypotheses=hyps)
         finally:

@@ -416,3 +416,40 @@ def test_stream_refills_when_exactly_eps_times_the_pool_is_live(loaded, pool_siz
     pool = StreamPool(dec, pool_size, **settings)
     decisions = refill_decisions(pool, sorted_batches(task, 4, 60, "valid"))
     assert_refills_at_the_threshold(decisions, settings["eps"] * pool_size)
+
+
+# -- the API's n-best lists: fairseq's order, best first (issue 32, item 10) --------------
+
+
+def fairseq_nbest(models, task, token_lists, beam):
+    """fairseq's SequenceGenerator's n-best lists (best first) for source token lists, in input order."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    dataset = task.build_dataset_for_inference(token_lists, [t.numel() for t in token_lists])
+    sample = dataset.collater([dataset[i] for i in range(len(token_lists))])
+    with torch.no_grad():
+        out = SequenceGenerator(models, task.target_dictionary, beam_size=beam).generate(models, sample)
+    by_index = dict(zip(sample["id"].tolist(), out))
+    return [by_index[i] for i in range(len(token_lists))]
+
+
+@pytest.mark.parametrize("nbest", [None, 3])
+def test_api_gives_fairseqs_nbest_lists_best_first(toy, loaded, nbest):
+    from fairseq_stream.api import Translator
+
+    sentences = (toy.raw / "test.src").read_text().splitlines()[:12]
+    options = {} if nbest is None else dict(nbest=nbest)
+    translator = Translator([str(toy.transformer)], data=str(toy.data_bin), search="fixed", beam=5, pool=4,
+                            cpu=True, **options)
+    got = {t.index: t for t in translator.translate(sentences)}
+    models, task = loaded("transformer")
+    ref = fairseq_nbest(models, task, [translator.encode(s) for s in sentences], beam=5)
+    for i, hyps in enumerate(ref):
+        ours = got[i].hypotheses
+        hyps = hyps[:nbest or len(hyps)]
+        assert len(ours) == len(hyps) == (nbest or 5)
+        scores = [float(h["score"]) for h in ours]
+        assert scores == sorted(scores, reverse=True), "sentence {}: not best first: {}".format(i, scores)
+        assert [h["tokens"].tolist() for h in ours] == [h["tokens"].tolist() for h in hyps], "sentence {}".format(i)
+        assert scores == pytest.approx([float(h["score"]) for h in hyps], abs=1e-4)
+        assert (got[i].score, got[i].text) == (scores[0], translator.decode(ours[0]["tokens"]))
