@@ -272,3 +272,21 @@ def test_bleu_is_scored_on_the_detokenized_d_lines(toy, escaping_toy, tmp_path):
     refs = (escaping_toy / "test.tgt").read_text().splitlines()[:12]
     assert row["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
     assert row["bleu"] > round(BLEU().corpus_score(tokenized, [refs]).score, 2) + 10  # the H- lines score far lower
+
+
+def test_the_default_output_folders_are_not_added_to_the_repository():
+    """results/ (newstest.sh, newstest_all.sh), standin/ and wmt19/ (the README's commands) are git-ignored."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    paths = ["results/newstest_table1.jsonl", "results/table1/report.md", "results/work/prepared/x",
+             "standin/wmt19.de-en.joined-dict.ensemble/model1.pt", "wmt19/wmt19.ru-en.ensemble/model1.pt"]
+    proc = subprocess.run(["git", "check-ignore", "--no-index"] + paths, cwd=REPO, capture_output=True, text=True)
+    assert proc.stdout.split() == paths
+    assert run_default("--results") == "results/newstest.jsonl" and run_default("--work-dir") == "results/work"
+
+
+def run_default(option):
+    return next(a.default for a in newstest.parser()._actions if option in a.option_strings)
