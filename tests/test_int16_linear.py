@@ -71,9 +71,26 @@ def test_the_scale_rule_cannot_overflow_int32(in_features):
 def test_the_scales_balance_precision_on_a_wide_layer():
     w = torch.randn(512, 1024, generator=torch.Generator().manual_seed(1))
     p = L.pack(w)
-    w_max = round(p.weight_scale * float(w.abs().max()))
+    w_max = int(L.quantized_weight(p).abs().max())
     assert 2500 < w_max < 4500 and 2500 < p.a_max < 4500
     assert p.a_max * p.l1 <= L.INT32_MAX < 2 * p.a_max * p.l1  # the bound is used, not wasted
+
+
+def test_each_row_is_scaled_to_the_largest_rows_absolute_sum():
+    """A row 100x smaller than another keeps its own precision: its scale is not set by the large row."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(3, 256, generator=g) * torch.tensor([[1.0], [0.1], [0.01]])
+    p = L.pack(w)
+    sums = L.quantized_weight(p).to(torch.int64).abs().sum(dim=1)
+    assert int(sums.max()) == p.l1 and int(sums.max() - sums.min()) <= 256 // 2  # rounding moves a sum by <= in/2
+    alone = L.pack(w[2:])  # the smallest row alone: the same relative step
+    assert torch.allclose(p.weight_scale[2] / p.weight_scale[0], torch.tensor(100.0, dtype=torch.float64), rtol=0.2)
+    # (the same within the two matrices' fan-in estimates; with one scale for the matrix it was 0.01)
+    assert float(alone.weight_scale[0] / p.weight_scale[2]) == pytest.approx(1.0, rel=0.2)
+    x = torch.randn(4, 256, generator=g)
+    y, exact = L.reference(x, p), x.double() @ w.double().t()
+    relative = ((y.double() - exact).abs() / exact.abs().amax(dim=0)).amax(dim=0)
+    assert float(relative.max()) < 3 * float(relative.min())  # with one scale the smallest row was ~100x worse
 
 
 @pytest.mark.skipif(not KERNELS, reason="the compiled extension is not built")

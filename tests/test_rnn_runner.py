@@ -7,8 +7,10 @@ runner's in tokens and to 1e-9 in scores, for every subset of those tricks,
 under every scheduler, for the toy LSTM, a two-model ensemble and a random
 LSTM of another shape (two layers, residuals, no attention projection of the
 encoder state, a tied output layer). int16 products are not an identity: in
-float32 they must give fairseq's tokens on >= 99% of the toy sentences, with
-every score within INT16_SCORE_BOUND of fairseq's where the tokens agree.
+float32 they must give fairseq's tokens on every toy sentence but near-ties
+(where int16 picks a hypothesis of fairseq's n-best that fairseq scores
+within INT16_SCORE_BOUND of its best), with every score within
+INT16_SCORE_BOUND of fairseq's where the tokens agree.
 Whole-test-set numbers on the Multi30k LSTM are in benchmarks/bench_int16.py.
 """
 
@@ -29,8 +31,12 @@ from fairseq_stream.runners.rnn import RnnOptions, RnnRunner, unsupported_reason
 torch.set_num_threads(1)
 
 # int16 against float32 (toy LSTM, 237 sentences): the largest score difference
-# seen where tokens agree is 2.3e-4 (a score is the mean log-probability per
-# token); the bound leaves 4x for other machines' float rounding.
+# seen where tokens agree (a score is the mean log-probability per token, so
+# two-token sentences show one token's error undiluted): 2.3e-4 on the toy
+# trained on an AVX-512 Xeon, 5.6e-4 on the toy trained on an AVX2-only EPYC
+# (training's float arithmetic differs by CPU, so the toys differ; the int16
+# kernels give the same bits on both). With one weight scale per matrix that
+# toy reached 1.7e-3: per-row scales (ops/int16_linear.py) brought it down.
 INT16_SCORE_BOUND = 1e-3
 
 SEARCHES = ("greedy", "fixed", "fixed-stay", "var-batch")
@@ -173,10 +179,21 @@ def float32_reference(loaded):
 
 
 def agreement(ref, ours):
-    """(share of sentences whose best tokens agree, the largest score difference among those)."""
+    """(share of sentences whose best tokens agree, the largest score difference among those, near-ties).
+
+    A near-tie: ours picked another hypothesis of fairseq's n-best, one that
+    fairseq scores within INT16_SCORE_BOUND of its best; its id and that
+    margin. (Every such sentence seen picked fairseq's second best, 0 to 3e-5
+    below its best.)
+    """
     same = [s for s in ref if torch.equal(ref[s][0]["tokens"], ours[s][0]["tokens"])]
     worst = max(abs(float(ref[s][0]["score"]) - float(ours[s][0]["score"])) for s in same)
-    return len(same) / len(ref), worst
+    ties = {}
+    for s in set(ref) - set(same):
+        scored = [float(h["score"]) for h in ref[s] if torch.equal(h["tokens"], ours[s][0]["tokens"])]
+        if scored and float(ref[s][0]["score"]) - scored[0] <= INT16_SCORE_BOUND:
+            ties[s] = float(ref[s][0]["score"]) - scored[0]
+    return len(same) / len(ref), worst, ties
 
 
 ALL_TRICKS = EXACT_TRICKS + ("int16_output",)
@@ -184,15 +201,17 @@ ALL_TRICKS = EXACT_TRICKS + ("int16_output",)
 
 @pytest.mark.parametrize("tricks", subsets(ALL_TRICKS),
                          ids=lambda t: "+".join(t) or "none")
-def test_int16_gives_fairseqs_tokens_on_99_percent_of_the_toy_sentences(float32_reference, tricks):
+def test_int16_gives_fairseqs_tokens_on_every_toy_sentence_but_near_ties(float32_reference, tricks):
     """Every subset of the tricks with int16 products (float32, as users run it), 237 sentences."""
     models, task, batches, ref = float32_reference
     options = RnnOptions(int16=True, **{t: t in tricks for t in ALL_TRICKS})
     dec = BeamDecoder(models, task.target_dictionary, runner="rnn", rnn_options=options, keep_reference=False,
                       **decoder_options("fixed"))
     ours = decode(dec, models, batches, None)
-    share, worst = agreement(ref, ours)
-    assert share >= 0.99
+    share, worst, ties = agreement(ref, ours)
+    assert share + len(ties) / len(ref) == 1.0, "not near-ties: {}".format(
+        sorted(s for s in ref if not torch.equal(ref[s][0]["tokens"], ours[s][0]["tokens"]) and s not in ties))
+    assert share >= 0.98  # near-ties are rare: 2 or 3 of the 237 here
     assert worst <= INT16_SCORE_BOUND
 
 

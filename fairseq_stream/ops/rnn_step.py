@@ -52,9 +52,9 @@ def available() -> bool:
 def product(packed: Optional[PackedLinear] = None, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None):
     """A product for :func:`rnn_step`: ``packed`` (int16), or a float ``weight`` (with ``bias``)."""
     if packed is not None:
-        return _extension().Int16Product(packed.packed, packed.weight_scale, packed.out_features, packed.a_max,
+        return _extension().Int16Product(packed.packed, packed.weight_inv, packed.out_features, packed.a_max,
                                          packed.bias, None)
-    return _extension().Int16Product(None, 0.0, weight.size(0), 0,
+    return _extension().Int16Product(None, None, weight.size(0), 0,
                                      None if bias is None else bias.detach().float().contiguous(),
                                      weight.detach().float().contiguous())
 

@@ -221,13 +221,14 @@ const Kernel& find_kernel(const std::string& name) {
   return kernels.back();  // not reached
 }
 
-// y[c] = float(acc[c]) * inv + bias[c], rounded after the multiply and after the add as the torch
-// reference rounds them: contracting the two into one FMA (GCC does by default) would change the
-// last bit. (A function with other optimize options is not inlined into one without them.)
+// y[c] = (float(acc[c]) * inv_a) * inv_w[c] + bias[c], each operation rounded to float32 as the torch
+// reference rounds it: contracting a multiply and the add into one FMA (GCC does by default) would
+// change the last bit. (A function with other optimize options is not inlined into one without them.)
 __attribute__((optimize("fp-contract=off"), noinline)) void dequantize(const int32_t* acc, int64_t count,
-                                                                       float inv, const float* bias, float* y) {
+                                                                       float inv_a, const float* inv_w,
+                                                                       const float* bias, float* y) {
   for (int64_t c = 0; c < count; ++c) {
-    const float scaled = static_cast<float>(acc[c]) * inv;
+    const float scaled = (static_cast<float>(acc[c]) * inv_a) * inv_w[c];
     y[c] = bias ? scaled + bias[c] : scaled;
   }
 }
@@ -240,13 +241,17 @@ std::vector<std::string> int16_kernels() {
   return names;
 }
 
-torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_scale, int64_t out_features,
-                           int64_t a_max, std::optional<torch::Tensor> bias, const std::string& kernel) {
+torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, int64_t a_max,
+                           std::optional<torch::Tensor> bias, const std::string& kernel) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() == 2,
               "int16_linear: x must be a 2-d float32 CPU tensor");
   TORCH_CHECK(packed.scalar_type() == torch::kShort && packed.dim() == 3 && packed.size(2) == 2 * kCols,
               "int16_linear: packed must come from int16_linear.pack");
   TORCH_CHECK(a_max >= 1 && a_max <= 32767, "int16_linear: a_max must be in [1, 32767]");
+  TORCH_CHECK(weight_inv.scalar_type() == torch::kFloat && weight_inv.dim() == 1,
+              "int16_linear: weight_inv must be the packed weight's float32 row scales");
+  weight_inv = weight_inv.contiguous();
+  const int64_t out_features = weight_inv.numel();
   const Kernel& kern = find_kernel(kernel);
   x = x.contiguous();
   packed = packed.contiguous();
@@ -266,6 +271,7 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_
   quantize_rows(x.data_ptr<float>(), rows, k, k_pairs, static_cast<int32_t>(a_max), kern.rows, xq.data(),
                 scale.data());
   const int16_t* w = packed.data_ptr<int16_t>();
+  const float* inv_w = weight_inv.data_ptr<float>();
   float* y = out.data_ptr<float>();
   // Split over groups of panels: each thread streams its own part of the (large) weight once.
   at::parallel_for(0, (n_panels + kern.panels - 1) / kern.panels, 1, [&](int64_t first, int64_t last) {
@@ -277,10 +283,10 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_
         const int r = static_cast<int>(std::min<int64_t>(kern.rows, rows - m0));
         kern.table[(r - 1) * kern.panels + panels - 1](xq.data() + m0 * k_pairs, k_pairs, w, p0, acc);
         for (int i = 0; i < r; ++i) {
-          const float inv = static_cast<float>(1.0 / (static_cast<double>(scale[m0 + i]) * weight_scale));
+          const float inv_a = static_cast<float>(1.0 / static_cast<double>(scale[m0 + i]));
           const int64_t n0 = p0 * kCols;
-          dequantize(acc + i * kAccStride, std::min<int64_t>(panels * kCols, out_features - n0), inv,
-                     b ? b + n0 : nullptr, y + (m0 + i) * out_features + n0);
+          dequantize(acc + i * kAccStride, std::min<int64_t>(panels * kCols, out_features - n0), inv_a,
+                     inv_w + n0, b ? b + n0 : nullptr, y + (m0 + i) * out_features + n0);
         }
       }
     }
@@ -290,10 +296,10 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_
 
 void register_int16_linear(pybind11::module& m) {
   m.def("int16_linear", &int16_linear,
-        "(x float32 (rows, in), packed int16, weight_scale, out_features, a_max, bias or None, kernel) -> "
+        "(x float32 (rows, in), packed int16, weight_inv float32 (out,), a_max, bias or None, kernel) -> "
         "float32 (rows, out); kernel: 'auto' (the best this CPU has) or one of int16_kernels(); "
         "see fairseq_stream/ops/int16_linear.py",
-        py::arg("x"), py::arg("packed"), py::arg("weight_scale"), py::arg("out_features"), py::arg("a_max"),
+        py::arg("x"), py::arg("packed"), py::arg("weight_inv"), py::arg("a_max"),
         py::arg("bias") = py::none(), py::arg("kernel") = "auto");
   m.def("int16_kernels", &int16_kernels, "the int16 kernels this CPU runs, the best (the 'auto' one) last");
 }

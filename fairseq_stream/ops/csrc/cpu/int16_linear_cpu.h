@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, double weight_scale, int64_t out_features,
-                           int64_t a_max, std::optional<torch::Tensor> bias, const std::string& kernel);
+torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, int64_t a_max,
+                           std::optional<torch::Tensor> bias, const std::string& kernel);
 
 std::vector<std::string> int16_kernels();
 

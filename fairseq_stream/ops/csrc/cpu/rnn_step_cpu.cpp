@@ -35,7 +35,7 @@ using torch::Tensor;
 
 Tensor Int16Product::operator()(const Tensor& x) const {
   if (weight) return at::linear(x, *weight, bias);
-  return int16_linear(x, packed, weight_scale, out_features, a_max, bias, "auto");
+  return int16_linear(x, packed, weight_inv, a_max, bias, "auto");
 }
 
 namespace {
@@ -211,12 +211,15 @@ std::vector<Tensor> rnn_step(const Tensor& x_in, const Tensor& feed_in, const Te
 void register_rnn_step(pybind11::module& m) {
   pybind11::class_<Int16Product>(m, "Int16Product",
                                  "A product x W^T + b for rnn_step: a packed int16 weight, or a float one")
-      .def(pybind11::init([](std::optional<Tensor> packed, double weight_scale, int64_t out_features, int64_t a_max,
+      .def(pybind11::init([](std::optional<Tensor> packed, std::optional<Tensor> weight_inv, int64_t out_features,
+                             int64_t a_max,
                              std::optional<Tensor> bias, std::optional<Tensor> weight) {
              TORCH_CHECK(packed.has_value() != weight.has_value(), "Int16Product: a packed weight or a float one");
-             return Int16Product{packed ? *packed : Tensor(), weight_scale, out_features, a_max, bias, weight};
+             TORCH_CHECK(packed.has_value() == weight_inv.has_value(), "Int16Product: a packed weight needs its scales");
+             return Int16Product{packed ? *packed : Tensor(), weight_inv ? *weight_inv : Tensor(), out_features, a_max,
+                                 bias, weight};
            }),
-           pybind11::arg("packed"), pybind11::arg("weight_scale"), pybind11::arg("out_features"),
+           pybind11::arg("packed"), pybind11::arg("weight_inv"), pybind11::arg("out_features"),
            pybind11::arg("a_max"), pybind11::arg("bias"), pybind11::arg("weight"))
       .def("__call__", &Int16Product::operator());
   m.def("rnn_step", &rnn_step,

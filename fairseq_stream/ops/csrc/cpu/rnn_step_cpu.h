@@ -10,7 +10,7 @@
 // (the output layer under --no-rnn-int16-output).
 struct __attribute__((visibility("hidden"))) Int16Product {
   torch::Tensor packed;
-  double weight_scale;
+  torch::Tensor weight_inv;  // float32 (out,): the packed weight's row scales, inverted
   int64_t out_features;
   int64_t a_max;
   std::optional<torch::Tensor> bias;
