@@ -1,13 +1,23 @@
 """Install fairseq-stream: ``pip install --no-build-isolation -e .`` after torch.
 
-The compiled output-layer kernels are optional. The CPU extension is built
-whenever its sources are present; the CUDA extension only where the installed
-torch has CUDA. A failed or skipped build leaves a working install that falls
-back to torch ops (``fairseq_stream.ops`` says which backend it uses).
+    pip install torch==2.13.0 numpy==2.4.6 cython
+    pip install --no-build-isolation -e .          # or without -e
+
+The compiled kernels (fairseq_stream._ops_cpu, and _ops_cuda where the
+installed torch has CUDA and a CUDA toolkit is found) are what make the
+searches fast. They compile against the installed torch, hence no build
+isolation. A CPU kernel that cannot be built (torch not importable here, no
+C++ compiler, a compile error) stops the install with the reason: pip shows a
+successful build's output only with -v, so a warning would go unseen and the
+install would silently run every fast path on torch ops.
+FAIRSEQ_STREAM_NO_KERNELS=1 installs without the kernels on purpose (the
+plugin then logs at run time what runs slower). The CUDA kernel is skipped,
+with a note, where torch has CUDA but no CUDA toolkit is found.
 """
 
 import glob
 import os
+import sys
 
 from setuptools import find_packages, setup
 
@@ -31,16 +41,45 @@ REQUIREMENTS = [
 ]
 
 
+NO_KERNELS_VARIABLE = "FAIRSEQ_STREAM_NO_KERNELS"
+HOW_TO_BUILD = (
+    "Install torch first and build without isolation, so that the kernels compile against it: "
+    "pip install torch==2.13.0 numpy==2.4.6 cython && pip install --no-build-isolation -e . "
+    "(a C++ compiler is needed). To install without the kernels anyway (every fast path then runs on "
+    "slower torch ops), set {}=1.".format(NO_KERNELS_VARIABLE))
+
+
 def _sources(pattern):
     return sorted(glob.glob(os.path.join(CSRC, pattern)))
 
 
+def kernels_wanted(environ=os.environ):
+    """False where the user asked for an install without the compiled kernels."""
+    return environ.get(NO_KERNELS_VARIABLE, "").strip().lower() in ("", "0", "false", "no")
+
+
+def kernel_problem(what, environ=os.environ):
+    """A kernel cannot be built: stop the install, or only warn where the user opted out."""
+    message = "fairseq-stream: {}.".format(what)
+    if kernels_wanted(environ):
+        raise SystemExit("\n{}\n{}\n".format(message, HOW_TO_BUILD))
+    print("{} Installing without it ({} is set): the plugin runs on torch ops, slower.".format(
+        message, NO_KERNELS_VARIABLE), file=sys.stderr)
+
+
 def optional_extensions():
     """The extensions this machine can build, and the build_ext command for them."""
+    if not kernels_wanted():
+        print("fairseq-stream: {} is set: installing without the compiled kernels".format(NO_KERNELS_VARIABLE),
+              file=sys.stderr)
+        return [], {}
     try:
         import torch
         from torch.utils import cpp_extension
-    except ImportError:  # torch must be installed first (no build isolation)
+    except ImportError as e:  # torch must be installed first and visible (no build isolation)
+        kernel_problem("cannot build the compiled kernels: torch is not importable by this build ({}: {}): "
+                       "it is not installed yet, or pip's build isolation (an install without "
+                       "--no-build-isolation) hides it".format(type(e).__name__, e))
         return [], {}
 
     extensions = []
@@ -55,50 +94,69 @@ def optional_extensions():
                 extra_link_args=["-fopenmp"],
             )
         )
+    else:
+        kernel_problem("no CPU kernel sources under {}".format(CSRC))
     cuda_sources = _sources("cuda/*.cu") + _sources("cuda/*.cpp")
     if cuda_sources and torch.version.cuda and cpp_extension.CUDA_HOME:
         extensions.append(
             cpp_extension.CUDAExtension("fairseq_stream._ops_cuda", cuda_sources)
         )
+    elif cuda_sources and torch.version.cuda:
+        print("fairseq-stream: skipping the CUDA kernel: torch has CUDA {} but no CUDA toolkit was found "
+              "(set CUDA_HOME to build it)".format(torch.version.cuda), file=sys.stderr)
     if not extensions:
         return [], {}
+    return extensions, {"build_ext": kernel_build_command(cpp_extension.BuildExtension)}
 
-    class OptionalBuildExt(cpp_extension.BuildExtension):
-        """Build each extension if possible; a failure only costs the fast path."""
 
+def kernel_build_command(base):
+    """torch's BuildExtension, with a failed kernel reported as what it costs and how to get it."""
+
+    class KernelBuildExt(base):
         def build_extension(self, ext):
             try:
                 super().build_extension(ext)
-            except Exception as e:  # noqa: BLE001 - any compiler failure is optional
-                print("fairseq-stream: skipping optional extension {}: {}".format(ext.name, e))
+            except Exception as e:  # noqa: BLE001 - the compiler's or ninja's failure, whatever its type
+                last = (str(e).strip().splitlines() or [""])[-1]
+                kernel_problem("building the compiled kernel {} failed ({}: {}); the compiler's output is "
+                               "above".format(ext.name, type(e).__name__, last))
 
-    return extensions, {"build_ext": OptionalBuildExt}
+    return KernelBuildExt
 
 
-ext_modules, cmdclass = optional_extensions()
+def main():
+    ext_modules, cmdclass = optional_extensions()
+    setup(**arguments(ext_modules, cmdclass))
 
-setup(
-    name="fairseq-stream",
-    version="0.1.0",
-    description="Faster decoding for fairseq translation models (fairseq plugin)",
-    long_description=open(os.path.join(HERE, "README.md")).read()
-    if os.path.exists(os.path.join(HERE, "README.md"))
-    else "",
-    long_description_content_type="text/markdown",
-    python_requires=">=3.10",
-    packages=find_packages(include=["fairseq_stream", "fairseq_stream.*"]),
-    # The --preset files ship with the plugin, so a non-editable install finds them too.
-    package_data={"fairseq_stream.presets": ["*.args", "README.md"]},
-    install_requires=REQUIREMENTS,
-    extras_require={"test": ["pytest==9.2.0", "pytest-xdist==3.8.0"], "bench": ["ctranslate2==4.8.5"]},
-    ext_modules=ext_modules,
-    cmdclass=cmdclass,
-    entry_points={
-        "console_scripts": [
-            "fairseq-stream-generate = fairseq_stream.cli:generate",
-            "fairseq-stream-interactive = fairseq_stream.cli:interactive",
-            "fairseq-stream-user-dir = fairseq_stream.cli:print_plugin_dir",
-            "fairseq-stream-bulk = fairseq_stream.bulk:main",
-        ]
-    },
-)
+
+def arguments(ext_modules, cmdclass):
+    """setup()'s keyword arguments."""
+    readme = os.path.join(HERE, "README.md")
+    return dict(
+        name="fairseq-stream",
+        version="0.1.0",
+        description="Faster decoding for fairseq translation models (fairseq plugin)",
+        long_description=open(readme).read() if os.path.exists(readme) else "",
+        long_description_content_type="text/markdown",
+        python_requires=">=3.10",
+        packages=find_packages(include=["fairseq_stream", "fairseq_stream.*"]),
+        # The --preset files ship with the plugin, so a non-editable install finds them too.
+        package_data={"fairseq_stream.presets": ["*.args", "README.md"]},
+        install_requires=REQUIREMENTS,
+        extras_require={"test": ["pytest==9.2.0", "pytest-xdist==3.8.0"], "bench": ["ctranslate2==4.8.5"]},
+        ext_modules=ext_modules,
+        cmdclass=cmdclass,
+        entry_points={
+            "console_scripts": [
+                "fairseq-stream-generate = fairseq_stream.cli:generate",
+                "fairseq-stream-interactive = fairseq_stream.cli:interactive",
+                "fairseq-stream-user-dir = fairseq_stream.cli:print_plugin_dir",
+                "fairseq-stream-bulk = fairseq_stream.bulk:main",
+            ]
+        },
+    )
+
+
+# pip's setuptools backend and ``python setup.py`` run this file as __main__; tests import it.
+if __name__ == "__main__":
+    main()

@@ -45,5 +45,10 @@ step "$VENV/bin/pip" install --upgrade pip wheel setuptools
 step "$VENV/bin/pip" install torch==2.13.0 numpy==2.4.6 cython
 # fairseq-fixed compiles against the torch and numpy above (no build isolation).
 step "$VENV/bin/pip" install --no-build-isolation -e '.[test]'
+# setup.py stops on a kernel that fails to build; this catches one that was built but does not load
+# (without it every fast path would run on torch ops). FAIRSEQ_STREAM_NO_KERNELS=1 skips both.
+case "$(echo "${FAIRSEQ_STREAM_NO_KERNELS:-}" | tr 'A-Z' 'a-z')" in
+  ""|0|false|no) step "$VENV/bin/python" -c 'import torch, fairseq_stream._ops_cpu' ;;
+esac
 echo "$want" > "$stamp"
 echo "fairseq-stream: environment ready in $VENV (build log: $log)"

@@ -54,6 +54,7 @@ word indices not already returned.
 """
 
 import importlib
+import logging
 import math
 from typing import List, NamedTuple, Optional, Sequence, Union
 
@@ -97,6 +98,12 @@ def compiled_module(kind: str):
         except ImportError as e:  # not built (optional), or built for another torch
             _EXTENSIONS[kind] = None
             _MISSING[kind] = str(e)
+            if kind == "cpu" or torch.cuda.is_available():  # once a process: what is slow, and the cure
+                logging.getLogger(__name__).warning(
+                    "fairseq-stream: the compiled %s kernels (fairseq_stream._ops_%s) are not built or do not "
+                    "load (%s): the search step, the lean runner's layers and the fused output layer run on "
+                    "slower torch ops; build them with `pip install --no-build-isolation -e .` after torch "
+                    "(README: Install)", kind.upper(), kind, e)
     return _EXTENSIONS[kind]
 
 
