@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import sorted_batches
+from conftest import sorted_batches, toy_cache
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import output_layer as ol
 from fairseq_stream.ops import auto_backend, available_backends, greedy_log_softmax, topk_log_softmax
@@ -363,7 +363,7 @@ EMU_SOURCES = [CSRC / "cuda" / "output_layer_cuda.cu", CSRC / "cuda" / "output_l
 def cuda_emulation():
     """csrc/cuda_emu's host build of the CUDA kernels (cached per source hash), via ctypes."""
     digest = hashlib.sha1(b"".join(p.read_bytes() for p in EMU_SOURCES)).hexdigest()[:12]
-    base = Path(os.environ.get("FAIRSEQ_STREAM_CACHE", Path.home() / ".cache" / "fairseq-stream"))
+    base = toy_cache.cache_base()  # the toy's cache folder (XDG_CACHE_HOME honoured)
     lib = base / "cuda-emu-{}.so".format(digest)
     base.mkdir(parents=True, exist_ok=True)
     with open(str(lib) + ".lock", "w") as lock:
