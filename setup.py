@@ -90,7 +90,9 @@ def optional_extensions():
                 "fairseq_stream._ops_cpu",
                 cpu_sources,
                 # -fno-trapping-math: lets loops with selects vectorize (rnn_step_cpu.cpp); no result changes.
-                extra_compile_args=["-O3", "-march=native", "-fopenmp", "-fno-trapping-math"],
+                # -g0 overrides the -g of Python's CFLAGS: debug info for torch's headers was a quarter of each
+                # file's compile time (66 s -> 51 s for int16_linear_cpu.cpp on the AVX2 EPYC).
+                extra_compile_args=["-O3", "-g0", "-march=native", "-fopenmp", "-fno-trapping-math"],
                 extra_link_args=["-fopenmp"],
             )
         )
