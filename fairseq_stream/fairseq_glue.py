@@ -147,9 +147,9 @@ def _patch_parse_args_and_arch():
         # already includes its generator's options, plus --generator) would
         # otherwise fail inside argparse with a conflicting-option traceback,
         # and an unknown name is named as unknown, not as a bad combination.
-        error = check_names(chosen.search, chosen.generator)
-        if not error and chosen.search in _search_registry():
-            error = check_selection(chosen.search, chosen.generator)
+        # (check_selection names unknown names first.)
+        error = (check_selection(chosen.search, chosen.generator) if chosen.search in _search_registry()
+                 else check_names(chosen.search, chosen.generator))
         if error:
             parser.error(error)
         result = original(parser, input_args=input_args, parse_known=parse_known, **kwargs)

@@ -187,7 +187,6 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
         check_beam(getattr(gen_cfg, "beam", 5))
     if not getattr(search_cls, "fairseq_generator", False):
         check_nbest(search_name, search_cls, gen_cfg)
-    if not getattr(search_cls, "fairseq_generator", False):
         check_generation_options(search_name, gen_cfg)
     elif getattr(gen_cfg, "sampling", False) and getattr(gen_cfg, "nbest", 1) != getattr(gen_cfg, "beam", 5):
         # fairseq-generate and -interactive assert this (a traceback).
@@ -210,7 +209,6 @@ def build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, 
     (default: fixed width with ``--finalize fairseq``).
     """
     from fairseq_stream.decoder import BeamDecoder
-
     from fairseq_stream.registry import SEARCH_REGISTRY
 
     check_generation_options(name, gen_cfg)
