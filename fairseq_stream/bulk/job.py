@@ -221,11 +221,16 @@ class _Worker:
 
     def work(self):
         """Translate chunks until the counter passes the last one."""
-        while True:
-            i = self.ranks.store.add(NEXT_CHUNK, 1) - 1
-            if i >= self.index.chunks:
-                return
-            self._chunk(i)
+        while self.take_one():
+            pass
+
+    def take_one(self) -> bool:
+        """Take the next free chunk from the shared counter and do it; False once none is left."""
+        i = self.ranks.store.add(NEXT_CHUNK, 1) - 1
+        if i >= self.index.chunks:
+            return False
+        self._chunk(i)
+        return True
 
     def _chunk(self, i: int):
         data, lines = ch.read_chunk(self.index, i)
