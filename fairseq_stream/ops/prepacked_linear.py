@@ -14,8 +14,8 @@ window) the product is bound by reading W, and MKL changes method at 4 rows
 on a CPU with AVX-512F, the product is our own (``csrc/cpu/skinny_linear_cpu.cpp``,
 :func:`skinny_rows`): W read once in its own layout while up to 4 rows
 share each load, 0.29-0.35 ms at 1 to 5 rows; a whole batch-1 window call
-of 1 to 5 positions costs 0.78-0.96 ms against MKL's 0.87-1.11
-(docs/BENCHMARKS.md, Jacobi run 11). Without AVX-512F, 2 and 3 rows take
+of 1 to 5 positions costs 0.78-0.96 ms against MKL's 0.87-1.11 (one thread
+of the Xeon, 2026-11-25; docs/HISTORY.md, "the skinny product"). Without AVX-512F, 2 and 3 rows take
 MKL's unpacked skinny path (``F.linear`` on the weight itself) and the
 other row counts the packed product.
 
