@@ -75,7 +75,7 @@ from bench_stream import decode_stream  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from fairseq_stream.decoder import BeamDecoder  # noqa: E402
-from fairseq_stream.runner import ModelRunner  # noqa: E402
+from fairseq_stream.runners.fairseq_runner import ModelRunner  # noqa: E402
 from fairseq_stream.runners.lean import LeanRunner  # noqa: E402
 
 # The lean runner with one compiled part on its torch reference.

@@ -160,7 +160,8 @@ class BeamDecoder:
         return min(2 * k, V)
 
     def _output_backend(self) -> str:
-        from fairseq_stream.runner import ModelRunner, module_device
+        from fairseq_stream.runners.base import module_device
+        from fairseq_stream.runners.fairseq_runner import ModelRunner
 
         device = module_device(self.runner.model)
         # Bitwise fairseq needs fairseq's runner and output layer together: without the one, the other

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fairseq_stream.runners import lean_encoder
-from fairseq_stream.runners.lean import LeanModel
+from fairseq_stream.runners.lean_model import LeanModel
 from test_lean_runner import models64, random_transformer  # noqa: F401  (a fixture, and its helper)
 
 torch.set_num_threads(1)

@@ -116,7 +116,7 @@ def test_lean_float32_prints_the_same_hypotheses(loaded):
 
 
 def test_auto_picks_lean_for_transformers_and_keeps_fairseq_where_promised(loaded, caplog):
-    from fairseq_stream.runner import ModelRunner
+    from fairseq_stream.runners.fairseq_runner import ModelRunner
 
     transformers, _ = loaded("ensemble")
     lstm, _ = loaded("lstm")
@@ -204,7 +204,7 @@ def test_batches_in_input_order_encode_in_groups_exactly(exact, float64_fairseq,
     """With fairseq's encoder (the lean encoder off: GPUs, encoders it does not know), batches in input
     order (mini-batching, top-up) encode their sources in groups of similar length: the same n-best as
     the fairseq runner, which encodes each batch whole."""
-    from fairseq_stream.runners import lean
+    from fairseq_stream.runners import lean_model
 
     models, task = exact("ensemble")
     dataset = task.dataset("valid")
@@ -212,9 +212,9 @@ def test_batches_in_input_order_encode_in_groups_exactly(exact, float64_fairseq,
     opts = decoder_options("var-batch")
     ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts), models, batches, None)
     groups = []
-    monkeypatch.setattr(lean, "ENCODER_CALL_COST", 4)
-    real = lean.source_groups
-    monkeypatch.setattr(lean, "source_groups", lambda *args: groups.append(real(*args)) or groups[-1])
+    monkeypatch.setattr(lean_model, "ENCODER_CALL_COST", 4)
+    real = lean_model.source_groups
+    monkeypatch.setattr(lean_model, "source_groups", lambda *args: groups.append(real(*args)) or groups[-1])
     dec = BeamDecoder(models, task.target_dictionary, runner="lean", **opts)
     dec.runner.compiled_attention = compiled_attention
     dec.runner.packed_encoder = False
@@ -224,7 +224,7 @@ def test_batches_in_input_order_encode_in_groups_exactly(exact, float64_fairseq,
 
 
 def test_source_groups_cut_where_padding_costs_more_than_a_call():
-    from fairseq_stream.runners.lean import source_groups
+    from fairseq_stream.runners.lean_model import source_groups
 
     assert source_groups([5] * 8, 5) == [list(range(8))]  # nothing to save
     assert source_groups([3, 4, 3, 5], 5, call_cost=32) == [[0, 1, 2, 3]]  # too little to save

@@ -24,7 +24,7 @@ import torch
 from conftest import decode, decoder_options, differences, generate_in_process, hypotheses, run_tool, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.runner import ModelRunner
+from fairseq_stream.runners.fairseq_runner import ModelRunner
 from fairseq_stream.runners import build_runner
 from fairseq_stream.runners.rnn import RnnOptions, RnnRunner, unsupported_reason
 

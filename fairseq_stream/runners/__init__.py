@@ -4,7 +4,7 @@ Runners whose states hold rows of different prefix lengths (``joins_lengths``:
 lean, rnn) also take ``concat(states, any_length=True)`` and ``step_own``, a
 step of every row at its own length (:meth:`fairseq_stream.cohort.Cohort.merge`).
 
-* ``fairseq``: :class:`fairseq_stream.runner.ModelRunner`, fairseq's own
+* ``fairseq``: :class:`fairseq_stream.runners.fairseq_runner.ModelRunner`, fairseq's own
   ``EnsembleModel`` calls; the reference every other runner is tested against.
 * ``lean``: :class:`fairseq_stream.runners.lean.LeanRunner`, our own
   incremental step for fairseq transformers (preallocated caches, encoder keys
@@ -56,7 +56,7 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
             (:class:`~fairseq_stream.runners.rnn.RnnOptions`); with ``int16``
             the RNN runner is required: anything else is a one-line error.
     """
-    from fairseq_stream.runner import ModelRunner
+    from fairseq_stream.runners.fairseq_runner import ModelRunner
     from fairseq_stream.runners import rnn
 
     options = rnn_options or rnn.RnnOptions()

@@ -37,19 +37,16 @@ hypotheses differ on a few sentences of a test set in a thousand
 (benchmarks/bench_step.py measures it).
 """
 
-import bisect
-import math
 from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_stream.ops import attention, lean_step, prepacked_linear
-from fairseq_stream.runners import lean_encoder
+from fairseq_stream.ops import attention, lean_step
+from fairseq_stream.ops.packing import pack_by_sentence
+from fairseq_stream.runners.lean_model import EncoderKeys, LeanModel
 from fairseq_stream.runners.own_step import OwnStepRunner
-from fairseq_stream.runners.packing import pack_by_sentence
 
 # Segments a state may hold before they are merged into one (each costs an
 # attention call per layer and step).
@@ -99,238 +96,6 @@ def unsupported_reason(model) -> Optional[str]:
     return None
 
 
-def _norm(module):
-    """(shape, weight, bias, eps) of a LayerNorm, or None."""
-    if module is None:
-        return None
-    return (module.normalized_shape, module.weight, module.bias, module.eps)
-
-
-def _apply_norm(x, norm):
-    shape, weight, bias, eps = norm
-    return F.layer_norm(x, shape, weight, bias, eps)
-
-
-def _joined(modules, prepack: bool) -> prepacked_linear.Linear:
-    """One product for the ``nn.Linear`` modules' outputs side by side (fused projections)."""
-    weight = modules[0].weight if len(modules) == 1 else torch.cat([m.weight for m in modules])
-    biases = [m.bias for m in modules]
-    bias = None if biases[0] is None else (biases[0] if len(modules) == 1 else torch.cat(biases))
-    return prepacked_linear.linear(weight, bias, prepack)
-
-
-class _Layer:
-    """One decoder layer's weights, arranged for the step; products are callables (:mod:`prepacked_linear`)."""
-
-    def __init__(self, layer, prepack: bool):
-        self_attn, cross = layer.self_attn, layer.encoder_attn
-        self.pre_norm = layer.normalize_before
-        self.qkv = _joined([self_attn.q_proj, self_attn.k_proj, self_attn.v_proj], prepack)
-        self.self_out = _joined([self_attn.out_proj], prepack)
-        self.self_norm = _norm(layer.self_attn_layer_norm)
-        self.scaling = self_attn.scaling
-        self.cross_q = _joined([cross.q_proj], prepack)
-        self.cross_kv = _joined([cross.k_proj, cross.v_proj], prepack)
-        self.cross_out = _joined([cross.out_proj], prepack)
-        self.cross_norm = _norm(layer.encoder_attn_layer_norm)
-        self.cross_scaling = cross.scaling
-        self.fc1, self.fc2 = _joined([layer.fc1], prepack), _joined([layer.fc2], prepack)
-        self.activation = layer.activation_fn
-        self.final_norm = _norm(layer.final_layer_norm)
-
-    def residual(self, x: Tensor, norm, block) -> Tensor:
-        """``x + block(x)`` with ``norm`` applied as fairseq places it: before ``block`` (pre-norm) or after the sum."""
-        h = _apply_norm(x, norm) if self.pre_norm else x
-        x = x + block(h)
-        return x if self.pre_norm else _apply_norm(x, norm)
-
-    def feed_forward(self, x: Tensor) -> Tensor:
-        """The feed-forward sub-layer, with its residual and norm."""
-        return self.residual(x, self.final_norm, lambda h: self.fc2(self.activation(self.fc1(h))))
-
-
-class LeanModel:
-    """One fairseq transformer's decoder weights, arranged for the lean step.
-
-    With ``prepack`` (and float32 weights on the CPU) the products hold
-    copies packed for MKL (:mod:`fairseq_stream.ops.prepacked_linear`), made
-    here: build a new model after changing the parameters (products of 2 and
-    3 rows read them, the others the copies).
-    """
-
-    def __init__(self, model, prepack: bool = True):
-        decoder = model.decoder
-        self.model = model
-        self.embed = decoder.embed_tokens.weight
-        self.embed_scale = decoder.embed_scale
-        self.padding_idx = decoder.padding_idx
-        self.project_in = _joined([decoder.project_in_dim], prepack) if decoder.project_in_dim is not None else None
-        self.project_out = (_joined([decoder.project_out_dim], prepack)
-                            if decoder.project_out_dim is not None else None)
-        self.embed_norm = _norm(decoder.layernorm_embedding)
-        self.final_norm = _norm(decoder.layer_norm)
-        self.output = _joined([decoder.output_projection], prepack)
-        self.layers = [_Layer(layer, prepack) for layer in decoder.layers]
-        self.compiled = lean_step.compile_layers(self.layers)  # None: the Python step only
-        first = decoder.layers[0].self_attn
-        self.heads, self.head_dim, self.dim = first.num_heads, first.head_dim, first.embed_dim
-        self.positions = self._position_table(decoder)
-        self.encoder = None  # None: fairseq's encoder
-        # Compiled for the CPU only: elsewhere its joined weights would be a copy nothing reads.
-        if lean_encoder.unsupported_reason(model.encoder) is None and model.encoder.embed_tokens.weight.is_cpu:
-            self.encoder = lean_encoder.LeanEncoder(model.encoder, self._position_table(model.encoder))
-
-    @staticmethod
-    def _position_table(coder):
-        """Every position's embedding of a decoder or encoder, indexed as fairseq does (``padding_idx + prefix length``)."""
-        from fairseq.modules import SinusoidalPositionalEmbedding
-
-        module = coder.embed_positions
-        if module is None:
-            return None
-        if isinstance(module, SinusoidalPositionalEmbedding):
-            size = module.padding_idx + 2 + coder.max_positions()
-            return SinusoidalPositionalEmbedding.get_embedding(
-                size, module.embedding_dim, module.padding_idx).to(module.weights)
-        return module.weight
-
-    def embed_at(self, tokens: Tensor, where) -> Tensor:
-        """The decoder's input for ``tokens`` (flat) at positions ``where``.
-
-        ``where`` indexes the position table (``padding_idx + 1 + prefix
-        length``): an int for all tokens, a tensor with one index per token,
-        or None for a model without positions.
-        """
-        x = self.embed_scale * F.embedding(tokens, self.embed)
-        if self.project_in is not None:
-            x = self.project_in(x)
-        if self.positions is not None:
-            x = x + (self.positions[where] if isinstance(where, int) else self.positions.index_select(0, where))
-        if self.embed_norm is not None:
-            x = _apply_norm(x, self.embed_norm)
-        return x
-
-    def logits(self, x: Tensor) -> Tensor:
-        """The output layer's logits from the last decoder layer's states."""
-        if self.final_norm is not None:
-            x = _apply_norm(x, self.final_norm)
-        if self.project_out is not None:
-            x = self.project_out(x)
-        return self.output(x)
-
-    def encode(self, net_input, packed: bool = True):
-        """The encoder, then every layer's encoder keys and values, once per sentence.
-
-        With ``packed``, where :class:`LeanEncoder` applies (the CPU, a plain
-        fairseq transformer encoder), the batch's tokens are encoded without
-        padding in one compiled call (:mod:`fairseq_stream.runners.lean_encoder`).
-
-        Otherwise fairseq's encoder runs. On the CPU a batch of sources of
-        very different lengths (batches in input order: mini-batching,
-        top-up, a service) is then encoded in groups of similar length
-        (:func:`source_groups`): the encoder's products ran every padded
-        position of the longest source for every sentence. The groups' keys
-        are joined in the batch's order, each sentence's source padded on
-        the right (masked): a sentence's keys and values are its own
-        encoding's whatever the batch.
-        """
-        src_tokens = net_input["src_tokens"]
-        plain = set(net_input) <= {"src_tokens", "src_lengths", "prev_output_tokens"}
-        if packed and plain and self.encoder is not None and self.encoder.applies(src_tokens):
-            return self._encode_packed(src_tokens)
-        pad = getattr(self.model.encoder, "padding_idx", None)
-        if src_tokens.is_cpu and pad is not None and src_tokens.dim() == 2 and plain:
-            groups = source_groups(src_tokens.ne(pad).sum(dim=1).tolist(), src_tokens.size(1), ENCODER_CALL_COST)
-            if len(groups) > 1:
-                parts = []
-                for group in groups:
-                    index = torch.tensor(group, dtype=torch.long)
-                    tokens = src_tokens.index_select(0, index)
-                    used = tokens.ne(pad).any(dim=0).nonzero().view(-1)
-                    tokens = tokens[:, int(used[0]): int(used[-1]) + 1]
-                    sub = {"src_tokens": tokens, "src_lengths": tokens.ne(pad).sum(dim=1)}
-                    parts.append(self._encode(sub))
-                order = torch.empty(src_tokens.size(0), dtype=torch.long)
-                order[torch.tensor([i for g in groups for i in g])] = torch.arange(src_tokens.size(0))
-                return _EncoderKeys.concat(parts).select(order)
-        return self._encode(net_input)
-
-    def _encode(self, net_input):
-        out = self.model.encoder.forward_torchscript(net_input)
-        enc = out["encoder_out"][0]  # (T, S, C)
-        T, S = enc.size(0), enc.size(1)
-        keys, values = [], []
-        for layer in self.layers:
-            kv = layer.cross_kv(enc).view(T, S, 2, self.heads, self.head_dim)
-            kv = kv.permute(2, 1, 3, 0, 4)  # (2, S, H, T, hd)
-            keys.append(kv[0].contiguous())
-            values.append(kv[1].contiguous())
-        masks = out.get("encoder_padding_mask") or []
-        mask = None
-        if masks and masks[0] is not None and masks[0].numel() and bool(masks[0].any()):
-            mask = torch.zeros(S, 1, 1, T, dtype=enc.dtype, device=enc.device)
-            mask.masked_fill_(masks[0].view(S, 1, 1, T), -math.inf)
-        return _EncoderKeys(keys, values, mask)
-
-    def _encode_packed(self, src_tokens: Tensor) -> "_EncoderKeys":
-        """Every decoder layer's encoder keys and values from :class:`LeanEncoder`'s packed states.
-
-        Each sentence's source starts at position 0 and is padded on the
-        right (masked, keys and values 0) to the batch's longest.
-        """
-        states, lengths = self.encoder.encode(src_tokens)
-        S, T = lengths.numel(), int(lengths.max())
-        ragged = bool(lengths.ne(T).any())
-        if ragged:
-            keep = torch.arange(T, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)  # (S, T)
-            where = keep.view(-1).nonzero().view(-1)
-        keys, values = [], []
-        for layer in self.layers:
-            kv = layer.cross_kv(states)  # (tokens, 2 * dim)
-            if ragged:
-                kv = kv.new_zeros(S * T, kv.size(1)).index_copy_(0, where, kv)
-            kv = kv.view(S, T, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (2, S, H, T, hd)
-            keys.append(kv[0].contiguous())
-            values.append(kv[1].contiguous())
-        mask = None
-        if ragged:
-            mask = states.new_zeros(S, 1, 1, T).masked_fill_(~keep.view(S, 1, 1, T), -math.inf)
-        return _EncoderKeys(keys, values, mask)
-
-
-# A CPU encoder call's fixed cost in source positions (one sentence's token through every layer):
-# grouping a batch's sources by length pays where it saves more padded positions than this a group.
-# Multi30k transformer, one Xeon thread: a batch of 64 in input order took 72 ms, sorted 40 ms
-# (docs/BENCHMARKS.md, top-up run 4), about 37 us a padded position against ~1 ms a call.
-ENCODER_CALL_COST = 32
-
-
-def source_groups(lengths: List[int], padded: int, call_cost: int = ENCODER_CALL_COST) -> List[List[int]]:
-    """The batch's sentences (indices) in groups of similar length, encoding fewest positions plus calls.
-
-    One group (the whole batch, as it is) where grouping does not pay;
-    otherwise the sentences sorted by length and cut where the positions
-    encoded (each group's size times its longest source) plus ``call_cost``
-    per group are fewest (dynamic programming over the distinct lengths).
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    ordered = [lengths[i] for i in order]
-    values = sorted(set(lengths))
-    ends = [bisect.bisect_right(ordered, v) for v in values]  # sentences up to each length
-    # best[j]: the cost of encoding the sentences up to the j-th distinct length; cut[j]: its last group's start.
-    best, cut = [0] * (len(values) + 1), [0] * (len(values) + 1)
-    starts = [0] + ends
-    for j in range(1, len(values) + 1):
-        best[j], cut[j] = min((best[i] + (ends[j - 1] - starts[i]) * values[j - 1] + call_cost, i) for i in range(j))
-    if best[-1] >= len(lengths) * padded + call_cost:
-        return [list(range(len(lengths)))]
-    groups, j = [], len(values)
-    while j > 0:
-        groups.append(order[starts[cut[j]]: ends[j - 1]])
-        j = cut[j]
-    return groups[::-1]
-
-
 def _resized(cache: Tensor, rows: int, positions: int, length: int, slot: Optional[Tensor] = None) -> Tensor:
     """``cache`` in a new tensor of ``rows`` x ``positions``; only the first ``length`` positions are kept.
 
@@ -348,58 +113,10 @@ def _resized(cache: Tensor, rows: int, positions: int, length: int, slot: Option
     return new
 
 
-@dataclass
-class _EncoderKeys:
-    """One model's encoder keys and values per layer, ``(sentences, heads, source, head_dim)``."""
-
-    keys: List[Tensor]
-    values: List[Tensor]
-    mask: Optional[Tensor]  # (sentences, 1, 1, source) additive, or None
-
-    @property
-    def sentences(self):
-        return self.keys[0].size(0)
-
-    @property
-    def source_length(self):
-        return self.keys[0].size(2)
-
-    def select(self, sentences: Tensor) -> "_EncoderKeys":
-        return _EncoderKeys(
-            [k.index_select(0, sentences) for k in self.keys],
-            [v.index_select(0, sentences) for v in self.values],
-            self.mask.index_select(0, sentences) if self.mask is not None else None,
-        )
-
-    @staticmethod
-    def concat(parts: List["_EncoderKeys"]) -> "_EncoderKeys":
-        """Join along sentences, padding sources on the right with masked positions."""
-        length = max(p.source_length for p in parts)
-        any_mask = any(p.mask is not None for p in parts) or len({p.source_length for p in parts}) > 1
-
-        def pad(t):
-            extra = length - t.size(2)
-            return F.pad(t, (0, 0, 0, extra)) if extra else t
-
-        mask = None
-        if any_mask:
-            masks = []
-            for p in parts:
-                m = p.mask if p.mask is not None else p.keys[0].new_zeros(p.sentences, 1, 1, p.source_length)
-                masks.append(F.pad(m, (0, length - p.source_length), value=-math.inf))
-            mask = torch.cat(masks)
-        layers = range(len(parts[0].keys))
-        return _EncoderKeys(
-            [torch.cat([pad(p.keys[i]) for p in parts]) for i in layers],
-            [torch.cat([pad(p.values[i]) for p in parts]) for i in layers],
-            mask,
-        )
-
-
 class _Segment:
     """Rows started together: their caches (one per model), encoder keys and prefix length."""
 
-    def __init__(self, encoder: List[_EncoderKeys], row_sentence: Tensor, caches: List[Tensor], length: int):
+    def __init__(self, encoder: List[EncoderKeys], row_sentence: Tensor, caches: List[Tensor], length: int):
         self.encoder = encoder  # per model; shared (read-only) by segments split from one another
         self.row_sentence = row_sentence  # (rows,) index into the encoder keys
         self.caches = caches  # per model (2 * layers, capacity rows, heads, capacity positions, head_dim)
@@ -438,7 +155,7 @@ class LeanState:
 class LeanRunner(OwnStepRunner):
     """Encode sentences, then run single-token decoder steps of fairseq transformers ourselves.
 
-    The same interface as :class:`fairseq_stream.runner.ModelRunner`.
+    The same interface as :class:`fairseq_stream.runners.fairseq_runner.ModelRunner`.
 
     Args:
         models: fairseq transformer models (an ensemble of one or more) that
@@ -484,7 +201,7 @@ class LeanRunner(OwnStepRunner):
         S = net_input["src_tokens"].size(0)
         device = net_input["src_tokens"].device
         row_sentence = torch.arange(S, device=device).repeat_interleave(rows_per_sentence)
-        caches = [self._new_cache(m, row_sentence.numel(), INITIAL_CAPACITY, device) for m in self.lean]
+        caches = [m.new_cache(row_sentence.numel(), INITIAL_CAPACITY, device) for m in self.lean]
         return LeanState([_Segment(encoder, row_sentence, caches, 0)])
 
     @torch.no_grad()
@@ -575,13 +292,6 @@ class LeanRunner(OwnStepRunner):
 
     # -- internals ---------------------------------------------------------
 
-    def _new_cache(self, lean: LeanModel, rows: int, positions: int, device):
-        # Not zeroed (at k=5 and 64 sentences, 63 MB: 22 ms a batch, 3% of decoding): a row reads only
-        # positions it wrote, and the torch attention's free slots, read with the others, are dropped
-        # (as in _resized).
-        return torch.empty(2 * len(lean.layers), rows, lean.heads, positions, lean.head_dim,
-                           dtype=lean.embed.dtype, device=device)
-
     @staticmethod
     def _split(state: LeanState, order: Tensor):
         """``order`` (rows of the whole state) as (segment, rows of that segment) pairs.
@@ -622,7 +332,7 @@ class LeanRunner(OwnStepRunner):
         for s in segments:
             sentence.append(s.row_sentence + offsets)
             offsets += s.encoder[0].sentences
-        encoder = [_EncoderKeys.concat([s.encoder[i] for s in segments]) for i in range(len(segments[0].encoder))]
+        encoder = [EncoderKeys.concat([s.encoder[i] for s in segments]) for i in range(len(segments[0].encoder))]
         return LeanRunner._compacted(_Segment(encoder, torch.cat(sentence), caches, length))
 
     @staticmethod
@@ -717,29 +427,24 @@ class LeanRunner(OwnStepRunner):
                 [s.length for s in segments], [a for a, _ in bounds] + [bounds[-1][1]], [e.keys for e in encoders],
                 [e.values for e in encoders], [e.mask for e in encoders], [s.row_sentence for s in segments])
             return lean.logits(x)
-        for l, layer in enumerate(lean.layers):
+        def self_attention(l, layer, h):
+            # Write this position's key and value, attend over the prefix.
+            q, k, v = layer.qkv(h).split(D, dim=-1)
+            outs = [attention.cached_attention_(q[a:b], k[a:b], v[a:b], s.caches[index][2 * l],
+                                                s.caches[index][2 * l + 1], s.slot, s.length, layer.scaling, compiled)
+                    for s, (a, b) in zip(segments, bounds)]
+            return layer.self_out(outs[0] if len(outs) == 1 else torch.cat(outs))
 
-            def self_attention(h):
-                # Write this position's key and value, attend over the prefix.
-                q, k, v = layer.qkv(h).split(D, dim=-1)
-                outs = [attention.cached_attention_(q[a:b], k[a:b], v[a:b], s.caches[index][2 * l],
-                                                    s.caches[index][2 * l + 1], s.slot, s.length, layer.scaling,
-                                                    compiled)
-                        for s, (a, b) in zip(segments, bounds)]
-                return layer.self_out(outs[0] if len(outs) == 1 else torch.cat(outs))
+        def encoder_attention(l, layer, h):
+            # Every row attends over its own sentence's keys (no per-row copy).
+            q = layer.cross_q(h)
+            outs = []
+            for s, (a, b) in zip(segments, bounds):
+                enc = s.encoder[index]
+                outs.append(attention.source_attention(
+                    q[a:b], enc.keys[l], enc.values[l], enc.mask, layer.cross_scaling, s.row_sentence,
+                    None if compiled else s.packing(), compiled))
+            return layer.cross_out(outs[0] if len(outs) == 1 else torch.cat(outs))
 
-            def encoder_attention(h):
-                # Every row attends over its own sentence's keys (no per-row copy).
-                q = layer.cross_q(h)
-                outs = []
-                for s, (a, b) in zip(segments, bounds):
-                    enc = s.encoder[index]
-                    outs.append(attention.source_attention(
-                        q[a:b], enc.keys[l], enc.values[l], enc.mask, layer.cross_scaling, s.row_sentence,
-                        None if compiled else s.packing(), compiled))
-                return layer.cross_out(outs[0] if len(outs) == 1 else torch.cat(outs))
-
-            x = layer.residual(x, layer.self_norm, self_attention)
-            x = layer.residual(x, layer.cross_norm, encoder_attention)
-            x = layer.feed_forward(x)
+        x = lean.run_layers(x, self_attention, encoder_attention)
         return lean.logits(x)

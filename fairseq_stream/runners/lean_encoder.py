@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_stream.ops import lean_step
+from fairseq_stream.runners.lean_weights import joined_linear, norm_of
 
 # Sentences of at least this many tokens attend through batched products rather than a loop per token
 # and head (sentence_attention): the loops' cost grows with the length squared at a few GFLOP/s, the
@@ -92,23 +93,21 @@ class LeanEncoder:
     """
 
     def __init__(self, encoder, position_table: Optional[Tensor]):
-        from fairseq_stream.runners.lean import _joined, _norm
-
         self.padding_idx = encoder.padding_idx
         self.embed = encoder.embed_tokens.weight
         self.embed_scale = encoder.embed_scale
         self.positions = position_table
-        self.embed_norm = _norm(encoder.layernorm_embedding)
-        self.final_norm = _norm(encoder.layer_norm)
+        self.embed_norm = norm_of(encoder.layernorm_embedding)
+        self.final_norm = norm_of(encoder.layer_norm)
         layers = []
         for layer in _layers(encoder):
             attention = layer.self_attn
             layers.append(dict(
                 pre_norm=layer.normalize_before,
-                products=[_joined([attention.q_proj, attention.k_proj, attention.v_proj], False),
-                          _joined([attention.out_proj], False), _joined([layer.fc1], False),
-                          _joined([layer.fc2], False)],
-                norms=[_norm(layer.self_attn_layer_norm), _norm(layer.final_layer_norm)],
+                products=[joined_linear([attention.q_proj, attention.k_proj, attention.v_proj], False),
+                          joined_linear([attention.out_proj], False), joined_linear([layer.fc1], False),
+                          joined_linear([layer.fc2], False)],
+                norms=[norm_of(layer.self_attn_layer_norm), norm_of(layer.final_layer_norm)],
                 scaling=attention.scaling, activation=layer.activation_fn, heads=attention.num_heads))
         self.compiled = lean_step.compile_encoder_layers(layers)  # None: fairseq's encoder only
 

@@ -45,14 +45,15 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.ops import attention, lean_step
-from fairseq_stream.runners.lean import LeanRunner, _EncoderKeys
+from fairseq_stream.runners.lean import INITIAL_CAPACITY, LeanRunner
+from fairseq_stream.runners.lean_model import EncoderKeys
 
 
 @dataclass
 class WindowState:
     """Rows decoded by windows: per-model caches, encoder keys, and each row's verified length."""
 
-    encoder: List[_EncoderKeys]  # per model, by slot
+    encoder: List[EncoderKeys]  # per model, by slot
     caches: List[Tensor]  # per model (2 * layers, slots, heads, capacity, head_dim)
     lengths: List[int]  # per row, verified positions in the cache (on the host: the decoder knows them)
     slots: List[int]  # per row, its slot in ``caches`` and ``encoder``
@@ -166,7 +167,7 @@ class WindowRunner:
         encoder = [m.encode(net_input, self.runner.packed_encoder) for m in self.lean]
         rows = net_input["src_tokens"].size(0)
         device = net_input["src_tokens"].device
-        caches = [self._new_cache(m, rows, 32, device) for m in self.lean]
+        caches = [m.new_cache(rows, INITIAL_CAPACITY, device, zeroed=True) for m in self.lean]
         return WindowState(encoder, caches, [0] * rows, list(range(rows)))
 
     @staticmethod
@@ -231,11 +232,6 @@ class WindowRunner:
     # -- internals ---------------------------------------------------------
 
     @staticmethod
-    def _new_cache(lean, rows: int, positions: int, device):
-        return torch.zeros(2 * len(lean.layers), rows, lean.heads, positions, lean.head_dim,
-                           dtype=lean.embed.dtype, device=device)
-
-    @staticmethod
     def _grown(cache: Tensor, positions: int, length: int) -> Tensor:
         new = cache.new_zeros(cache.size(0), cache.size(1), cache.size(2), positions, cache.size(4))
         new[:, :, :, :length] = cache[:, :, :, :length]
@@ -260,22 +256,17 @@ class WindowRunner:
                                              encoder.values, encoder.mask, layout.visible)
             return lean.logits(x)
         packing = None if compiled else layout.packing()
-        for l, layer in enumerate(lean.layers):
+        def self_attention(l, layer, h):
+            q, k, v = layer.qkv(h).split(D, dim=-1)
+            out = attention.window_attention_(q, k, v, cache[2 * l], cache[2 * l + 1], layout.rows, layout.steps,
+                                              layout.needed, layer.scaling, compiled, layout.visible)
+            return layer.self_out(out)
 
-            def self_attention(h):
-                q, k, v = layer.qkv(h).split(D, dim=-1)
-                out = attention.window_attention_(q, k, v, cache[2 * l], cache[2 * l + 1], layout.rows,
-                                                  layout.steps, layout.needed, layer.scaling, compiled,
-                                                  layout.visible)
-                return layer.self_out(out)
+        def encoder_attention(l, layer, h):
+            # Each window position reads its own sentence's keys.
+            out = attention.source_attention(layer.cross_q(h), encoder.keys[l], encoder.values[l], encoder.mask,
+                                             layer.cross_scaling, layout.rows, packing, compiled)
+            return layer.cross_out(out)
 
-            def encoder_attention(h):
-                # Each window position reads its own sentence's keys.
-                out = attention.source_attention(layer.cross_q(h), encoder.keys[l], encoder.values[l], encoder.mask,
-                                                 layer.cross_scaling, layout.rows, packing, compiled)
-                return layer.cross_out(out)
-
-            x = layer.residual(x, layer.self_norm, self_attention)
-            x = layer.residual(x, layer.cross_norm, encoder_attention)
-            x = layer.feed_forward(x)
+        x = lean.run_layers(x, self_attention, encoder_attention)
         return lean.logits(x)

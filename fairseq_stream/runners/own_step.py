@@ -34,7 +34,7 @@ class OwnStepRunner:
     @property
     def dtype(self) -> torch.dtype:
         """The models' floating-point type."""
-        from fairseq_stream.runner import module_dtype
+        from fairseq_stream.runners.base import module_dtype
 
         return module_dtype(self.model)
 

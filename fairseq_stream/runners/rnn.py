@@ -55,7 +55,7 @@ from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import int16_linear as int16
 from fairseq_stream.ops import rnn_step as compiled_step
 from fairseq_stream.runners.own_step import OwnStepRunner
-from fairseq_stream.runners.packing import pack_by_sentence
+from fairseq_stream.ops.packing import pack_by_sentence
 
 # The first layer's input table holds this many of the most frequent words by default.
 DEFAULT_EMBED_TABLE_WORDS = 50000
@@ -368,7 +368,7 @@ class RnnState:
 class RnnRunner(OwnStepRunner):
     """Encode sentences, then run single-token decoder steps of fairseq LSTM models ourselves.
 
-    The same interface as :class:`fairseq_stream.runner.ModelRunner`.
+    The same interface as :class:`fairseq_stream.runners.fairseq_runner.ModelRunner`.
 
     Args:
         models: fairseq LSTM models (an ensemble of one or more) that

@@ -26,36 +26,10 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq.sequence_generator import EnsembleModel
 
 from fairseq_stream import state_merge
+from fairseq_stream.runners.base import module_dtype
 
 # Model-level get_normalized_probs that only hand the output to the decoder's.
 _PLAIN_MODEL_NORMALIZERS = (BaseFairseqModel.get_normalized_probs, TransformerModelBase.get_normalized_probs)
-
-
-def _first_floating(module: torch.nn.Module) -> Optional[Tensor]:
-    """The module's first floating-point parameter, else its first floating-point buffer, else None.
-
-    A model need not have parameters: fairseq's own generator tests decode
-    with models that compute fixed probabilities from no weights at all.
-    """
-    for tensors in (module.parameters(), module.buffers()):
-        for t in tensors:
-            if t.is_floating_point():
-                return t
-    return None
-
-
-def module_dtype(module: torch.nn.Module) -> torch.dtype:
-    """The floating-point type a model computes in (float32 for a model without weights)."""
-    t = _first_floating(module)
-    return t.dtype if t is not None else torch.float32
-
-
-def module_device(module: torch.nn.Module, default: Optional[torch.device] = None) -> torch.device:
-    """The device a model's weights live on (``default``, else the CPU, for a model without weights)."""
-    for tensors in (module.parameters(), module.buffers()):
-        for t in tensors:
-            return t.device
-    return default if default is not None else torch.device("cpu")
 
 
 @dataclass

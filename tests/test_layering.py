@@ -1,0 +1,124 @@
+"""The package's import graph: no circle, and no module importing from a layer above its own.
+
+Layers, lowest first: shared basics; compiled ops; model runners; what
+decodes one batch (the decoder, its search policy, Jacobi's decoder, the pool);
+what the registry builds (schedulers, search entries); what users call
+(fairseq glue, API, CLI, bulk, newstest). A package's ``__init__`` that
+registers entries with fairseq sits with what it registers. Every module must
+have a layer here: a new one is placed on purpose. The graph is read from the
+source (module-level and function-level imports alike), not by importing it.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+from conftest import REPO
+
+PACKAGE = REPO / "fairseq_stream"
+# Longest matching prefix wins.
+LAYERS = {
+    "errors": 0, "stats": 0, "registry": 0, "inference_mode": 0, "host_sync": 0, "state_merge": 0,
+    "text_input": 0, "checkpoint": 0, "cohort": 0, "presets": 0, "cpu_info": 0,
+    "ops": 1,
+    "runners": 2,
+    "decoder": 3, "output_choice": 3, "search.pruning": 3, "search.selection": 3, "jacobi.decoder": 3,
+    "jacobi.drafts": 3, "jacobi.calibration": 3, "schedule.pool": 3, "schedule.read_ahead": 3,
+    "schedule": 4, "search": 4,
+    "": 5, "fairseq_glue": 5, "api": 5, "cli": 5, "bulk": 5, "newstest": 5, "jacobi": 5,
+}
+
+
+def modules():
+    """{dotted name relative to the package ('' for the package itself): path}."""
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(name, path, known):
+    """The package's modules that ``name`` imports (``from pkg import sub`` imports ``sub``, not ``pkg``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = ("fairseq_stream." + package).strip(".").split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            subs = [base + "." + a.name for a in node.names]
+            targets = [t for t in subs if t[len("fairseq_stream."):] in known] or [base]
+        else:
+            continue
+        for target in targets:
+            if target != "fairseq_stream" and not target.startswith("fairseq_stream."):
+                continue
+            module = target[len("fairseq_stream."):] if "." in target else ""
+            while module not in known:
+                module = module.rpartition(".")[0]
+            if module != name:
+                found.add(module)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph():
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def layer(name):
+    for prefix in sorted(LAYERS, key=len, reverse=True):
+        if name == prefix or name.startswith(prefix + ".") or prefix == "":
+            return LAYERS[prefix]
+
+
+def test_every_import_goes_to_the_same_layer_or_below(graph):
+    up = ["{} (layer {}) imports {} (layer {})".format(a, layer(a), b, layer(b))
+          for a, targets in graph.items() for b in targets if layer(b) > layer(a)]
+    assert up == []
+
+
+def test_the_import_graph_has_no_circle(graph):
+    done, path, circles = set(), [], []
+
+    def visit(node):
+        if node in path:
+            circles.append(path[path.index(node):] + [node])
+            return
+        if node in done:
+            return
+        path.append(node)
+        for target in sorted(graph[node]):
+            visit(target)
+        path.pop()
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node)
+    assert circles == []
+
+
+def test_the_graph_reader_sees_function_level_imports(graph):
+    # runners/__init__.py imports its runners inside build_runner only.
+    assert {"runners.lean", "runners.rnn", "runners.fairseq_runner"} <= graph["runners"]
+
+
+@pytest.mark.parametrize("kind,model", [("fairseq", "transformer"), ("lean", "transformer"), ("rnn", "lstm")])
+def test_every_runner_has_the_declared_interface(loaded, kind, model):
+    from fairseq_stream.runners import build_runner
+    from fairseq_stream.runners.base import RowGroup, Runner
+
+    models, task = loaded(model)
+    runner = build_runner(kind, models)
+    assert isinstance(runner, Runner) and runner.name == kind
+    sample = task.dataset("valid").collater([task.dataset("valid")[i] for i in range(2)])
+    state = runner.start(sample["net_input"], 2)
+    assert isinstance(state, RowGroup) and state.rows == 4
