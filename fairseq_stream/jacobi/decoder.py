@@ -42,6 +42,7 @@ reads the window's argmax tokens and values back once (the only host sync),
 which it needs anyway to accept tokens and draft the next window.
 """
 
+import logging
 import math
 import time
 from typing import Dict, List, Optional
@@ -51,11 +52,14 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.jacobi import calibration
 from fairseq_stream.jacobi.drafts import DRAFTS, AcceptanceRates, NgramPool, likely_tree, next_draft
 from fairseq_stream.ops import topk_log_softmax
 from fairseq_stream.runners.lean import LeanRunner
 from fairseq_stream.runners.lean_window import WindowRunner, depths
 from fairseq_stream.stats import DecodeStats
+
+logger = logging.getLogger(__name__)
 
 VARIANTS = ("pj", "pgj", "hgj")
 # The n-gram pool's continuation length for pj, whose window has no block size.
@@ -80,8 +84,11 @@ GREEDY_THRESHOLD = {"cpu": 0.15, "cuda": 1.0 / 3.0}
 AUTO_BLOCK = {"alone": 3, "shared": 2}
 
 
-def check_options(variant: str, block, draft: str, horizon, call_cost=None, candidates=1):
+def check_options(variant: str, block, draft: str, horizon, call_cost=None, candidates=1, calibrate="off"):
     """One-line errors for Jacobi's options (the command line checks them before loading models)."""
+    if calibrate not in calibration.CALIBRATE:
+        raise FairseqStreamError("--jacobi-calibrate must be one of {}, got {}".format(
+            ", ".join(calibration.CALIBRATE), calibrate))
     if variant not in VARIANTS:
         raise FairseqStreamError("--jacobi-variant must be one of {}, got {}".format(", ".join(VARIANTS), variant))
     if draft not in DRAFTS:
@@ -108,7 +115,9 @@ class JacobiStats(DecodeStats):
     length, EOS included); their ratio is the iteration speedup.
     ``accepted`` is the histogram of tokens accepted per row and iteration.
     ``greedy_batches`` counts batches too full for windows to pay, decoded
-    by greedy's own step (their sentences count one token per iteration).
+    by greedy's own step (their sentences count one token per iteration);
+    ``calibrated_greedy_batches`` those of them where the calibration
+    (``--jacobi-calibrate``) found that windows do not pay on this CPU.
     ``tree_windows`` counts rows' windows holding several candidates
     (``--jacobi-candidates``), ``off_chain`` those whose accepted tokens
     came from a candidate other than the first.
@@ -120,6 +129,7 @@ class JacobiStats(DecodeStats):
         self.greedy_steps = 0
         self.greedy_calls = 0  # greedy's calls per batch: its longest output
         self.greedy_batches = 0  # batches decoded by greedy's own step (JacobiDecoder._greedy_pays)
+        self.calibrated_greedy_batches = 0  # of them, those the calibration sent there (calibration.Chooser)
         self.accepted: Dict[int, int] = {}
         self.tree_windows = 0
         self.off_chain = 0
@@ -141,6 +151,7 @@ class JacobiStats(DecodeStats):
             "accepted_per_iteration": total / self.iterations if self.iterations else 0.0,
             "accepted_histogram": {str(m): self.accepted[m] for m in sorted(self.accepted)},
             "greedy_batches": self.greedy_batches,
+            "calibrated_greedy_batches": self.calibrated_greedy_batches,
             "tree_windows": self.tree_windows,
             "off_chain": self.off_chain,
         })
@@ -155,9 +166,13 @@ class JacobiStats(DecodeStats):
         if s["tree_windows"]:
             line += " ({} windows held several candidates, {} accepted another than the first)".format(
                 s["tree_windows"], s["off_chain"])
-        if s["greedy_batches"]:
+        static = s["greedy_batches"] - s["calibrated_greedy_batches"]
+        if static:
             line += " ({} batches too full for windows to pay decoded by greedy's step; see --jacobi-call-cost)".format(
-                s["greedy_batches"])
+                static)
+        if s["calibrated_greedy_batches"]:
+            line += (" ({} batches decoded by greedy's step where windows do not pay on this CPU; see "
+                     "--jacobi-calibrate)").format(s["calibrated_greedy_batches"])
         return line
 
 
@@ -199,12 +214,21 @@ class JacobiDecoder:
         candidates: how many of the pool's continuations a row's draft may
             hold, as a tree (``ngram`` drafts, ``pgj`` and ``hgj``; 1: one
             chain). Sentences traced for DDGviz draft one chain.
+        calibrate: ``auto`` (the command line's default): the default
+            setting (``hgj`` without a block) runs windows only at batch
+            sizes where they pay on this device, by a calibration of their
+            cost cached per model and CPU and the acceptance seen in the
+            run (:mod:`.calibration`), and greedy's step elsewhere; ``on``:
+            so does any setting; ``off`` (this constructor's default):
+            windows as the setting says.
+        costs: a :class:`~.calibration.Costs` table to use instead of
+            measuring (and caching) one.
     """
 
     def __init__(self, greedy, variant: str = "hgj", block: Optional[int] = None, draft: str = "ngram",
                  horizon: Optional[int] = None, trace_ids=(), call_cost: Optional[float] = None,
-                 candidates: int = 1):
-        check_options(variant, block, draft, horizon, call_cost, candidates)
+                 candidates: int = 1, calibrate: str = "off", costs: Optional[calibration.Costs] = None):
+        check_options(variant, block, draft, horizon, call_cost, candidates, calibrate)
         if not isinstance(greedy.runner, LeanRunner):
             raise FairseqStreamError(
                 "--search jacobi runs fairseq transformers on the lean runner only (this model: {}); "
@@ -219,6 +243,12 @@ class JacobiDecoder:
         self.horizon = None if horizon is None else int(horizon)
         self.call_cost = None if call_cost is None else float(call_cost)
         self.candidates = int(candidates)
+        self.draft = draft
+        # Explicit --jacobi-variant/--jacobi-block settings run as asked unless calibration is "on".
+        self.calibrated = calibrate == "on" or (calibrate == "auto" and variant == "hgj" and block is None)
+        self.costs = costs
+        self.chooser: Optional[calibration.Chooser] = None  # built at the first batch (the device is known)
+        self.calls: Optional[List] = None  # (rows, positions) of the current batch's calls, for the chooser
         self.windows = WindowRunner(greedy.runner)
         self.eos, self.pad, self.unk = greedy.eos, greedy.pad, greedy.unk
         span = PJ_DRAFT_SPAN if variant == "pj" else max(1, self.block - 1)
@@ -269,11 +299,46 @@ class JacobiDecoder:
         src_tokens = net_input["src_tokens"]
         ids = sample.get("id")
         ids = ids.tolist() if ids is not None else list(range(src_tokens.size(0)))
-        if self._greedy_pays(src_tokens.size(0), src_tokens.device) and not self.trace_ids.intersection(ids):
+        rows, device = src_tokens.size(0), src_tokens.device
+        traced = bool(self.trace_ids.intersection(ids))
+        if self._greedy_pays(rows, device) and not traced:
             return self._greedy_batch(models, sample, prefix_tokens, constraints, bos_token, **kwargs)
+        chooser = self._chooser(device) if self.calibrated else None
+        if chooser is not None and not traced and not chooser.windows(rows):
+            results = self._greedy_batch(models, sample, prefix_tokens, constraints, bos_token, chosen=True,
+                                         **kwargs)
+            chooser.saw_greedy(rows, _lengths(results))
+            return results
+        self.calls = [] if chooser is not None else None
         results = self.decode(net_input, ids, bos_token)
+        if chooser is not None:
+            chooser.saw_windows(rows, _lengths(results), self.calls)
+            self.calls = None
         self.stats.add_sentences(len(results), time.perf_counter() - start)
         return results
+
+    def _chooser(self, device) -> Optional[calibration.Chooser]:
+        """The calibrated choice between windows and greedy's step (built, and measured or read, once).
+
+        Calibrated batch sizes: those up to ``calibration.MAX_ROWS`` that
+        the static rule (:meth:`_greedy_pays`) leaves to windows; widths:
+        1 to the block (pj: to 4, extrapolated beyond).
+        """
+        if self.chooser is None:
+            rows = [r for r in range(1, calibration.MAX_ROWS + 1) if not self._greedy_pays(r, device)]
+            if not rows:
+                return None
+            widest = 4 if self.variant == "pj" else max(2, self.block)
+            widths = list(range(1, widest + 1))
+            costs = self.costs
+            if costs is None:
+                costs = calibration.load_or_measure(self, device, rows, widths)
+                where = ("measured in {:.1f} s, cached in {}".format(costs.seconds, costs.path)
+                         if costs.source == "measured" else "read from {}".format(costs.path))
+                logger.info("jacobi: the cost of windows on %s (%s): %s", costs.hardware, where, costs.describe())
+                self.costs = costs
+            self.chooser = calibration.Chooser(costs, widths[1:])
+        return self.chooser
 
     def _greedy_pays(self, rows: int, device) -> bool:
         """Whether a batch this full is decoded by greedy's own step: windows would not pay.
@@ -295,8 +360,11 @@ class JacobiDecoder:
         threshold = self._threshold(rows, device)
         return threshold is not None and threshold >= GREEDY_THRESHOLD.get(device.type, GREEDY_THRESHOLD["cuda"])
 
-    def _greedy_batch(self, models, sample, prefix_tokens, constraints, bos_token, **kwargs):
-        """Greedy's own decoding of a batch, counted as iterations of one token each (iteration speedup 1)."""
+    def _greedy_batch(self, models, sample, prefix_tokens, constraints, bos_token, chosen=False, **kwargs):
+        """Greedy's own decoding of a batch, counted as iterations of one token each (iteration speedup 1).
+
+        ``chosen``: the calibration sent it here (counted apart).
+        """
         results = self.greedy.generate(models, sample, prefix_tokens=prefix_tokens, constraints=constraints,
                                        bos_token=bos_token, **kwargs)
         bos = self.eos if bos_token is None else int(bos_token)
@@ -313,6 +381,7 @@ class JacobiDecoder:
                 self.unlearned.append([bos] + tokens)
         self.stats.greedy_calls += longest
         self.stats.greedy_batches += 1
+        self.stats.calibrated_greedy_batches += int(chosen)
         return results
 
     def decode(self, net_input, ids: List[int], bos_token=None) -> List[List[Dict[str, Tensor]]]:
@@ -431,6 +500,8 @@ class JacobiDecoder:
             guesses.append(guess)
         self.stats.add_accepted(accepted)
         self.stats.add_step(max(layout.widths), layout.positions, time.perf_counter() - t0)
+        if self.calls is not None:
+            self.calls.append((len(rows), layout.positions))
         for r in done:
             self.stats.greedy_steps += len(r.tokens) - 1
         # A row's cache holds every verified token but the last (the next window's input).
@@ -493,6 +564,11 @@ class JacobiDecoder:
             "alignment": torch.empty(0),
             "positional_scores": torch.from_numpy(positional).to(device),
         }
+
+
+def _lengths(results) -> List[int]:
+    """Each output's tokens (EOS included), sentences with an empty source (no output) left out."""
+    return [n for n in (len(hypos[0]["tokens"]) for hypos in results) if n]
 
 
 def _read_back(words: Tensor, values: Tensor):

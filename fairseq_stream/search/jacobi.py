@@ -9,6 +9,7 @@ from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 
+from fairseq_stream.jacobi.calibration import CALIBRATE
 from fairseq_stream.jacobi.decoder import VARIANTS, JacobiDecoder, check_options
 from fairseq_stream.jacobi.drafts import DRAFTS
 from fairseq_stream.registry import register_search
@@ -50,6 +51,15 @@ class JacobiSearchConfig(DecodeStatsConfig):
                   "or 1/3 on a GPU (half this many sentences) run greedy's own step "
                   "(default: 15 on a CPU, measured; 200 on a GPU)"},
     )
+    jacobi_calibrate: ChoiceEnum(list(CALIBRATE)) = field(
+        default="auto",
+        metadata={"help": "auto: the default setting (hgj, no --jacobi-block) runs windows only at batch sizes "
+                  "where they pay on this CPU for this model, greedy's step elsewhere (the same tokens): the cost "
+                  "of a window call against a greedy step is measured once per model shape and CPU and cached "
+                  "under the fairseq-stream cache folder, the tokens a call verifies are counted as the run goes; "
+                  "one log line says what was chosen; on: any setting is calibrated so; off: windows as the "
+                  "setting says"},
+    )
     jacobi_candidates: int = field(
         default=1,
         metadata={"help": "ngram drafts with pgj/hgj: how many of the pool's continuations a window may "
@@ -70,7 +80,8 @@ class JacobiSearch:
     def check(cls, search_cfg):
         """One-line errors for option values argparse lets through (before any model is loaded)."""
         check_options(str(search_cfg.jacobi_variant), search_cfg.jacobi_block, str(search_cfg.jacobi_draft),
-                      search_cfg.jacobi_horizon, search_cfg.jacobi_call_cost, search_cfg.jacobi_candidates)
+                      search_cfg.jacobi_horizon, search_cfg.jacobi_call_cost, search_cfg.jacobi_candidates,
+                      str(search_cfg.jacobi_calibrate))
 
     @classmethod
     def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
@@ -78,4 +89,5 @@ class JacobiSearch:
                                     pruning=Pruning(), keep_reference=False)
         return JacobiDecoder(greedy, variant=str(search_cfg.jacobi_variant), block=search_cfg.jacobi_block,
                              draft=str(search_cfg.jacobi_draft), horizon=search_cfg.jacobi_horizon,
-                             call_cost=search_cfg.jacobi_call_cost, candidates=search_cfg.jacobi_candidates)
+                             call_cost=search_cfg.jacobi_call_cost, candidates=search_cfg.jacobi_candidates,
+                             calibrate=str(search_cfg.jacobi_calibrate))

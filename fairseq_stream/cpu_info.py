@@ -1,0 +1,74 @@
+"""What CPU this is: its model name and the widest SIMD level it runs, for cost caches and benchmark records.
+
+Speed measured on one CPU says little about another: the skinny product
+(:mod:`fairseq_stream.ops.prepacked_linear`) needs AVX-512F, the int16
+kernels pick AVX-512 VNNI or AVX2 (:func:`fairseq_stream.ops.int16_linear.kernels`),
+and Jacobi's window calls pay on an AVX-512 Xeon but not on an AVX2-only EPYC.
+So anything timed is recorded, and cached, with :func:`cpu_model` and
+:func:`simd_level`.
+"""
+
+import platform
+from functools import lru_cache
+from typing import FrozenSet
+
+# Widest first: the first whose flags are all present is the CPU's level.
+SIMD_LEVELS = (("avx512_vnni", ("avx512f", "avx512_vnni")), ("avx512f", ("avx512f",)), ("avx2", ("avx2", "fma")))
+
+
+@lru_cache(maxsize=1)
+def _cpuinfo_fields():
+    """(model name, flags) from /proc/cpuinfo's first processor; (None, None) where there is none."""
+    name, flags = None, None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and name is None:
+                    name = value.strip()
+                elif key == "flags" and flags is None:
+                    flags = frozenset(value.split())
+                if name is not None and flags is not None:
+                    break
+    except OSError:
+        pass
+    return name, flags
+
+
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC", "Intel(R) Xeon(R) ..."), or the platform's guess."""
+    name, _ = _cpuinfo_fields()
+    return name or platform.processor() or "unknown CPU"
+
+
+def level_from_flags(flags: FrozenSet[str]) -> str:
+    """The widest of "avx512_vnni", "avx512f", "avx2" all of whose flags are in ``flags``, else "portable"."""
+    for level, needed in SIMD_LEVELS:
+        if all(f in flags for f in needed):
+            return level
+    return "portable"
+
+
+@lru_cache(maxsize=1)
+def simd_level() -> str:
+    """This CPU's widest SIMD level: "avx512_vnni", "avx512f", "avx2" or "portable".
+
+    From /proc/cpuinfo's flags; elsewhere from what torch dispatches to
+    (which does not tell VNNI apart).
+    """
+    _, flags = _cpuinfo_fields()
+    if flags is not None:
+        return level_from_flags(flags)
+    try:
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+    except (ImportError, AttributeError):
+        return "portable"
+    return {"AVX512": "avx512f", "AVX2": "avx2"}.get(capability, "portable")
+
+
+def describe() -> str:
+    """``model (level)``, e.g. "AMD EPYC (avx2)": the CPU as logs and benchmark records name it."""
+    return "{} ({})".format(cpu_model(), simd_level())

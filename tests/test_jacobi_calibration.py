@@ -1,0 +1,137 @@
+"""Jacobi's calibrated default (``--jacobi-calibrate``): windows only where they pay, greedy's tokens always.
+
+Decoding is real (the toy transformer); what is forced is the cost table
+(a given :class:`Costs`, no clock), so each choice is deterministic. The one
+test that measures writes its cache under a temporary folder.
+"""
+
+import logging
+
+import pytest
+import torch
+
+from conftest import parse_generate_args, sorted_batches
+from fairseq_stream import cpu_info
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.jacobi import calibration
+from fairseq_stream.jacobi.calibration import FIRST_PROBE, MIN_CALLS, Chooser, Costs, RowCosts
+from fairseq_stream.jacobi.decoder import JacobiDecoder, check_options
+
+torch.set_num_threads(1)
+
+
+def greedy_decoder(models, task):
+    return BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", output_layer="auto",
+                       keep_reference=False)
+
+
+def tokens(dec, models, batches):
+    out = {}
+    with torch.no_grad():
+        for s in batches:
+            out.update((i, h[0]["tokens"].tolist()) for i, h in zip(s["id"].tolist(), dec.generate(models, s)))
+    return out
+
+
+def table(window_steps):
+    """Costs where a greedy step is 1 ms and a window call of w positions a row costs ``window_steps(w)`` ms."""
+    return Costs({r: RowCosts(1.0, 0.0, [(r * w, window_steps(w)) for w in (1, 2, 3)], 0.0) for r in (1, 2)},
+                 hardware="given")
+
+
+def batches_of(task):
+    """Batches of 1 and of 2 sentences (the CPU's default runs windows at those only); ids repeat."""
+    return sorted_batches(task, 1, 16, subset="valid") + sorted_batches(task, 2, 40, subset="valid")
+
+
+@pytest.mark.parametrize("window_steps,greedy_batches", [(lambda w: 0.01, 0), (lambda w: 10.0 * w, "all")],
+                         ids=["windows-pay", "windows-never-pay"])
+def test_forced_choices_give_greedys_tokens(loaded, caplog, window_steps, greedy_batches):
+    models, task = loaded("transformer")
+    batches = batches_of(task)
+    expected = tokens(greedy_decoder(models, task), models, batches)
+    dec = JacobiDecoder(greedy_decoder(models, task), calibrate="auto", costs=table(window_steps))
+    with caplog.at_level(logging.INFO, logger="fairseq_stream.jacobi.calibration"):
+        assert tokens(dec, models, batches) == expected
+    s = dec.stats.summary()
+    if greedy_batches == "all":
+        assert s["calibrated_greedy_batches"] == s["greedy_batches"] == len(batches)
+        assert s["iterations"] == s["greedy_steps"]
+        assert "running greedy's step" in caplog.text and "windows do not pay on this CPU" in dec.stats.log_line("j")
+    else:
+        assert s["greedy_batches"] == 0 and s["accepted_per_iteration"] > 1.0
+        assert "replaces" in caplog.text and "running windows" in caplog.text
+    assert s["greedy_steps"] == sum(len(expected[i]) for b in batches for i in b["id"].tolist())
+
+
+def test_measured_calibration_is_cached_and_gives_greedys_tokens(loaded, tmp_path, monkeypatch, caplog):
+    """A real calibration (whatever it finds on this machine), into a temporary cache, then read back."""
+    monkeypatch.setenv("FAIRSEQ_STREAM_CACHE", str(tmp_path))
+    models, task = loaded("transformer")
+    batches = batches_of(task) + sorted_batches(task, 16, 200, subset="valid")
+    expected = tokens(greedy_decoder(models, task), models, batches)
+    with caplog.at_level(logging.INFO, logger="fairseq_stream.jacobi"):
+        dec = JacobiDecoder(greedy_decoder(models, task), calibrate="auto")
+        assert tokens(dec, models, batches) == expected
+        assert dec.costs.source == "measured" and sorted(dec.costs.rows) == [1, 2]
+        cached = list((tmp_path / "jacobi-calibration").glob("*.json"))
+        assert [str(p) for p in cached] == [dec.costs.path]
+        again = JacobiDecoder(greedy_decoder(models, task), calibrate="auto")
+        assert tokens(again, models, batches[:4]) == {i: expected[i] for i in tokens(again, models, batches[:4])}
+        assert again.costs.source == "cache" and again.costs.rows == dec.costs.rows
+    assert "jacobi: the cost of windows on {}".format(cpu_info.describe()) in caplog.text
+    assert "read from {}".format(cached[0]) in caplog.text
+    assert "jacobi: batches of 1 sentence: " in caplog.text
+
+
+def test_explicit_settings_run_as_asked(loaded):
+    models, task = loaded("transformer")
+
+    def calibrated(**opts):
+        return JacobiDecoder(greedy_decoder(models, task), **opts).calibrated
+
+    assert calibrated(calibrate="auto") and not calibrated(calibrate="off") and not calibrated()
+    assert not calibrated(block=3, calibrate="auto") and not calibrated(variant="pgj", calibrate="auto")
+    assert calibrated(block=3, calibrate="on") and calibrated(variant="pj", draft="pad", calibrate="on")
+    with pytest.raises(FairseqStreamError, match="--jacobi-calibrate must be one of auto, on, off, got sometimes"):
+        check_options("hgj", None, "ngram", None, calibrate="sometimes")
+    assert parse_generate_args(["DATA", "--user-dir", "fairseq_stream", "--search", "jacobi",
+                                "--jacobi-calibrate", "off"]).jacobi_calibrate == "off"
+
+
+def test_chooser_switches_by_the_ledger_and_probes_less_and_less():
+    # A greedy step 1 ms; a window call of 1/2/3 positions 1.2/1.4/1.5 ms.
+    chooser = Chooser(table(lambda w: {1: 1.2, 2: 1.4, 3: 1.5}[w]), widths=[2, 3])
+    assert chooser.windows(1)  # nothing seen yet: windows, to count what they accept
+    # Windows of 3 positions that accept one token a call: 1.5 ms a token against greedy's 1.
+    while chooser.ledgers[1].seen_calls < MIN_CALLS:
+        chooser.saw_windows(1, [10], [(1, 3)] * 10)
+    choices = [chooser.windows(1) for _ in range(3 * FIRST_PROBE + 3)]
+    # Greedy, a window batch after FIRST_PROBE greedy ones, then after twice as many.
+    probes = [i for i, c in enumerate(choices) if c]
+    assert probes == [FIRST_PROBE, 3 * FIRST_PROBE + 1]
+    # The pool has learnt: windows of 3 accept 2.5 tokens a call (1.5 ms for 2.5 greedy steps).
+    for _ in range(20):
+        chooser.saw_windows(1, [10], [(1, 3)] * 4)
+    assert all(chooser.windows(1) for _ in range(5))
+    # Two sentences a call: an uncalibrated batch size runs as asked.
+    assert chooser.windows(8)
+    # Greedy's counterfactual follows the batch as its sentences end: 3 steps at 2 rows, 2 more at 1.
+    assert chooser.costs.greedy_batch(2, [3, 5]) == pytest.approx(5.0)
+
+
+def test_cpu_info_and_the_cache_location(monkeypatch, tmp_path):
+    assert cpu_info.level_from_flags(frozenset({"avx2", "fma", "avx512f", "avx512_vnni"})) == "avx512_vnni"
+    assert cpu_info.level_from_flags(frozenset({"avx2", "fma", "avx512f"})) == "avx512f"
+    assert cpu_info.level_from_flags(frozenset({"avx2", "fma"})) == "avx2"
+    assert cpu_info.level_from_flags(frozenset({"sse4_2"})) == "portable"
+    assert cpu_info.simd_level() in ("avx512_vnni", "avx512f", "avx2", "portable") and cpu_info.cpu_model()
+    assert calibration.cache_base({"FAIRSEQ_STREAM_CACHE": "/y", "XDG_CACHE_HOME": "/x"}) == tmp_path.anchor / \
+        tmp_path.__class__("y")
+    assert calibration.cache_base({"XDG_CACHE_HOME": "/x"}) == tmp_path.__class__("/x/fairseq-stream")
+    sig = dict(hardware="AMD EPYC (avx2)", shapes=[])
+    other = dict(sig, hardware="Intel Xeon (avx512_vnni)")
+    env = {"FAIRSEQ_STREAM_CACHE": str(tmp_path)}
+    assert calibration.cache_file(sig, env).parent == tmp_path / "jacobi-calibration"
+    assert calibration.cache_file(sig, env) != calibration.cache_file(other, env)
