@@ -13,10 +13,16 @@ per iteration, positions per iteration, the cost of an iteration against a
 greedy step (iteration speedup / wall-clock speedup, all costs included: at
 batch 1 the wall-clock speedup can only exceed the iteration speedup where
 an iteration costs less than a greedy step), batches that ran greedy's own
-step (a batch too full for windows to pay, JacobiDecoder._greedy_pays), BLEU.
+step (a batch too full for windows to pay, JacobiDecoder._greedy_pays, or
+where the calibration found that windows do not pay on this CPU), BLEU.
+The CPU's model and SIMD level (``fairseq_stream/cpu_info.py``) and the load
+average are recorded with the numbers: whether windows pay depends on the CPU.
 ``--pool-from train`` first fills every n-gram pool with the model's
 training targets: a bound on what better n-grams could verify. "hgj b=auto ngram" is
-the command line's default (b=3 for one sentence, 2 for several); "hgj b=2
+the command line's default (b=3 for one sentence, 2 for several, windows only
+at batch sizes where they pay on this CPU: ``--jacobi-calibrate auto``, its
+table measured or read from the cache once before the rounds and printed);
+"hgj b=auto ngram uncalibrated" the same windows without that choice; "hgj b=2
 ngram always" is the previous default's window with every draft and no batch handed to greedy: what
 the window call itself costs. "hgj b=1 ngram" drafts nothing: greedy's
 steps through the Jacobi loop, what the loop costs against greedy's own. "c=k" settings draft trees of k candidates
@@ -32,6 +38,9 @@ The length limit is the WMT examples' (``--max-len-a 1.2 --max-len-b 10``),
 not fairseq's default 200 tokens: PJ refines every position up to the
 maximum length in each iteration, and a 200-position window would measure
 only that choice.
+
+Without ``--refs`` (or without ``MODEL_DIR/spm/spm.model``, as for the toy
+checkpoints of ``scripts/toy_cache.py``) BLEU is left out.
 """
 
 import argparse
@@ -45,29 +54,33 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-# (variant, block, draft, call cost, candidates): None is the device's default (JacobiDecoder); "always"
-# a call cost so high that every row drafts everything and no batch runs greedy's step (the window alone).
+# (variant, block, draft, call cost, candidates[, calibrate]): None is the device's default (JacobiDecoder);
+# "always" a call cost so high that every row drafts everything and no batch runs greedy's step (the window
+# alone). calibrate: "off" unless given (the settings as asked, as --jacobi-variant/--jacobi-block run).
 ALWAYS = 1e9
 SETTINGS = [("pj", 0, "pad", None, 1), ("pj", 0, "ngram", None, 1), ("pgj", 3, "pad", None, 1),
             ("pgj", 3, "ngram", None, 1), ("pgj", 5, "pad", None, 1), ("pgj", 5, "ngram", None, 1),
             ("hgj", 3, "pad", None, 1), ("hgj", 3, "ngram", None, 1), ("hgj", 2, "ngram", ALWAYS, 1),
-            ("hgj", 2, "ngram", None, 1), ("hgj", "auto", "ngram", None, 1), ("hgj", 1, "ngram", None, 1),
+            ("hgj", 2, "ngram", None, 1), ("hgj", "auto", "ngram", None, 1, "auto"),
+            ("hgj", "auto", "ngram", None, 1, "off"), ("hgj", 1, "ngram", None, 1),
             ("hgj", 4, "ngram", None, 1), ("hgj", 5, "ngram", None, 1)]
-# The command line's default: hgj, its block by how many sentences share a call (JacobiDecoder's AUTO_BLOCK).
+# The command line's default: hgj, its block by how many sentences share a call (JacobiDecoder's AUTO_BLOCK),
+# windows only where the calibration finds that they pay (--jacobi-calibrate auto).
 DEFAULT = "hgj b=auto ngram"
 
 
-def setting_name(variant, block, draft, call_cost, candidates=1):
-    return "{}{} {}{}{}".format(variant, " b={}".format(block) if block else "", draft,
-                                " c={}".format(candidates) if candidates > 1 else "",
-                                " always" if call_cost == ALWAYS else "")
+def setting_name(variant, block, draft, call_cost, candidates=1, calibrate="off"):
+    return "{}{} {}{}{}{}".format(variant, " b={}".format(block) if block else "", draft,
+                                  " c={}".format(candidates) if candidates > 1 else "",
+                                  " always" if call_cost == ALWAYS else "",
+                                  " uncalibrated" if block == "auto" and calibrate == "off" else "")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dir")
     parser.add_argument("--checkpoints", default="transformer/checkpoint_best.pt")
-    parser.add_argument("--refs", required=True)
+    parser.add_argument("--refs", help="reference text for BLEU (left out without it)")
     parser.add_argument("--subset", default="test")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 64])
@@ -105,15 +118,22 @@ def main():
     import torch
 
     torch.set_num_threads(args.threads)
-    from bench_output_layer import cpu_name
-    from bench_search import bleu, load, make_batches, synchronize
+    from bench_search import bleu as corpus_bleu
+    from bench_search import load, make_batches, synchronize
+    from fairseq_stream import cpu_info
     from fairseq_stream.decoder import BeamDecoder
     from fairseq_stream.jacobi.decoder import JacobiDecoder
 
     models, task = load(args.model_dir, args.checkpoints, args.device)
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(args.model_dir, "spm", "spm.model"))
-    with open(args.refs, encoding="utf-8") as f:
-        refs = f.read().splitlines()
+    spm_model = os.path.join(args.model_dir, "spm", "spm.model")
+    sp, refs = None, None
+    if args.refs and os.path.exists(spm_model):
+        sp = spm.SentencePieceProcessor(model_file=spm_model)
+        with open(args.refs, encoding="utf-8") as f:
+            refs = f.read().splitlines()
+
+    def bleu(out):
+        return corpus_bleu(out, task, sp, refs) if sp is not None else float("nan")
 
     def greedy():
         dec = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", output_layer="auto",
@@ -151,9 +171,19 @@ def main():
 
         seed_pools = {}
 
-    device = torch.cuda.get_device_name() if args.device == "cuda" else cpu_name()
-    print("device: {}, threads: {}, {} {}, max length {} x source + {}".format(
-        device, args.threads, args.model_dir, args.checkpoints, args.max_len_a, args.max_len_b))
+    device = torch.cuda.get_device_name() if args.device == "cuda" else cpu_info.cpu_model()
+    simd = cpu_info.simd_level()
+    load_before = os.getloadavg()
+    print("device: {}, SIMD: {}, threads: {}, {} {}, max length {} x source + {}, load average {:.2f}".format(
+        device, simd, args.threads, args.model_dir, args.checkpoints, args.max_len_a, args.max_len_b,
+        load_before[0]))
+    # The default's calibration, once (measured, or read from the cache as a second run would): every
+    # calibrated setting then reuses its table.
+    calibrating = JacobiDecoder(greedy(), "hgj", None, "ngram", calibrate="auto")
+    calibrating._chooser(torch.device(args.device))
+    costs = calibrating.costs
+    if costs is not None:
+        print("calibration ({}, {}): {}".format(costs.source, costs.path, costs.describe()))
     if args.pool_from:
         print("n-gram pools first filled with the {} targets of subset '{}'".format(len(seeds), args.pool_from))
     rows, changed = [], 0
@@ -168,20 +198,22 @@ def main():
             ref, wall = run(greedy(), batches)
             walls["greedy"].append(wall)
             for setting in settings:
-                variant, block, draft, call_cost, candidates = setting
+                variant, block, draft, call_cost, candidates = setting[:5]
+                calibrate = setting[5] if len(setting) > 5 else "off"
                 name = setting_name(*setting)
                 block = None if block == "auto" else block or 1
-                dec = JacobiDecoder(greedy(), variant, block, draft, call_cost=call_cost, candidates=candidates)
+                dec = JacobiDecoder(greedy(), variant, block, draft, call_cost=call_cost, candidates=candidates,
+                                    calibrate=calibrate, costs=costs)
                 if seeded is not None:
                     seeded(dec)
                 outputs[name], wall = run(dec, batches)
                 walls.setdefault(name, []).append(wall)
                 stats[name] = dec.stats.summary()
         ref_wall = statistics.median(walls["greedy"])
-        ref_bleu = bleu(ref, task, sp, refs)
+        ref_bleu = bleu(ref)
         print("\nbatch {} ({} sentences): greedy {:.2f} s, {:.1f} ms/sentence, BLEU {:.2f}".format(
             batch_size, len(ref), ref_wall, 1000 * ref_wall / len(ref), ref_bleu))
-        print("{:<22} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8}".format(
+        print("{:<28} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8}".format(
             "setting", "wall s", "speedup", "iter spd", "call spd", "acc/iter", "pos/iter", "cost/iter", "greedy b",
             "BLEU", "changed"))
         for setting in settings:
@@ -193,7 +225,8 @@ def main():
                        walls=walls[name], greedy_walls=walls["greedy"],
                        iteration_speedup=s["iteration_speedup"], call_speedup=s["call_speedup"],
                        accepted_per_iteration=s["accepted_per_iteration"], greedy_batches=s["greedy_batches"],
-                       batches=len(batches), bleu=bleu(out, task, sp, refs),
+                       calibrated_greedy_batches=s["calibrated_greedy_batches"],
+                       batches=len(batches), bleu=bleu(out),
                        greedy_bleu=ref_bleu, greedy_wall_s=ref_wall, changed=bad, sentences=len(ref),
                        accepted_histogram=s["accepted_histogram"],
                        positions_per_iteration=s["expansions"] / max(1, s["iterations"]),
@@ -202,10 +235,11 @@ def main():
             # per-sentence work): speedup = iteration speedup / this.
             row["iteration_cost"] = row["iteration_speedup"] / row["speedup"]
             rows.append(row)
-            print("{:<22} {:>8.2f} {:>7.2f}x {:>9.2f}x {:>9.2f}x {:>9.2f} {:>9.2f} {:>8.2f}x {:>8} {:>7.2f} {:>8}".format(
+            print("{:<28} {:>8.2f} {:>7.2f}x {:>9.2f}x {:>9.2f}x {:>9.2f} {:>9.2f} {:>8.2f}x {:>8} {:>7.2f} {:>8}".format(
                 name, wall, row["speedup"], row["iteration_speedup"], row["call_speedup"],
                 row["accepted_per_iteration"], row["positions_per_iteration"], row["iteration_cost"],
                 "{}/{}".format(s["greedy_batches"], len(batches)), row["bleu"], bad))
+    print("\nload average {:.2f} before, {:.2f} after".format(load_before[0], os.getloadavg()[0]))
     print("\ntargets:")
     latency = [r for r in rows if r["batch"] == 1]
     if latency:
@@ -215,13 +249,19 @@ def main():
         print("  iteration speedup with n-gram drafts >= 1.5: {} {:.2f}x".format(ngram["setting"],
                                                                                ngram["iteration_speedup"]))
     for r in rows:
-        if r["setting"] == DEFAULT and r["batch"] > 1:
-            print("  batch {}, default ({}) never slower than greedy: {:.2f}x".format(
-                r["batch"], DEFAULT, r["speedup"]))
+        if r["setting"] == DEFAULT:
+            print("  batch {}, default ({}, calibrated) >= 1.0x greedy on {} ({}): {:.2f}x".format(
+                r["batch"], DEFAULT, device, simd, r["speedup"]))
+    for batch in sorted({r["batch"] for r in rows}):
+        best = max((r for r in rows if r["batch"] == batch), key=lambda r: r["speedup"])
+        print("  batch {}, best setting on {} ({}): {} {:.2f}x".format(batch, device, simd, best["setting"],
+                                                                    best["speedup"]))
     print("  changed tokens: {}".format(changed))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=device, threads=args.threads, rows=rows), f, indent=1)
+            json.dump(dict(device=device, cpu=cpu_info.cpu_model(), simd=simd, threads=args.threads,
+                           load_average=[load_before[0], os.getloadavg()[0]], argv=sys.argv[1:],
+                           calibration=costs.to_json() if costs is not None else None, rows=rows), f, indent=1)
     if changed:
         sys.exit("a Jacobi setting changed greedy's output")
 

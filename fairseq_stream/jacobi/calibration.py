@@ -208,12 +208,11 @@ def measure(jacobi, device, rows: Sequence[int], widths: Sequence[int]) -> Costs
     length (``--min-len`` = maximum length), each configuration at the two
     ``LENGTHS``, in interleaved rounds; the difference of the fastest
     rounds over the difference of the calls is a call's cost, the rest a
-    batch's fixed cost. Windows run the decoder's own loop and drafts (every guess
-    drafted, so each call has the width asked for), so their bookkeeping is
-    in the price.
+    batch's fixed cost. Windows run the decoder's own loop and drafts, so
+    their bookkeeping is in the price: n-gram drafts from a pool that holds
+    the sentences' own outputs, every token drafted (each call has the
+    width asked for, as in a run whose pool has learnt).
     """
-    from fairseq_stream.jacobi.decoder import JacobiDecoder
-
     start = time.perf_counter()
     greedy = jacobi.greedy
     samples = {r: _synthetic_sample(greedy, r, device, seed=r) for r in rows}
@@ -227,7 +226,7 @@ def measure(jacobi, device, rows: Sequence[int], widths: Sequence[int]) -> Costs
                 if w is None:
                     dec = probe
                 else:
-                    dec = JacobiDecoder(probe, "hgj", w, "pad")
+                    dec = _window_probe(probe, w, jacobi.draft, samples[r], length)
                 _sync(device)
                 t0 = time.perf_counter()
                 with torch.no_grad():
@@ -253,6 +252,19 @@ def measure(jacobi, device, rows: Sequence[int], widths: Sequence[int]) -> Costs
         table[r] = RowCosts(greedy_step, greedy_batch, points, sorted(batch_costs)[len(batch_costs) // 2])
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_info.describe()
     return Costs(table, hardware, "measured", None, time.perf_counter() - start)
+
+
+def _window_probe(probe, width: int, draft: str, sample: dict, length: int):
+    """A Jacobi decoder over ``probe`` whose every call is ``width`` positions a sentence (to the end)."""
+    from fairseq_stream.jacobi.decoder import JacobiDecoder
+
+    if draft != "ngram":
+        return JacobiDecoder(probe, "hgj", width, "pad")  # PAD drafts: every row its whole window
+    outputs = _forced_length(probe, length).generate(None, sample)
+    dec = JacobiDecoder(probe, "hgj", width, "ngram", call_cost=ALWAYS)
+    for hypos in outputs:
+        dec.pool.add_output([probe.eos] + hypos[0]["tokens"].tolist())
+    return dec
 
 
 def _fit(times, calls, config) -> Tuple[float, float]:
