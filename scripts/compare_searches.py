@@ -48,6 +48,10 @@ TRANSLATED_RE = re.compile(
 )
 PAIR_RE = re.compile(r"^([SH])-(\d+)\t(.*)$", re.M)
 
+# fairseq-generate's own output (its INFO log, every S-/H- line) goes to TOY/compare/SEARCH.log only;
+# --verbose or FAIRSEQ_STREAM_VERBOSE=1 also prints it, on stderr.
+VERBOSE = os.environ.get("FAIRSEQ_STREAM_VERBOSE", "") not in ("", "0")
+
 
 def fairseq_generate():
     """The fairseq-generate next to this Python (the venv's), else from PATH."""
@@ -77,6 +81,8 @@ def run(toy, label, options, batch_size, env):
     log = os.path.join(toy, "compare", label + ".log")
     with open(log, "w") as f:
         f.write(out)
+    if VERBOSE:
+        sys.stderr.write("---- fairseq-generate --search {} ----\n{}".format(label, out))
     bleu = BLEU_RE.search(out)
     translated = TRANSLATED_RE.search(out)
     if proc.returncode != 0 or not bleu or not translated:
@@ -114,7 +120,12 @@ def main():
                         help="fairseq's --batch-size, also var-stream's pool size (default 64)")
     parser.add_argument("--examples", type=int, default=2,
                         help="source/hypothesis pairs to show (default 2)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also print fairseq-generate's own output (default: only in TOY/compare/*.log;"
+                             " FAIRSEQ_STREAM_VERBOSE=1 does the same)")
     args = parser.parse_args()
+    global VERBOSE
+    VERBOSE = VERBOSE or args.verbose
     toy = os.path.abspath(args.toy)
 
     env = dict(os.environ)

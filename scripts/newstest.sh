@@ -13,6 +13,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${FAIRSEQ_STREAM_VENV:-$ROOT/.venv}
 PY=python3
 [ -x "$VENV/bin/python" ] && PY="$VENV/bin/python"
-# fairseq's import-time notes (optional packages) are not this tool's output.
-exec "$PY" -c 'import logging; logging.getLogger("fairseq").setLevel(logging.WARNING)
+# fairseq's import-time notes (optional packages) are not this tool's output; FAIRSEQ_STREAM_VERBOSE=1 shows them.
+exec "$PY" -c 'import logging, os
+if os.environ.get("FAIRSEQ_STREAM_VERBOSE", "") in ("", "0"): logging.getLogger("fairseq").setLevel(logging.WARNING)
 from fairseq_stream.newstest.run import main; main()' "$@"

@@ -8,6 +8,7 @@ input is cached under a hash of everything that goes into it.
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -73,8 +74,9 @@ class Encoding:
             tokenizer = encoders.build_tokenizer(argparse.Namespace(
                 tokenizer=self.tokenizer, source_lang=src, target_lang=tgt))
         if self.bpe != "none":
-            bpe = encoders.build_bpe(argparse.Namespace(
-                bpe=self.bpe, bpe_codes=self.bpe_codes, sentencepiece_model=self.sentencepiece_model))
+            with _quiet_stdout():  # fastBPE prints "Loading codes from ..." on the process's stdout
+                bpe = encoders.build_bpe(argparse.Namespace(
+                    bpe=self.bpe, bpe_codes=self.bpe_codes, sentencepiece_model=self.sentencepiece_model))
 
         def encode(line: str) -> str:
             if tokenizer is not None:
@@ -84,6 +86,24 @@ class Encoding:
             return line
 
         return encode
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """File descriptor 1 to /dev/null for a while (C++ code's prints), unless FAIRSEQ_STREAM_VERBOSE is set."""
+    if os.environ.get("FAIRSEQ_STREAM_VERBOSE", "") not in ("", "0"):
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _file_digest(path: Optional[str]) -> Optional[str]:
