@@ -1,0 +1,301 @@
+"""Benchmark every method on a GPU at the WMT'19 size: the stand-in ensemble on newstest2017 De-En.
+
+    python benchmarks/gpu_bench.py OUTDIR --train-text newstest201{3,4,5,6}.{de,en} \\
+        --source newstest2017.de --reference newstest2017.en [--models-count 4] [--limit 300]
+    (scripts/gpu_bench.sh runs it with the right interpreter)
+
+Steps, each bounded in time:
+
+1. ``setup`` / ``environment``: as gpu_check.py.
+2. ``standin``: ``scripts/make_wmt19_standin.py de-en WORK/standin`` (``--models-count`` models of
+   the published size, float16 weights for an fp16 run; ``--tiny`` on ``--device cpu``), unless
+   ``--standin DIR`` already holds one (or the real ensemble).
+3. ``prepare``: the first ``--limit`` lines of ``--source``/``--reference`` through Moses, the
+   stand-in's fastBPE codes and dictionaries into a data-bin (fairseq_stream.newstest.prepare, as
+   scripts/newstest.sh does); ``--data-bin DIR`` gives one prepared elsewhere.
+4. ``decode-kK`` for each ``--beams`` K: each method's preset (``--preset NAME --beam K``), one
+   fairseq-generate each, fp16 on the GPU (``--no-fp16`` for float32), ``--max-len-a 1.2
+   --max-len-b 10`` (untrained weights rarely emit EOS). Greedy and Jacobi ignore the beam and
+   run in the first step only. Each run: wall clock (fairseq's decoding seconds and the whole
+   run's), decoder calls, rows per call, host time per call, GPU busy share, peak GPU memory
+   (benchmarks/gpu_probe.py says how).
+5. ``report``: the rows in newstest's results format (in results.json, and WORK/results.jsonl)
+   and report.py's tables and plots (OUTDIR/plots/: report.md and one bar chart and one BLEU
+   scatter per beam).
+
+BLEU of an untrained stand-in is noise; with the real ensemble (``--standin wmt19/...``) it is
+the real score.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from gpu_common import (  # noqa: E402
+    NA_CPU, REPO, Session, StepError, add_common_arguments, environment_step, fmt, install_wheels, write_json,
+)
+
+# The issue's methods, by their newstest presets (fairseq_stream/presets); beam is fairseq's own.
+METHODS = ["beam", "fixed", "var-batch", "var-stream", "var-stream-rows", "topup", "greedy", "jacobi"]
+BEAMLESS = ("greedy", "jacobi")
+# Sentences per batch (and stream pool) per beam: the --gpu-memory 32 presets' (gpu32gb-k5/-k50),
+# which keep every method of the 4-model ensemble within 32 GB by the presets' arithmetic.
+BATCH = {5: 64, 50: 8}
+PAIR = "de-en"
+
+
+def parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_arguments(p)
+    p.add_argument("--standin", metavar="DIR", help="a stand-in (or the real WMT'19 de-en ensemble) to use "
+                                                   "instead of building one in WORK/standin")
+    p.add_argument("--train-text", nargs="+", metavar="FILE",
+                   help="text to learn the stand-in's BPE and dictionary from (newstest201{3,4,5,6}.{de,en})")
+    p.add_argument("--models-count", type=int, default=4, metavar="N",
+                   help="stand-in ensemble members (default 4, as released; 1 if 4 do not fit the time)")
+    p.add_argument("--source", metavar="FILE", help="newstest2017.de (raw text, one sentence a line)")
+    p.add_argument("--reference", metavar="FILE", help="newstest2017.en")
+    p.add_argument("--data-bin", metavar="DIR", help="an input already prepared for this stand-in (skips prepare)")
+    p.add_argument("--limit", type=int, default=300, help="the first N sentences (default %(default)s)")
+    p.add_argument("--beams", type=int, nargs="+", default=[5, 50], metavar="K")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS, metavar="METHOD",
+                   help="default: all: {}".format(", ".join(METHODS)))
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help="sentences per batch for every beam (default: {})".format(
+                       ", ".join("{} at k={}".format(b, k) for k, b in BATCH.items())))
+    p.add_argument("--no-fp16", action="store_true", help="decode in float32 (default on the GPU: --fp16)")
+    p.add_argument("--run-timeout", type=float, default=300, metavar="S",
+                   help="a decode run making no progress this long is killed (default %(default)s)")
+    return p
+
+
+def standin_dir(session, args):
+    return os.path.abspath(args.standin or os.path.join(session.work, "standin"))
+
+
+def fp16(session, args):
+    return session.cuda and not args.no_fp16
+
+
+def standin_step(session, args):
+    """Build the stand-in with make_wmt19_standin.py unless the folder already holds an ensemble."""
+    def step():
+        out = standin_dir(session, args)
+        if args.standin and os.path.exists(os.path.join(out, "model1.pt")):
+            return {"status": "passed", "detail": "using the ensemble in {}".format(out)}
+        if not args.train_text:
+            raise StepError("no stand-in: give --train-text FILES (or --standin DIR)")
+        argv = [args.python, os.path.join(REPO, "scripts", "make_wmt19_standin.py"), PAIR, out,
+                "--models", str(args.models_count), "--train-text"] + args.train_text
+        argv += ["--fp16"] if fp16(session, args) else []
+        argv += [] if session.cuda else ["--tiny"]
+        rc, out_text = session.run_command(argv, "standin", 540)
+        if rc != 0:
+            raise StepError("make_wmt19_standin.py {}: {}".format(
+                "timed out" if rc is None else "exit {}".format(rc), out_text.splitlines()[-1] if out_text else ""))
+        return {"status": "passed", "detail": out_text.splitlines()[-1] if out_text else "built"}
+    return step
+
+
+PREPARE = r"""
+import json, sys
+from fairseq_stream.newstest import prepare, testset
+a = json.loads(sys.argv[1])
+corpus = testset.load("de-en", "2017", source=a["source"], reference=a["reference"])
+corpus.source, corpus.reference = corpus.source[:a["limit"]], corpus.reference[:a["limit"]]
+enc = prepare.Encoding("moses", "fastbpe", a["codes"], None)
+print(json.dumps({"data_bin": prepare.prepare(corpus, "de-en", enc, a["srcdict"], a["tgtdict"], a["work"]),
+                  "sentences": len(corpus.source)}))
+"""
+
+
+def prepare_step(session, args):
+    """Moses, fastBPE and fairseq-preprocess with the stand-in's files (cached by content)."""
+    def step():
+        if args.data_bin:
+            session.results["data_bin"] = os.path.abspath(args.data_bin)
+            return {"status": "passed", "detail": "using the data-bin " + args.data_bin}
+        if not (args.source and args.reference):
+            raise StepError("give --source and --reference (newstest2017.de/.en), or --data-bin")
+        d = standin_dir(session, args)
+        spec = dict(source=os.path.abspath(args.source), reference=os.path.abspath(args.reference),
+                    limit=args.limit, codes=os.path.join(d, "bpecodes"), srcdict=os.path.join(d, "dict.de.txt"),
+                    tgtdict=os.path.join(d, "dict.en.txt"), work=session.work)
+        rc, out = session.run_command([args.python, "-c", PREPARE, json.dumps(spec)], "prepare", 300)
+        if rc != 0:
+            raise StepError("prepare {}: {}".format("timed out" if rc is None else "exit {}".format(rc),
+                                                    out.splitlines()[-1] if out else ""))
+        done = json.loads(out.strip().splitlines()[-1])
+        session.results["data_bin"] = done["data_bin"]
+        return {"status": "passed", "detail": "{} sentences in {}".format(done["sentences"], done["data_bin"])}
+    return step
+
+
+def runs_for(session, args, beam, first):
+    """The fairseq-generate command lines of one beam's step."""
+    d = standin_dir(session, args)
+    checkpoints = ":".join(os.path.join(d, "model{}.pt".format(i + 1)) for i in range(models_in(d)))
+    runs = []
+    for method in args.methods:
+        if method in BEAMLESS and not first:
+            continue
+        argv = [session.results["data_bin"], "--path", checkpoints, "--user-dir", os.path.join(REPO, "fairseq_stream"),
+                "--preset", method, "--source-lang", "de", "--target-lang", "en", "--gen-subset", "test",
+                "--batch-size", str(args.batch_size or BATCH.get(beam, 16)), "--num-workers", "0",
+                "--max-len-a", "1.2", "--max-len-b", "10", "--log-format", "simple"]
+        argv += [] if method in BEAMLESS else ["--beam", str(beam)]
+        argv += ["--fp16"] if fp16(session, args) else []
+        argv += [] if session.cuda else ["--cpu"]
+        runs.append({"name": method if method in BEAMLESS else "{}-k{}".format(method, beam), "argv": argv,
+                     "method": method, "beam": None if method in BEAMLESS else beam})
+    return runs
+
+
+def models_in(folder):
+    """How many model1.pt, model2.pt, ... the folder holds."""
+    n = 0
+    while os.path.exists(os.path.join(folder, "model{}.pt".format(n + 1))):
+        n += 1
+    if not n:
+        raise StepError("no model1.pt in {}".format(folder))
+    return n
+
+
+def decode_step(session, args, beam, first):
+    def step():
+        if not session.results.get("data_bin"):
+            raise StepError("no prepared input (the prepare step did not pass)")
+        runs = runs_for(session, args, beam, first)
+        results = session.run_plan("decode-k{}".format(beam), runs, args.run_timeout, args.device)
+        for run in runs:
+            results[run["name"]].update(method=run["method"], beam=run["beam"])
+        failed = [n for n, r in results.items() if r.get("error") or not r.get("sentences")]
+        return {"status": "failed" if failed else "passed", "runs": results,
+                "detail": "{} of {} runs decoded{}".format(len(results) - len(failed), len(results),
+                                                           "; failed: " + ", ".join(failed) if failed else "")}
+    return step
+
+
+def bleu_of(output, reference_lines):
+    """sacreBLEU of the H- lines, BPE joined (the stand-in's are noise); None without sacrebleu."""
+    try:
+        from sacrebleu.metrics import BLEU
+    except ImportError:
+        return None
+    hyps = {}
+    with open(output, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("H-"):
+                head, _, text = (line.rstrip("\n").split("\t") + ["", ""])[:3]
+                hyps[int(head[2:])] = text.replace("@@ ", "")
+    if sorted(hyps) != list(range(len(reference_lines))):
+        return None
+    return round(BLEU().corpus_score([hyps[i] for i in range(len(hyps))], [reference_lines]).score, 2)
+
+
+def report_step(session, args):
+    """results.jsonl in newstest's format, then report.py's tables and plots into OUTDIR/plots."""
+    def step():
+        rows = []
+        device = session.results.get("environment", {}).get("gpu") if session.cuda else None
+        device = "cuda: {}{}".format(device, " fp16" if fp16(session, args) else "") if session.cuda else "cpu"
+        reference = None
+        if args.reference:
+            with open(args.reference, encoding="utf-8") as f:
+                reference = f.read().split("\n")[:args.limit]
+        for name, s in session.results["steps"].items():
+            for r in (s.get("runs") or {}).values():
+                if r.get("error") or not r.get("sentences"):
+                    continue
+                bleu = bleu_of(r["output"], reference) if reference else None
+                rows.append({"pair": PAIR, "testset": "newstest2017", "method": r["method"], "beam": r["beam"],
+                             "bleu": bleu, "decode_s": r["decode_s"], "wall_s": r["process_s"],
+                             "counters": {"timesteps": r["calls"], "expansions": r["rows"],
+                                          "expansions_per_step": r["rows_per_call"]},
+                             "device": device, "sentences": r["sentences"], "host_ms_per_call": r["host_ms_per_call"],
+                             "gpu_busy": r["gpu_busy"], "peak_mib": r["peak_mib"], "commit": session.results["commit"]})
+        if not rows:
+            raise StepError("no run decoded")
+        jsonl = os.path.join(session.work, "results.jsonl")  # report.py's input; the rows are in results.json too
+        with open(jsonl, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        plots = os.path.join(session.outdir, "plots")
+        rc, out = session.run_command([args.python, os.path.join(REPO, "scripts", "report.py"), jsonl, "--out", plots],
+                                      "report", 120)
+        if rc != 0:
+            raise StepError("report.py {}: {}".format("timed out" if rc is None else "exit {}".format(rc),
+                                                      out.splitlines()[-1] if out else ""))
+        pngs = sorted(f for f in os.listdir(plots) if f.endswith(".png"))
+        return {"status": "passed", "detail": "{} rows; {} plots in {}".format(len(rows), len(pngs), plots),
+                "plots": pngs, "rows": rows}
+    return step
+
+
+def render(results):
+    """summary.md: the steps and every run's measurements."""
+    lines = ["# GPU benchmark ({})".format(results["device"]), "",
+             "commit {}, started {}, finished {}, host {}".format(results["commit"], results["started"],
+                                                                 results["finished"] or "(running)",
+                                                                 results["host"]), ""]
+    env = results.get("environment")
+    if env:
+        lines += ["Environment: " + ", ".join("{} {}".format(k, v) for k, v in env.items()), ""]
+    lines += ["| step | status | seconds | detail |", "| --- | --- | ---: | --- |"]
+    for name, s in results["steps"].items():
+        lines.append("| {} | {} | {} | {} |".format(name, s["status"], fmt(s.get("seconds")),
+                                                    s.get("detail", "").replace("|", "/")))
+    na = NA_CPU if results["device"] == "cpu" else "—"
+    rows = [r for s in results["steps"].values() for r in (s.get("runs") or {}).values()]
+    if rows:
+        lines += ["", "## Runs", "",
+                  "decode s: fairseq's own decoding time; process s: the whole fairseq-generate run, model "
+                  "loading included; host ms/call: median time between decoder calls' starts, no "
+                  "synchronization; ms/call: decode s over calls; GPU busy: NVML utilization between the "
+                  "first and the last call; peak MiB: torch.cuda.max_memory_allocated.", "",
+                  "| method | k | sentences | decode s | process s | calls | rows/call | host ms/call | ms/call | "
+                  "GPU busy | peak MiB | error |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        for r in rows:
+            busy = r.get("gpu_busy")
+            lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+                r.get("method", r["name"]), fmt(r.get("beam")), fmt(r.get("sentences")), fmt(r.get("decode_s"), ".2f"),
+                fmt(r.get("process_s"), ".1f"), fmt(r.get("calls")), fmt(r.get("rows_per_call"), ".1f"),
+                fmt(r.get("host_ms_per_call"), ".2f"), fmt(r.get("ms_per_call"), ".2f"),
+                na if busy is None else "{:.0%}".format(busy), fmt(r.get("peak_mib"), ".0f", na),
+                (r.get("error") or "").replace("|", "/")))
+    report = results["steps"].get("report", {})
+    if report.get("plots"):
+        lines += ["", "## report.py's plots (plots/)", ""] + ["![{0}](plots/{0})".format(p) for p in report["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    session = Session("gpu_bench", args, render)
+
+    def setup():
+        if not args.wheels:
+            return {"status": "skipped", "detail": "no --wheels: the interpreter's own packages"}
+        site, count = install_wheels(session, args.wheels)
+        return {"status": "passed", "detail": "{} files installed into {}".format(count, site)}
+
+    session.step("setup", setup)
+    session.step("environment", lambda: environment_step(session, ["sacremoses", "subword_nmt", "fastBPE"]))
+    session.step("standin", standin_step(session, args), needs_s=30)
+    session.step("prepare", prepare_step(session, args), needs_s=10)
+    for i, beam in enumerate(args.beams):
+        session.step("decode-k{}".format(beam), decode_step(session, args, beam, i == 0), needs_s=30)
+    session.step("report", report_step(session, args), needs_s=5)
+    session.save(final=True)
+    failed = [n for n, s in session.results["steps"].items() if s["status"] == "failed"]
+    print("gpu_bench: {} steps, {} failed{}; {}".format(
+        len(session.results["steps"]), len(failed), " (" + ", ".join(failed) + ")" if failed else "",
+        os.path.join(session.outdir, "summary.md")))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

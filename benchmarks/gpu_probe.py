@@ -1,0 +1,221 @@
+"""Run fairseq-generate in this process, once per entry of a plan, and measure each decoding.
+
+    python benchmarks/gpu_probe.py PLAN.json
+
+The GPU scripts (``gpu_check.py``, ``gpu_bench.py``) start this as a child
+process with a time limit. PLAN.json is ``{"runs": [{"name", "argv",
+"results", "result"}, ...]}``: ``argv`` is a fairseq-generate command line
+without the program name, ``results`` the ``--results-path`` folder its
+output goes to, ``result`` the JSON file written when the run ends. A run
+whose ``result`` exists is skipped, so the parent can start the probe again
+after one run killed it (a crash, a hang) and the others still run. Before a
+run starts its name goes to ``PLAN.json.current``.
+
+Measured per run, with nothing added to the decoding loop but a clock read
+per decoder call:
+
+* ``calls``/``rows``: decoder calls and hypotheses expanded, counted where
+  our searches count them (``DecodeStats.add_step``) and, for fairseq's own
+  ``SequenceGenerator``, at ``EnsembleModel.forward_decoder``;
+* ``host_ms_per_call``: the median time between the starts of consecutive
+  decoder calls, without any synchronization: on a GPU the host's time per
+  call (a forward and the search update after it), which is the wall clock
+  per call when the GPU is not the bottleneck; ``ms_per_call`` is the
+  decoding seconds over the calls, batch starts and encoder included;
+* ``decode_s``: fairseq's own "Translated N sentences ... in X s" (as N over
+  its sentences per second, which has more digits);
+* ``gpu_busy``: the mean of ``torch.cuda.utilization()`` (NVML: the share of
+  the last sample period, 1/6 s to 1 s, in which a kernel ran) sampled every
+  50 ms between the first and the last decoder call; needs pynvml
+  (nvidia-ml-py); coarse for runs under a second;
+* ``peak_mib``/``peak_reserved_mib``: ``torch.cuda.max_memory_allocated``
+  and ``max_memory_reserved`` over the run (model weights included).
+
+On the CPU the GPU figures are ``null``.
+"""
+
+import json
+import logging
+import os
+import re
+import statistics
+import sys
+import threading
+import time
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# fairseq-generate's closing line; N / (sentences per second) has more digits than its rounded seconds.
+TRANSLATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s")
+SAMPLE_S = 0.05
+
+
+class CallLog:
+    """Clock and rows at every decoder call: ours (``DecodeStats.add_step``) and fairseq's generator's."""
+
+    def __init__(self):
+        self.ours, self.fairseq = [], []
+
+    def install(self):
+        """Wrap the two counting points at class level (every decoder built later is counted)."""
+        from fairseq.sequence_generator import EnsembleModel
+
+        from fairseq_stream.stats import DecodeStats
+
+        log = self
+        add_step, forward_decoder = DecodeStats.add_step, EnsembleModel.forward_decoder
+
+        def counted_add_step(stats, length, rows, seconds):
+            log.ours.append((time.perf_counter(), rows))
+            return add_step(stats, length, rows, seconds)
+
+        def counted_forward_decoder(model, tokens, *args, **kwargs):
+            log.fairseq.append((time.perf_counter(), tokens.size(0)))
+            return forward_decoder(model, tokens, *args, **kwargs)
+
+        DecodeStats.add_step = counted_add_step
+        EnsembleModel.forward_decoder = counted_forward_decoder
+
+    def reset(self):
+        self.ours, self.fairseq = [], []
+
+    def calls(self):
+        """The run's calls: ours where our loop ran (our fairseq runner also calls forward_decoder)."""
+        return self.ours or self.fairseq
+
+
+class Sampler(threading.Thread):
+    """``torch.cuda.utilization()`` every 50 ms, with the time of each sample."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.samples, self.error = [], None
+        self._stop_event = threading.Event()
+
+    def run(self):
+        import torch
+
+        while not self._stop_event.is_set():
+            try:
+                self.samples.append((time.perf_counter(), torch.cuda.utilization()))
+            except Exception as e:  # no pynvml, or NVML refuses: the figure is n/a, the run goes on
+                self.error = "{}: {}".format(type(e).__name__, e)
+                return
+            self._stop_event.wait(SAMPLE_S)
+
+    def stop(self):
+        self._stop_event.set()
+        self.join()
+
+
+class LineCatcher(logging.Handler):
+    """Keeps fairseq-generate's 'Translated ...' log line."""
+
+    def __init__(self):
+        super().__init__()
+        self.translated = None
+
+    def emit(self, record):
+        match = TRANSLATED.search(record.getMessage())
+        if match:
+            self.translated = match
+
+
+def measure(run, calls, cuda):
+    """Run one fairseq-generate command line; the result dict."""
+    import torch
+    from fairseq_cli import generate
+
+    calls.reset()
+    catcher = LineCatcher()
+    logging.getLogger("fairseq_cli.generate").addHandler(catcher)
+    sampler = None
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        sampler = Sampler()
+        sampler.start()
+    error = None
+    start = time.perf_counter()
+    sys.argv = ["fairseq-generate"] + run["argv"] + ["--results-path", run["results"]]
+    try:
+        generate.cli_main()
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            error = "exit {}".format(e.code)
+    except Exception as e:  # a failing run is a result too; the next one still runs
+        error = "{}: {}".format(type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        traceback.print_exc()
+    finally:
+        logging.getLogger("fairseq_cli.generate").removeHandler(catcher)
+    if cuda:
+        torch.cuda.synchronize()
+    process_s = time.perf_counter() - start
+    stamps = calls.calls()
+    result = {"name": run["name"], "error": error, "process_s": round(process_s, 3), "calls": len(stamps),
+              "rows": sum(r for _, r in stamps)}
+    result["rows_per_call"] = round(result["rows"] / len(stamps), 2) if stamps else None
+    intervals = [t1 - t0 for (t0, _), (t1, _) in zip(stamps, stamps[1:])]
+    result["host_ms_per_call"] = round(1000 * statistics.median(intervals), 4) if intervals else None
+    match = catcher.translated
+    if match:
+        sentences, per_s = int(match.group(1).replace(",", "")), float(match.group(4))
+        result["sentences"] = sentences
+        result["decode_s"] = round(sentences / per_s, 4) if per_s > 0 else float(match.group(3))
+    else:
+        result["sentences"] = result["decode_s"] = None
+    result["ms_per_call"] = (round(1000 * result["decode_s"] / len(stamps), 4)
+                             if stamps and result["decode_s"] else None)
+    result["gpu_busy"] = result["peak_mib"] = result["peak_reserved_mib"] = result["gpu_busy_note"] = None
+    if cuda:
+        sampler.stop()
+        window = [u for t, u in sampler.samples if stamps and stamps[0][0] <= t <= stamps[-1][0]]
+        if window:
+            result["gpu_busy"] = round(statistics.mean(window) / 100, 3)
+        result["gpu_busy_note"] = sampler.error or "{} NVML samples".format(len(window))
+        result["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2 ** 20, 1)
+        result["peak_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2 ** 20, 1)
+        torch.cuda.empty_cache()  # the next run's peak starts from its own allocations
+    return result
+
+
+def write_json(path, data):
+    """Write JSON atomically: the parent never reads half a file."""
+    tmp = "{}.tmp{}".format(path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        sys.exit("usage: gpu_probe.py PLAN.json")
+    with open(argv[0]) as f:
+        plan = json.load(f)
+    sys.path.insert(0, REPO)
+    # fairseq-generate's basicConfig would send its log to the first run's stdout; stderr it is.
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
+                        stream=sys.stderr)
+    import torch
+
+    import fairseq_stream  # noqa: F401  (safe checkpoint loading before any run)
+
+    cuda = plan.get("device", "cpu") == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("gpu_probe: the plan asks for cuda, but torch sees no CUDA device")
+    calls = CallLog()
+    calls.install()
+    for run in plan["runs"]:
+        if os.path.exists(run["result"]):
+            continue
+        with open(argv[0] + ".current", "w") as f:
+            f.write(run["name"])
+        print("gpu_probe: {}: fairseq-generate {}".format(run["name"], " ".join(run["argv"])),
+              file=sys.stderr, flush=True)
+        os.makedirs(run["results"], exist_ok=True)
+        write_json(run["result"], measure(run, calls, cuda))
+
+
+if __name__ == "__main__":
+    main()
