@@ -13,10 +13,11 @@ Steps, each bounded in time:
 3. ``prepare``: the first ``--limit`` lines of ``--source``/``--reference`` through Moses, the
    stand-in's fastBPE codes and dictionaries into a data-bin (fairseq_stream.newstest.prepare, as
    scripts/newstest.sh does); ``--data-bin DIR`` gives one prepared elsewhere.
-4. ``decode-kK`` for each ``--beams`` K: each method's preset (``--preset NAME --beam K``), one
-   fairseq-generate each, fp16 on the GPU (``--no-fp16`` for float32), ``--max-len-a 1.2
+4. ``decode``: for each ``--beams`` K, each method's preset (``--preset NAME --beam K``), one
+   fairseq-generate each (a run that takes longer than ``--run-timeout`` or crashes is recorded
+   as failed and the rest go on), fp16 on the GPU (``--no-fp16`` for float32), ``--max-len-a 1.2
    --max-len-b 10`` (untrained weights rarely emit EOS). Greedy and Jacobi ignore the beam and
-   run in the first step only. Each run: wall clock (fairseq's decoding seconds and the whole
+   run with the first beam only. Each run: wall clock (fairseq's decoding seconds and the whole
    run's), decoder calls, rows per call, host time per call, GPU busy share, peak GPU memory
    (benchmarks/gpu_probe.py says how).
 5. ``report``: the rows in newstest's results format (in results.json, and WORK/results.jsonl)
@@ -45,6 +46,7 @@ BEAMLESS = ("greedy", "jacobi")
 # which keep every method of the 4-model ensemble within 32 GB by the presets' arithmetic.
 BATCH = {5: 64, 50: 8}
 PAIR = "de-en"
+PATH_OPTIONS = ("standin", "train_text", "source", "reference", "data_bin")
 
 
 def parser():
@@ -135,7 +137,7 @@ def prepare_step(session, args):
 
 
 def runs_for(session, args, beam, first):
-    """The fairseq-generate command lines of one beam's step."""
+    """The fairseq-generate command lines of one beam (greedy and Jacobi with the ``first`` only)."""
     d = standin_dir(session, args)
     checkpoints = ":".join(os.path.join(d, "model{}.pt".format(i + 1)) for i in range(models_in(d)))
     runs = []
@@ -164,12 +166,13 @@ def models_in(folder):
     return n
 
 
-def decode_step(session, args, beam, first):
+def decode_step(session, args):
+    """Every method at every beam, in one probe process (restarted past a run that kills it)."""
     def step():
         if not session.results.get("data_bin"):
             raise StepError("no prepared input (the prepare step did not pass)")
-        runs = runs_for(session, args, beam, first)
-        results = session.run_plan("decode-k{}".format(beam), runs, args.run_timeout, args.device)
+        runs = [r for i, beam in enumerate(args.beams) for r in runs_for(session, args, beam, i == 0)]
+        results = session.run_plan("decode", runs, args.run_timeout, args.device)
         for run in runs:
             results[run["name"]].update(method=run["method"], beam=run["beam"])
         failed = [n for n, r in results.items() if r.get("error") or not r.get("sentences")]
@@ -274,20 +277,24 @@ def render(results):
 
 def main(argv=None):
     args = parser().parse_args(argv)
+    # The children run in the repository's root: every path the user gave is made absolute first.
+    for name in PATH_OPTIONS:
+        value = getattr(args, name)
+        if value:
+            setattr(args, name, [os.path.abspath(v) for v in value] if isinstance(value, list) else os.path.abspath(value))
     session = Session("gpu_bench", args, render)
 
     def setup():
         if not args.wheels:
             return {"status": "skipped", "detail": "no --wheels: the interpreter's own packages"}
-        site, count = install_wheels(session, args.wheels)
-        return {"status": "passed", "detail": "{} files installed into {}".format(count, site)}
+        site, count, note = install_wheels(session, args.wheels)
+        return {"status": "passed", "detail": "{} files installed into {}{}".format(count, site, note)}
 
     session.step("setup", setup)
     session.step("environment", lambda: environment_step(session, ["sacremoses", "subword_nmt", "fastBPE"]))
     session.step("standin", standin_step(session, args), needs_s=30)
     session.step("prepare", prepare_step(session, args), needs_s=10)
-    for i, beam in enumerate(args.beams):
-        session.step("decode-k{}".format(beam), decode_step(session, args, beam, i == 0), needs_s=30)
+    session.step("decode", decode_step(session, args), needs_s=30)
     session.step("report", report_step(session, args), needs_s=5)
     session.save(final=True)
     failed = [n for n, s in session.results["steps"].items() if s["status"] == "failed"]

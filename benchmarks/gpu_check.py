@@ -63,6 +63,7 @@ METHODS = [
     ("lstm-greedy", ["--search", "greedy"], "lstm"),
 ]
 METHOD_NAMES = [m[0] for m in METHODS]
+PATH_OPTIONS = ("toy", "m30k")
 
 # (kind, method, reference method, where). kind: exact = every printed hypothesis identical (with
 # "scores": the score column too); near = identical except near ties, reported against a floor.
@@ -246,8 +247,8 @@ def setup_step(session, args):
     def step():
         if not args.wheels:
             return {"status": "skipped", "detail": "no --wheels: the interpreter's own packages"}
-        site, count = install_wheels(session, args.wheels)
-        return {"status": "passed", "detail": "{} files installed into {}".format(count, site)}
+        site, count, note = install_wheels(session, args.wheels)
+        return {"status": "passed", "detail": "{} files installed into {}{}".format(count, site, note)}
     return step
 
 
@@ -337,6 +338,11 @@ def render(results):
 
 def main(argv=None):
     args = parser().parse_args(argv)
+    # The children run in the repository's root: every path the user gave is made absolute first.
+    for name in PATH_OPTIONS:
+        value = getattr(args, name)
+        if value:
+            setattr(args, name, [os.path.abspath(v) for v in value] if isinstance(value, list) else os.path.abspath(value))
     session = Session("gpu_check", args, render)
     session.step("setup", setup_step(session, args))
     session.step("environment", lambda: environment_step(session))

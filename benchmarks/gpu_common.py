@@ -322,20 +322,33 @@ def hypotheses(path):
 
 
 def install_wheels(session, wheels):
-    """pip-install every wheel/sdist in ``wheels`` into WORK/site (no index, no dependencies); step result."""
+    """pip-install the wheels in ``wheels``, then its sdists, into WORK/site (no index, no dependencies).
+
+    Returns (site, files installed, a note on sdists that did not build). The later steps' children
+    import from there. An sdist that does not build (fastBPE, needed only by gpu_bench's prepare)
+    is a note, not a failure: the wheels are what every step needs."""
     site = os.path.join(session.work, "site")
-    files = sorted(os.path.join(wheels, f) for f in os.listdir(wheels) if f.endswith((".whl", ".tar.gz", ".zip")))
-    if not files:
-        raise StepError("--wheels {}: no .whl, .tar.gz or .zip files there".format(wheels))
-    # sdists (fastBPE) build against the interpreter's own cython and numpy: no build isolation.
-    rc, out = session.run_command([session.args.python, "-m", "pip", "install", "--no-index", "--no-deps",
-                                   "--no-build-isolation", "--no-compile", "--upgrade", "--target", site] + files,
-                                  "pip_install_wheels", 400)
+    wheels = os.path.abspath(wheels)
+    names = sorted(os.listdir(wheels))
+    binaries = [os.path.join(wheels, f) for f in names if f.endswith(".whl")]
+    sources = [os.path.join(wheels, f) for f in names if f.endswith((".tar.gz", ".zip"))]
+    if not binaries:
+        raise StepError("--wheels {}: no .whl files there (scripts/gpu_wheels.sh fetches them)".format(wheels))
+    pip = [session.args.python, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile", "--upgrade",
+           "--target", site]
+    rc, out = session.run_command(pip + binaries, "pip_install_wheels", 300)
     if rc != 0:
         raise StepError("pip install --target {} failed ({}): {}".format(
             site, "timed out" if rc is None else "exit {}".format(rc), out.splitlines()[-1] if out else ""))
+    note = ""
+    if sources:
+        # sdists build against the interpreter's own cython and numpy: no build isolation.
+        rc, out = session.run_command(pip + ["--no-build-isolation"] + sources, "pip_install_sdists", 300)
+        if rc != 0:
+            note = "; the sdists did not build ({}): {}".format(
+                "timed out" if rc is None else "exit {}".format(rc), out.splitlines()[-1] if out else "")
     session.env["PYTHONPATH"] = os.pathsep.join([REPO, site] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    return site, len(files)
+    return site, len(binaries) + (len(sources) if not note else 0), note
 
 
 def environment_step(session, extra_modules=()):

@@ -3,9 +3,10 @@
 The scripts exist for lent GPU machines (docs/GPU.md). Here they run with
 ``--device cpu`` on the toy and on a tiny WMT'19 stand-in built from the
 committed newstest sample, so that they cannot rot while no GPU is lent. To
-stay within CI's time, each decodes a few methods that between them take every
-kind of check and every generator's path through the probe; the full method
-lists are the same command lines with other options.
+stay within CI's time, each decodes a few methods (both scripts' full lists
+are the same command lines with other options): fairseq's beam against our
+fixed search (identical, scores too), Jacobi against greedy (identical), the
+top-up and stream generators, two beams.
 """
 
 import json
@@ -14,7 +15,7 @@ import tarfile
 from conftest import REPO, run_tool
 
 WMT = REPO / "tests" / "data" / "wmt" / "de-en"
-CHECK_METHODS = ["beam", "fixed", "var-batch", "var-stream", "topup", "greedy", "jacobi"]
+CHECK_METHODS = ["beam", "fixed", "topup", "greedy", "jacobi"]
 
 
 def read(outdir):
@@ -46,8 +47,7 @@ def test_gpu_check_cpu_mode(toy, tmp_path):
     for key, kind in [(("fixed", "beam (same run)"), "exact+scores"), (("jacobi", "greedy (same run)"), "exact")]:
         assert checks[key]["kind"] == kind and checks[key]["status"] == "passed", checks[key]
         assert checks[key]["identical"] == checks[key]["sentences"] == 37
-    for key in [("var-stream", "var-batch (same run)"), ("topup", "fixed (same run)")]:
-        assert checks[key]["status"] in ("passed", "differs"), checks[key]
+    assert checks[("topup", "fixed (same run)")]["status"] in ("passed", "differs")  # near ties may flip
     assert "n/a (cpu)" in summary and "| compare | passed |" in summary
     with tarfile.open(out / "details.tar.gz") as tar:
         names = tar.getnames()
@@ -59,25 +59,25 @@ def test_gpu_bench_cpu_mode(tmp_path):
     proc = run_tool(["bash", REPO / "scripts" / "gpu_bench.sh", out, "--device", "cpu", "--work-dir", tmp_path / "w",
                      "--train-text", WMT / "newstest2016.de", WMT / "newstest2016.en",
                      "--source", WMT / "newstest2017.de", "--reference", WMT / "newstest2017.en",
-                     "--limit", "3", "--models-count", "1", "--beams", "5", "50",
-                     "--methods", "beam", "var-stream-rows", "greedy"], check=False)
+                     "--limit", "2", "--models-count", "1", "--beams", "5", "50",
+                     "--methods", "var-stream-rows", "greedy"], check=False)
     results, summary = read(out)
     assert proc.returncode == 0, summary
     steps = results["steps"]
-    assert list(steps) == ["setup", "environment", "standin", "prepare", "decode-k5", "decode-k50", "report"]
+    assert list(steps) == ["setup", "environment", "standin", "prepare", "decode", "report"]
     assert all(s["status"] in ("passed", "skipped") for s in steps.values()), summary
-    assert list(steps["decode-k5"]["runs"]) == ["beam-k5", "var-stream-rows-k5", "greedy"]
-    assert list(steps["decode-k50"]["runs"]) == ["beam-k50", "var-stream-rows-k50"]  # greedy ignores the beam
+    # Greedy ignores the beam: it runs once.
+    assert list(steps["decode"]["runs"]) == ["var-stream-rows-k5", "greedy", "var-stream-rows-k50"]
     rows = steps["report"]["rows"]
-    assert {(r["method"], r["beam"]) for r in rows} == {("beam", 5), ("var-stream-rows", 5), ("greedy", None),
-                                                       ("beam", 50), ("var-stream-rows", 50)}
+    assert [(r["method"], r["beam"]) for r in rows] == [("var-stream-rows", 5), ("greedy", None),
+                                                        ("var-stream-rows", 50)]
     for r in rows:
-        assert r["sentences"] == 3 and r["counters"]["timesteps"] > 0 and r["host_ms_per_call"] > 0
+        assert r["sentences"] == 2 and r["counters"]["timesteps"] > 0 and r["host_ms_per_call"] > 0
         assert r["device"] == "cpu" and r["gpu_busy"] is None and r["peak_mib"] is None
     # report.py's tables and plots: one bar chart and one BLEU scatter per beam.
     assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
         "bleu_vs_decode_cpu_beam5.png", "bleu_vs_decode_cpu_beam50.png", "decode_cpu_beam5.png",
         "decode_cpu_beam50.png"]
-    assert "speedup vs beam" in (out / "plots" / "report.md").read_text()
+    assert "| de-en | newstest2017 | greedy |" in (out / "plots" / "report.md").read_text()
     # A lent machine returns at most 8 files of OUTDIR.
     assert len([p for p in out.rglob("*") if p.is_file()]) <= 8
