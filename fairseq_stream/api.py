@@ -90,8 +90,8 @@ class Translator:
         from fairseq_stream.checkpoint import trusted_checkpoints
         from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
         from fairseq_stream.schedule.pool import StreamPool
+        from fairseq_stream.build import build_decoder, spec_from_configs
         from fairseq_stream.schedule.stream import StreamOptions, pool_settings
-        from fairseq_stream.search.common import check_search_options
 
         paths = [paths] if isinstance(paths, str) else list(paths)
         if search not in SEARCH_REGISTRY or search == "beam":
@@ -117,8 +117,8 @@ class Translator:
                 raise FairseqStreamError("unknown option {!r} for search {}".format(key, search))
             for target in targets:
                 setattr(target, key, value)
-        search_cls = SEARCH_REGISTRY[search]
-        check_search_options(search, search_cls, gen_cfg, search_cfg, stream_cfg)
+        # The API's scheduler is its own streaming pool (below): of the spec, only the decoder is built.
+        spec = spec_from_configs(SEARCH_REGISTRY[search], gen_cfg, search_cfg)
         self._pool_args = pool_settings(stream_cfg)
 
         overrides = {"data": data} if data else {}
@@ -132,8 +132,7 @@ class Translator:
         self.models, self.task, self.cfg = models, task, cfg
         self.device = torch.device("cuda" if use_cuda else "cpu")
 
-        built = search_cls.build(task, models, gen_cfg, search_cfg, None, lambda: None)
-        self.decoder = getattr(built, "decoder", built)
+        self.decoder = build_decoder(spec, task, models)
         self.pool_size = pool
         self.batch_size = batch_size or pool
         self.maxi_batch = maxi_batch

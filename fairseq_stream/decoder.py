@@ -74,6 +74,8 @@ class BeamDecoder:
         rnn_options: the rnn runner's tricks
             (:class:`~fairseq_stream.runners.rnn.RnnOptions`; default: all on,
             int16 off).
+        reporter: writes ``--stats-file`` and logs the totals at exit
+            (:class:`~fairseq_stream.stats.StatsReporter` of ``stats``), or None.
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class BeamDecoder:
         output_layer: str = "torch",
         keep_reference: Optional[bool] = None,
         rnn_options=None,
+        reporter=None,
     ):
         if finalize not in FINALIZE_MODES:
             raise FairseqStreamError(
@@ -118,6 +121,7 @@ class BeamDecoder:
         self.finalize = finalize
         self.pruning = pruning or Pruning()
         self.stats = stats if stats is not None else DecodeStats()
+        self.reporter = reporter
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.min_len = min_len
         # An int: fairseq's LSTM reports a float (1e5), which made max_lengths() float.

@@ -226,7 +226,7 @@ def measure(jacobi, device, rows: Sequence[int], widths: Sequence[int]) -> Costs
                 if w is None:
                     dec = probe
                 else:
-                    dec = _window_probe(probe, w, jacobi.draft, samples[r], length)
+                    dec = _window_probe(type(jacobi), probe, w, jacobi.draft, samples[r], length)
                 _sync(device)
                 t0 = time.perf_counter()
                 with torch.no_grad():
@@ -254,10 +254,9 @@ def measure(jacobi, device, rows: Sequence[int], widths: Sequence[int]) -> Costs
     return Costs(table, hardware, "measured", None, time.perf_counter() - start)
 
 
-def _window_probe(probe, width: int, draft: str, sample: dict, length: int):
-    """A Jacobi decoder over ``probe`` whose every call is ``width`` positions a sentence (to the end)."""
-    from fairseq_stream.jacobi.decoder import JacobiDecoder
-
+def _window_probe(JacobiDecoder, probe, width: int, draft: str, sample: dict, length: int):
+    """A Jacobi decoder (of the calibrated one's class: no import back) over ``probe`` whose every call is
+    ``width`` positions a sentence (to the end)."""
     if draft != "ngram":
         return JacobiDecoder(probe, "hgj", width, "pad")  # PAD drafts: every row its whole window
     outputs = _forced_length(probe, length).generate(None, sample)

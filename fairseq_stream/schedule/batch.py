@@ -15,3 +15,10 @@ class BatchSchedulerConfig(FairseqDataclass):
 @register_generator("batch", dataclass=BatchSchedulerConfig)
 class BatchScheduler:
     """Decode each batch fairseq hands over on its own; finished sentences leave it."""
+
+    streams = False  # no --stream-* options
+
+    @classmethod
+    def build(cls, decoder, options, task, models, gen_cfg):
+        """The decoder itself: it is a fairseq generator of whole batches."""
+        return decoder

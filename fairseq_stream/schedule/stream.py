@@ -101,6 +101,12 @@ class StreamScheduler:
     """VAR-STREAM (Yang et al. 2020): refill the pool at epsilon, expand the shortest prefixes."""
 
     order = "shortest"
+    streams = True  # takes the --stream-* options
+
+    @classmethod
+    def build(cls, decoder, options, task, models, gen_cfg):
+        """``decoder`` in a :class:`StreamGenerator` whose pool takes prefixes in this entry's ``order``."""
+        return build_stream_generator(decoder, task, models, gen_cfg, options, order=cls.order)
 
 
 @dataclass
@@ -109,7 +115,7 @@ class FifoOptions(StreamOptions):
 
 
 @register_generator("fifo", dataclass=FifoOptions)
-class FifoScheduler:
+class FifoScheduler(StreamScheduler):
     """VAR-STR-FIFO (Yang et al. 2020, App. A.2): longest prefixes first, up to the capacity."""
 
     order = "fifo"
@@ -128,7 +134,7 @@ class TopupOptions(StreamOptions):
 
 
 @register_generator("topup", dataclass=TopupOptions)
-class TopupScheduler:
+class TopupScheduler(StreamScheduler):
     """Top-up batching (Marian; Junczys-Dowmunt et al. 2018, Algorithms 4-6).
 
     One batch of ``--stream-pool`` sentences; every decoder call runs every

@@ -1,4 +1,4 @@
-"""What every search entry of ours shares: statistics options and building the decoder."""
+"""What every search entry of ours shares: the runner, output-layer and statistics options, and their checks."""
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -9,7 +9,6 @@ from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.output_choice import OUTPUT_LAYERS, check_output_layer
 from fairseq_stream.runners import RUNNERS, check_runner
 from fairseq_stream.runners.rnn import DEFAULT_EMBED_TABLE_WORDS, RnnOptions
-from fairseq_stream.stats import DecodeStats, StatsReporter
 
 RunnerChoice = ChoiceEnum(list(RUNNERS))
 OutputLayerChoice = ChoiceEnum(list(OUTPUT_LAYERS))
@@ -200,68 +199,3 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
         search_cls.check(search_cfg)
     if stream_cfg is not None:
         pool_settings(stream_cfg)
-
-
-def build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning, keep_reference=None):
-    """A :class:`~fairseq_stream.decoder.BeamDecoder` configured from fairseq's generation options.
-
-    ``keep_reference``: as :class:`~fairseq_stream.decoder.BeamDecoder`'s
-    (default: fixed width with ``--finalize fairseq``).
-    """
-    from fairseq_stream.decoder import BeamDecoder
-    from fairseq_stream.registry import SEARCH_REGISTRY
-
-    check_generation_options(name, gen_cfg)
-    check_beam(beam)
-    if name in SEARCH_REGISTRY:  # also built directly, without the command line's checks
-        check_nbest(name, SEARCH_REGISTRY[name], gen_cfg)
-    stats = DecodeStats(keep_steps=bool(getattr(search_cfg, "stats_steps", False)))
-    decoder = BeamDecoder(
-        models,
-        task.target_dictionary,
-        beam_size=beam,
-        finalize=finalize,
-        pruning=pruning,
-        stats=stats,
-        max_len_a=getattr(gen_cfg, "max_len_a", 0),
-        max_len_b=getattr(gen_cfg, "max_len_b", 200),
-        min_len=getattr(gen_cfg, "min_len", 1),
-        normalize_scores=not getattr(gen_cfg, "unnormalized", False),
-        len_penalty=getattr(gen_cfg, "lenpen", 1),
-        unk_penalty=getattr(gen_cfg, "unkpen", 0),
-        temperature=getattr(gen_cfg, "temperature", 1.0),
-        no_repeat_ngram_size=getattr(gen_cfg, "no_repeat_ngram_size", 0),
-        runner=str(getattr(search_cfg, "runner", "auto")),
-        output_layer=str(getattr(search_cfg, "output_layer", "auto")),
-        keep_reference=keep_reference,
-        rnn_options=rnn_options(search_cfg),
-    )
-    decoder.reporter = StatsReporter(name, stats, getattr(search_cfg, "stats_file", None))
-    return decoder
-
-
-def build_scheduled(name, task, models, gen_cfg, search_cfg, generator_cfg, default_generator,
-                    beam, finalize, pruning, keep_reference=None):
-    """Our decoder for ``name``, on the chosen scheduler (``--generator``, else the search's default).
-
-    Stream options come from ``--generator stream``'s group, or from the
-    search's own config for presets that include them (``var-stream``).
-    """
-    generator = getattr(generator_cfg, "_name", None) or default_generator
-    if generator != "batch":
-        # Bitwise identity with fairseq is a promise of fairseq's own batches
-        # only: a scheduler changes the calls' composition (float32 results
-        # move in the last bits, as with another --batch-size), and mixing
-        # prefix lengths on the fairseq runner pads every row, which the lean
-        # runner does not.
-        keep_reference = False
-    decoder = build_beam_decoder(name, task, models, gen_cfg, search_cfg, beam, finalize, pruning, keep_reference)
-    if generator in ("stream", "fifo", "topup"):
-        from fairseq_stream.schedule.stream import build_stream_generator
-
-        options = generator_cfg if generator_cfg is not None else search_cfg
-        # Top-up is the pool in FIFO order (every active sentence in each call)
-        # refilling at its own threshold (TopupOptions).
-        order = "shortest" if generator == "stream" else "fifo"
-        return build_stream_generator(decoder, task, models, gen_cfg, options, order=order)
-    return decoder

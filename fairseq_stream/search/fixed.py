@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from fairseq.dataclass import ChoiceEnum
 
 from fairseq_stream.registry import register_search
-from fairseq_stream.search.common import DecodeStatsConfig, build_scheduled, search_name
+from fairseq_stream.build import OurSearch, SearchSettings
+from fairseq_stream.search.common import DecodeStatsConfig
 from fairseq_stream.search.pruning import Pruning
 
 FinalizeChoice = ChoiceEnum(["fairseq", "stay"])
@@ -22,7 +23,7 @@ class FixedSearchConfig(DecodeStatsConfig):
 
 
 @register_search("fixed", dataclass=FixedSearchConfig)
-class FixedSearch:
+class FixedSearch(OurSearch):
     """Fixed-width beam search (``--beam`` k), fairseq-compatible or the streaming paper's rule."""
 
     generators = ("batch", "stream", "fifo", "topup")
@@ -33,11 +34,6 @@ class FixedSearch:
         return Pruning()
 
     @classmethod
-    def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
-        name = search_name(cls, search_cfg)
-        return build_scheduled(
-            name, task, models, gen_cfg, search_cfg, generator_cfg, cls.default_generator,
-            beam=getattr(gen_cfg, "beam", 5),
-            finalize=str(search_cfg.finalize),
-            pruning=cls.pruning(search_cfg),
-        )
+    def settings(cls, gen_cfg, search_cfg) -> SearchSettings:
+        return SearchSettings(beam=getattr(gen_cfg, "beam", 5), finalize=str(search_cfg.finalize),
+                              pruning=cls.pruning(search_cfg))

@@ -3,8 +3,8 @@
 from dataclasses import dataclass
 
 from fairseq_stream.registry import register_search
-from fairseq_stream.search.common import DecodeStatsConfig, build_scheduled
-from fairseq_stream.search.pruning import Pruning
+from fairseq_stream.build import OurSearch, SearchSettings
+from fairseq_stream.search.common import DecodeStatsConfig
 
 
 @dataclass
@@ -13,7 +13,7 @@ class GreedySearchConfig(DecodeStatsConfig):
 
 
 @register_search("greedy", dataclass=GreedySearchConfig)
-class GreedySearch:
+class GreedySearch(OurSearch):
     """Pick the most probable next token; a sentence ends at EOS or its maximum length."""
 
     generators = ("batch", "stream", "fifo", "topup")
@@ -21,11 +21,7 @@ class GreedySearch:
     uses_beam = False  # --beam is ignored
 
     @classmethod
-    def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
-        return build_scheduled(
-            "greedy", task, models, gen_cfg, search_cfg, generator_cfg, cls.default_generator,
-            beam=1, finalize="fairseq", pruning=Pruning(),
-            # Greedy promises greedy's tokens, not fairseq's bitwise arithmetic:
-            # auto takes the lean runner and the fused output layer.
-            keep_reference=False,
-        )
+    def settings(cls, gen_cfg, search_cfg) -> SearchSettings:
+        # Greedy promises greedy's tokens, not fairseq's bitwise arithmetic:
+        # auto takes the lean runner and the fused output layer.
+        return SearchSettings(beam=1, keep_reference=False)

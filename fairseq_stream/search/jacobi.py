@@ -13,8 +13,8 @@ from fairseq_stream.jacobi.calibration import CALIBRATE
 from fairseq_stream.jacobi.decoder import VARIANTS, JacobiDecoder, check_options
 from fairseq_stream.jacobi.drafts import DRAFTS
 from fairseq_stream.registry import register_search
-from fairseq_stream.search.common import DecodeStatsConfig, build_beam_decoder
-from fairseq_stream.search.pruning import Pruning
+from fairseq_stream.build import OurSearch, SearchSettings
+from fairseq_stream.search.common import DecodeStatsConfig
 
 
 @dataclass
@@ -69,7 +69,7 @@ class JacobiSearchConfig(DecodeStatsConfig):
 
 
 @register_search("jacobi", dataclass=JacobiSearchConfig)
-class JacobiSearch:
+class JacobiSearch(OurSearch):
     """Jacobi decoding (PJ, PGJ, HGJ): exactly greedy's tokens in fewer sequential decoder calls."""
 
     generators = ("batch",)
@@ -84,10 +84,13 @@ class JacobiSearch:
                       str(search_cfg.jacobi_calibrate))
 
     @classmethod
-    def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
-        greedy = build_beam_decoder("jacobi", task, models, gen_cfg, search_cfg, beam=1, finalize="fairseq",
-                                    pruning=Pruning(), keep_reference=False)
-        return JacobiDecoder(greedy, variant=str(search_cfg.jacobi_variant), block=search_cfg.jacobi_block,
-                             draft=str(search_cfg.jacobi_draft), horizon=search_cfg.jacobi_horizon,
-                             call_cost=search_cfg.jacobi_call_cost, candidates=search_cfg.jacobi_candidates,
-                             calibrate=str(search_cfg.jacobi_calibrate))
+    def settings(cls, gen_cfg, search_cfg) -> SearchSettings:
+        """A greedy decoder (its tokens are the promise, not fairseq's arithmetic) with Jacobi's loop around it."""
+
+        def jacobi(greedy):
+            return JacobiDecoder(greedy, variant=str(search_cfg.jacobi_variant), block=search_cfg.jacobi_block,
+                                 draft=str(search_cfg.jacobi_draft), horizon=search_cfg.jacobi_horizon,
+                                 call_cost=search_cfg.jacobi_call_cost, candidates=search_cfg.jacobi_candidates,
+                                 calibrate=str(search_cfg.jacobi_calibrate))
+
+        return SearchSettings(beam=1, keep_reference=False, wrap=jacobi)

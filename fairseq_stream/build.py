@@ -1,0 +1,164 @@
+"""The one place a decoder is assembled, for the command line and the Python API alike.
+
+The way in is a :class:`DecoderSpec`: every choice a run makes, typed and
+checked, made from fairseq's parsed configs (:func:`spec_from_configs`: the
+``--search`` entry's options, fairseq's generation options, the
+``--generator`` entry's options). From it, :func:`build_decoder` builds the
+model runner, the search (beam width, finalization, pruning) and the decoder
+around them (a Jacobi decoder around a greedy one where the search asks), and
+:func:`build_generator` puts the decoder on the chosen scheduler: each
+``--generator`` entry builds its own loop (``build``), so nothing here
+compares scheduler names.
+
+The search entries (:mod:`fairseq_stream.search`) only say what is theirs
+(:meth:`settings`: beam, finalization, pruning, the decoder they wrap around
+the beam decoder); the API builds its own streaming pool around
+:func:`build_decoder`'s decoder.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.runners.rnn import RnnOptions
+from fairseq_stream.search.common import check_search_options, rnn_options, search_name
+from fairseq_stream.search.pruning import Pruning
+
+
+@dataclass(frozen=True)
+class GenerationRules:
+    """fairseq's generation options that our decoders honour, as ``SequenceGenerator`` does."""
+
+    max_len_a: float = 0
+    max_len_b: int = 200
+    min_len: int = 1
+    normalize_scores: bool = True
+    len_penalty: float = 1.0
+    unk_penalty: float = 0.0
+    temperature: float = 1.0
+    no_repeat_ngram_size: int = 0
+
+    @classmethod
+    def from_config(cls, gen_cfg) -> "GenerationRules":
+        """The rules of fairseq's ``GenerationConfig`` (or a Namespace with its fields; defaults where absent)."""
+        return cls(max_len_a=getattr(gen_cfg, "max_len_a", 0), max_len_b=getattr(gen_cfg, "max_len_b", 200),
+                   min_len=getattr(gen_cfg, "min_len", 1),
+                   normalize_scores=not getattr(gen_cfg, "unnormalized", False),
+                   len_penalty=getattr(gen_cfg, "lenpen", 1), unk_penalty=getattr(gen_cfg, "unkpen", 0),
+                   temperature=getattr(gen_cfg, "temperature", 1.0),
+                   no_repeat_ngram_size=getattr(gen_cfg, "no_repeat_ngram_size", 0))
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What a ``--search`` entry decides (:meth:`settings` of each entry).
+
+    ``keep_reference``: None lets the decoder keep fairseq's runner and
+    output layer where its search is dense (fixed width, ``--finalize
+    fairseq``); False where the search promises its tokens, not fairseq's
+    bitwise arithmetic (greedy, Jacobi). ``wrap``: builds the decoder that
+    runs around the beam decoder (Jacobi's), or None.
+    """
+
+    beam: int
+    finalize: str = "fairseq"
+    pruning: Pruning = field(default_factory=Pruning)
+    keep_reference: Optional[bool] = None
+    wrap: Optional[Callable[[Any], Any]] = None
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """Every choice of one run: what :func:`build_decoder` and :func:`build_generator` build from."""
+
+    search: str  # the --search name messages give
+    settings: SearchSettings
+    rules: GenerationRules
+    runner: str = "auto"
+    output_layer: str = "auto"
+    rnn: RnnOptions = field(default_factory=RnnOptions)
+    stats_file: Optional[str] = None
+    stats_steps: bool = False
+    scheduler: str = "batch"  # a --generator name
+    scheduler_options: Any = None  # that entry's options (the --stream-* group), or None
+
+
+def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> DecoderSpec:
+    """The spec of ``--search`` entry ``search_cls`` with fairseq's parsed options, checked (one-line errors).
+
+    ``generator_cfg``: the ``--generator`` entry's options (its ``_name``
+    names it); None runs the search's default scheduler, with the stream
+    options of a search whose config carries them (``var-stream``).
+    """
+    from fairseq_stream.registry import GENERATOR_REGISTRY
+
+    name = search_name(search_cls, search_cfg)
+    scheduler = getattr(generator_cfg, "_name", None) or search_cls.default_generator
+    if scheduler not in GENERATOR_REGISTRY:
+        raise FairseqStreamError("--generator must be one of {}, got {}".format(
+            ", ".join(sorted(GENERATOR_REGISTRY)), scheduler))
+    streams = getattr(GENERATOR_REGISTRY[scheduler], "streams", False)
+    options = (generator_cfg if generator_cfg is not None else search_cfg) if streams else None
+    check_search_options(name, search_cls, gen_cfg, search_cfg, options)
+    settings = search_cls.settings(gen_cfg, search_cfg)
+    if scheduler != "batch" and settings.keep_reference is None:
+        # Bitwise identity with fairseq is a promise of fairseq's own batches only: a scheduler changes
+        # the calls' composition (float32 results move in the last bits, as with another --batch-size),
+        # and mixing prefix lengths on the fairseq runner pads every row, which the lean runner does not.
+        settings = SearchSettings(settings.beam, settings.finalize, settings.pruning, False, settings.wrap)
+    return DecoderSpec(
+        search=name, settings=settings, rules=GenerationRules.from_config(gen_cfg),
+        runner=str(getattr(search_cfg, "runner", "auto")),
+        output_layer=str(getattr(search_cfg, "output_layer", "auto")),
+        rnn=rnn_options(search_cfg),
+        stats_file=getattr(search_cfg, "stats_file", None),
+        stats_steps=bool(getattr(search_cfg, "stats_steps", False)),
+        scheduler=scheduler, scheduler_options=options,
+    )
+
+
+def build_decoder(spec: DecoderSpec, task, models):
+    """The decoder of ``spec`` for ``models``: runner, search and decoder (and what the search wraps around it)."""
+    from fairseq_stream.decoder import BeamDecoder
+    from fairseq_stream.stats import DecodeStats, StatsReporter
+
+    stats = DecodeStats(keep_steps=spec.stats_steps)
+    s, rules = spec.settings, spec.rules
+    decoder = BeamDecoder(
+        models, task.target_dictionary, beam_size=s.beam, finalize=s.finalize, pruning=s.pruning, stats=stats,
+        max_len_a=rules.max_len_a, max_len_b=rules.max_len_b, min_len=rules.min_len,
+        normalize_scores=rules.normalize_scores, len_penalty=rules.len_penalty, unk_penalty=rules.unk_penalty,
+        temperature=rules.temperature, no_repeat_ngram_size=rules.no_repeat_ngram_size,
+        runner=spec.runner, output_layer=spec.output_layer, keep_reference=s.keep_reference,
+        rnn_options=spec.rnn,
+        reporter=StatsReporter(spec.search, stats, spec.stats_file),
+    )
+    return s.wrap(decoder) if s.wrap is not None else decoder
+
+
+def build_generator(spec: DecoderSpec, task, models, gen_cfg=None):
+    """:func:`build_decoder`'s decoder on ``spec``'s scheduler: what fairseq's ``task.build_generator`` returns."""
+    from fairseq_stream.registry import GENERATOR_REGISTRY
+
+    decoder = build_decoder(spec, task, models)
+    return GENERATOR_REGISTRY[spec.scheduler].build(decoder, spec.scheduler_options, task, models, gen_cfg)
+
+
+class OurSearch:
+    """A ``--search`` entry of ours: it says its :class:`SearchSettings`; building goes through this module.
+
+    Subclasses set ``generators`` (the schedulers they run on),
+    ``default_generator`` and :meth:`settings`.
+    """
+
+    default_generator = "batch"
+
+    @classmethod
+    def settings(cls, gen_cfg, search_cfg) -> SearchSettings:
+        """Beam width, finalization, pruning and what wraps the decoder, from the parsed options."""
+        raise NotImplementedError
+
+    @classmethod
+    def build(cls, task, models, gen_cfg, search_cfg, generator_cfg, fairseq_build):
+        """What fairseq's ``task.build_generator`` returns for this search (``fairseq_build``: fairseq's own)."""
+        return build_generator(spec_from_configs(cls, gen_cfg, search_cfg, generator_cfg), task, models, gen_cfg)
