@@ -129,6 +129,7 @@ def test_examples_run_as_printed(workdir, tmp_path):
     results = json.loads(results_file.read_text()) if results_file.exists() else []
     assert proc.returncode == 0 and len(results) == len(spec), "the example runner failed:\n{}\n{}".format(
         proc.stdout[-3000:], proc.stderr[-3000:])
+    print("seconds per example:", ", ".join("{} {}".format(r["id"], r["seconds"]) for r in results))
     failed = [r for r in results if not r["ok"]]
     report = []
     for r in failed:
@@ -182,6 +183,7 @@ def _run_shell(code, calls_dir):
 
 def _runner(folder):
     """Run every example of spec.json; write results.json (id, ok, error, output) after each."""
+    import time
     import traceback
 
     folder = Path(folder)
@@ -195,7 +197,7 @@ def _runner(folder):
         with open(log, "wb") as f:
             os.dup2(f.fileno(), 1)
             os.dup2(f.fileno(), 2)
-        ok, error = True, ""
+        ok, error, start = True, "", time.monotonic()
         try:
             if example["language"] == "python":
                 exec(compile(example["code"], example["id"], "exec"), {"__name__": "__main__"})
@@ -215,7 +217,7 @@ def _runner(folder):
             os.dup2(saved[1], 2)
             os.close(saved[0])
             os.close(saved[1])
-        results.append({"id": example["id"], "ok": ok, "error": error,
+        results.append({"id": example["id"], "ok": ok, "error": error, "seconds": round(time.monotonic() - start, 1),
                         "output": log.read_text(errors="replace")})
         (folder / "results.json").write_text(json.dumps(results))
 
