@@ -120,7 +120,7 @@ def test_preset_jacobi_with_a_typed_search_greedy_decodes_greedy(toy, capsys, ca
         generate_in_process(common + ["--preset", "jacobi", "--search", "greedy"])
     assert hypotheses(capsys.readouterr().out) == greedy
     assert ("the typed --search greedy replaces the preset's --search jacobi; left out the preset's options "
-            "that only those took: --jacobi-variant hgj --jacobi-block 3") in caplog.text
+            "that only those took: --jacobi-variant hgj --jacobi-block 3 --jacobi-calibrate on") in caplog.text
 
 
 # -- long presets (issue 32, item 8) ------------------------------------------------
