@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.runners.rnn import RnnOptions
-from fairseq_stream.search.common import check_search_options, rnn_options, search_name
+from fairseq_stream.search.common import check_search_options, search_name
 from fairseq_stream.search.pruning import Pruning
 
 
@@ -110,7 +110,7 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
         search=name, settings=settings, rules=GenerationRules.from_config(gen_cfg),
         runner=str(getattr(search_cfg, "runner", "auto")),
         output_layer=str(getattr(search_cfg, "output_layer", "auto")),
-        rnn=rnn_options(search_cfg),
+        rnn=RnnOptions.from_config(search_cfg),
         stats_file=getattr(search_cfg, "stats_file", None),
         stats_steps=bool(getattr(search_cfg, "stats_steps", False)),
         scheduler=scheduler, scheduler_options=options,

@@ -333,90 +333,94 @@ class BeamDecoder:
         each finalized): the only host synchronization of a step in which no
         sentence ends. A step in which some end also reads their hypotheses.
         """
-        device = c.tokens.device
-        k, V = self.beam_size, self.vocab_size
-        stay = self.finalize == "stay"
-        step, run_rows, max_lens = c.step, c.run_rows, c.max_lens
-        tokens, scores = c.tokens, c.scores
+        step_out = self._select(c, *self._candidates(c, lprobs))
         S = c.size
-
-        word_of = None  # candidate index -> word, where candidates are not the whole vocabulary
-        per_slot = V  # candidates per beam slot in cand
-        if self.fused:
-            cand, local, word_of, per_slot = self._fused_candidates(c, lprobs)
-        elif step == 0 and self.dense:
-            lprobs = self._constrain(c, lprobs)
-            # All slots hold the same start: extend slot 0 only (as fairseq).
-            cand = local = self._nan_to_neg_inf_(lprobs.view(S, k, V)[:, 0, :])
-        elif self.dense:
-            lprobs = self._constrain(c, lprobs)
-            # In place: nothing reads the log-probabilities of single words
-            # here (dense means no pruning heuristic, the only reader).
-            cand = local = self._nan_to_neg_inf_(lprobs.add_(scores[:, step - 1 : step]).view(S, k * V))
-        else:
-            # Each row's best candidates first: a sentence's best k (2k for
-            # fairseq's rule) are among its rows' best k (2k), so selection
-            # then works on (sentences, k x n) instead of x V. Each row goes
-            # to its own slot (empty slots hold -inf), so that a candidate's
-            # slot is its index // n and no count of live rows is read back.
-            lprobs = self._constrain(c, lprobs)
-            n = self.candidates_per_row
-            row_scores = lprobs + scores[run_rows, step - 1 : step] if step > 0 else lprobs
-            top_scores, top_words = torch.topk(self._nan_to_neg_inf_(row_scores), k=n, dim=1)
-            top_local = self._nan_to_neg_inf_(lprobs.gather(1, top_words))
-            cand, local, word_of = self._by_slot(S, run_rows, top_scores, top_local, top_words)
-            per_slot = n
-
-        if stay:
-            step_out = stay_step(cand, local, k, per_slot, self.eos, self.pad, self.pruning, step, c.done_len,
-                                 scores, c.empty, c.ids, word_of)
-            n_final = None
-        else:
-            # No finished hypothesis stays on the beam here, so done_len
-            # counts the finalized ones instead (see fairseq_step): the count
-            # travels with the sentence when cohorts split or join.
-            step_out = fairseq_step(cand, local, k, per_slot, self.eos, self.pruning, step, c.done_len,
-                                    c.best_finished, max_lens, c.empty, c.ids, word_of)
-            n_final = step_out.n_final
-            c.best_finished = step_out.best_finished
-        sel, new_done_len, finished_now = step_out.sel, step_out.done_len, step_out.finished_now
-        flat_parent, extended = step_out.flat_parent, step_out.extended
-        live = sel.live
         # The step's one host read (the summary): per sentence, 1 if it ends
         # (+2 for an empty source) and its id, under fairseq's rule the
         # hypotheses each finalized, and the live rows left.
         summary = step_out.summary.tolist()
-        ids = summary[S : 2 * S]
+        ids = summary[S: 2 * S]
         ending = [s for s in range(S) if summary[s] & 1] if any(summary[:S]) else []
+        if self.finalize == "fairseq":
+            self._finalize_fairseq(step_out.sel, c, ids, summary[2 * S: 3 * S])
+        results = self._finished(c, step_out, ending, ids, summary) if ending else {}
+        self._next_beam(c, step_out, ending, summary[-1])
+        return results
 
-        if n_final is not None:
-            self._finalize_fairseq(sel, c, ids, summary[2 * S : 3 * S])
+    def _candidates(self, c: Cohort, lprobs):
+        """(cand, local, word_of, per_slot): each sentence's candidate scores (sentences, slots x per_slot),
+        their single-word log-probabilities, the word of each candidate (None: its index mod V)."""
+        k, V, S, step = self.beam_size, self.vocab_size, c.size, c.step
+        if self.fused:
+            return self._fused_candidates(c, lprobs)
+        lprobs = self._constrain(c, lprobs)
+        if step == 0 and self.dense:
+            # All slots hold the same start: extend slot 0 only (as fairseq).
+            cand = self._nan_to_neg_inf_(lprobs.view(S, k, V)[:, 0, :])
+            return cand, cand, None, V
+        if self.dense:
+            # In place: nothing reads the log-probabilities of single words
+            # here (dense means no pruning heuristic, the only reader).
+            cand = self._nan_to_neg_inf_(lprobs.add_(c.scores[:, step - 1: step]).view(S, k * V))
+            return cand, cand, None, V
+        # Each row's best candidates first: a sentence's best k (2k for
+        # fairseq's rule) are among its rows' best k (2k), so selection
+        # then works on (sentences, k x n) instead of x V. Each row goes
+        # to its own slot (empty slots hold -inf), so that a candidate's
+        # slot is its index // n and no count of live rows is read back.
+        n = self.candidates_per_row
+        row_scores = lprobs + c.scores[c.run_rows, step - 1: step] if step > 0 else lprobs
+        top_scores, top_words = torch.topk(self._nan_to_neg_inf_(row_scores), k=n, dim=1)
+        top_local = self._nan_to_neg_inf_(lprobs.gather(1, top_words))
+        cand, local, word_of = self._by_slot(S, c.run_rows, top_scores, top_local, top_words)
+        return cand, local, word_of, n
+
+    def _select(self, c: Cohort, cand, local, word_of, per_slot):
+        """The finalization rule's selection over the candidates (``stay_step`` or ``fairseq_step``)."""
+        k = self.beam_size
+        if self.finalize == "stay":
+            return stay_step(cand, local, k, per_slot, self.eos, self.pad, self.pruning, c.step, c.done_len,
+                             c.scores, c.empty, c.ids, word_of)
+        # No finished hypothesis stays on the beam here, so done_len
+        # counts the finalized ones instead (see fairseq_step): the count
+        # travels with the sentence when cohorts split or join.
+        step_out = fairseq_step(cand, local, k, per_slot, self.eos, self.pruning, c.step, c.done_len,
+                                c.best_finished, c.max_lens, c.empty, c.ids, word_of)
+        c.best_finished = step_out.best_finished
+        return step_out
+
+    def _finished(self, c: Cohort, step_out, ending: List[int], ids: List[int], summary: List[int]):
+        """{id: hypotheses, best first} of the sentences ``ending`` this step."""
+        ending_rows = self._compact(step_out.finished_now, len(ending))
+        if self.finalize == "stay":
+            collected = self._collect_stay(ending_rows, step_out.sel, step_out.done_len, c)
+        else:
+            collected = self._score_finalized([c.finalized.pop(ids[s], []) for s in ending])
         results: Dict[int, List[Dict[str, Tensor]]] = {}
-        if ending:
-            ending_rows = self._compact(finished_now, len(ending))
-            if stay:
-                collected = self._collect_stay(ending_rows, sel, new_done_len, c)
-            else:
-                collected = self._score_finalized([c.finalized.pop(ids[s], []) for s in ending])
-            for s, (hyps, values) in zip(ending, collected):
-                if summary[s] & 2:
-                    # Empty sources get an empty hypothesis (fairseq would
-                    # translate the lone EOS into something).
-                    hyps, values = [self._empty_hypo(device)], [0.0]
-                results[ids[s]] = self._best_first(hyps, values)
+        for s, (hyps, values) in zip(ending, collected):
+            if summary[s] & 2:
+                # Empty sources get an empty hypothesis (fairseq would
+                # translate the lone EOS into something).
+                hyps, values = [self._empty_hypo(c.tokens.device)], [0.0]
+            results[ids[s]] = self._best_first(hyps, values)
+        return results
 
-        # Build the next beam: slot j of sentence s continues slot parent[s, j] (flat_parent).
+    def _next_beam(self, c: Cohort, step_out, ending: List[int], n_live: int):
+        """Move ``c`` to the next step: slot j of sentence s continues slot ``flat_parent``; ended sentences
+        leave; the runner's rows follow."""
+        device, k, S, step = c.tokens.device, self.beam_size, c.size, c.step
+        sel, flat_parent, extended = step_out.sel, step_out.flat_parent, step_out.extended
         new_token, new_score = sel.token.view(-1), sel.score.view(-1)
-        done_len = new_done_len
+        tokens, scores, live, done_len, run_rows = c.tokens, c.scores, sel.live, step_out.done_len, c.run_rows
         if ending:
-            keep = self._compact(~finished_now, S - len(ending))
+            keep = self._compact(~step_out.finished_now, S - len(ending))
             rows_keep = (keep.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
             flat_parent = flat_parent.index_select(0, rows_keep)
             # Whole rows in one copy: the columns not written yet are padding in every row.
             tokens, scores = tokens.index_select(0, flat_parent), scores.index_select(0, flat_parent)
             extended, new_token, new_score = (t.index_select(0, rows_keep) for t in (extended, new_token, new_score))
             live, done_len = live.index_select(0, keep), done_len.index_select(0, keep)
-            c.ids, c.max_lens = c.ids.index_select(0, keep), max_lens.index_select(0, keep)
+            c.ids, c.max_lens = c.ids.index_select(0, keep), c.max_lens.index_select(0, keep)
             c.empty, c.best_finished = c.empty.index_select(0, keep), c.best_finished.index_select(0, keep)
             if c.mixed:
                 gone = set(ending)
@@ -430,7 +434,7 @@ class BeamDecoder:
         c.tokens, c.scores, c.live, c.done_len = tokens, scores, live, done_len
         c.step = step + 1
         if ending or not self.dense:  # dense, no sentence gone: every row still runs, in order
-            c.run_rows = self._run_rows(live, None if self.dense else summary[-1])
+            c.run_rows = self._run_rows(live, None if self.dense else n_live)
         if self.dense:
             order = flat_parent  # every slot is a runner row
         else:
@@ -441,7 +445,6 @@ class BeamDecoder:
         # One row per sentence (greedy) and none gone: every row continues itself, nothing to move.
         if c.size and not (self.dense and k == 1 and not ending):
             self.runner.reorder(c.state, order)
-        return results
 
     def _fused_candidates(self, c: Cohort, logits: List[Tensor]):
         """``update``'s candidates from the models' logits by the fused output layer.

@@ -50,6 +50,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from fairseq.dataclass import FairseqDataclass
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import int16_linear as int16
@@ -90,6 +91,60 @@ class RnnOptions:
         if self.int16 and self.fused_step:
             used.append("fused step")
         return ", ".join(used) or "no tricks"
+
+
+    @classmethod
+    def from_config(cls, cfg) -> "RnnOptions":
+        """The tricks of the ``--rnn-*`` options (:class:`RnnRunnerConfig`, or the API's options of those names)."""
+        words = int(getattr(cfg, "rnn_embed_table_words", DEFAULT_EMBED_TABLE_WORDS))
+        if words < 0:
+            raise FairseqStreamError("--rnn-embed-table-words must be 0 (all) or more, got {}".format(words))
+        return cls(
+            int16=bool(getattr(cfg, "rnn_int16", False)),
+            embed_table=not getattr(cfg, "no_rnn_embed_table", False),
+            embed_table_words=words,
+            attention_table=not getattr(cfg, "no_rnn_attention_table", False),
+            merge_states=not getattr(cfg, "no_rnn_merge_states", False),
+            int16_output=not getattr(cfg, "no_rnn_int16_output", False),
+            fused_step=not getattr(cfg, "no_rnn_fused_step", False),
+        )
+
+
+@dataclass
+class RnnRunnerConfig(FairseqDataclass):
+    """The rnn runner's ``--rnn-*`` options; every search's options include them (any search runs on it)."""
+
+    rnn_int16: bool = field(
+        default=False,
+        metadata={"help": "LSTM models on the CPU: 16-bit fixed-point products (Devlin 2017) on the rnn runner, "
+                  "with every --no-rnn-* trick on unless turned off"},
+    )
+    no_rnn_embed_table: bool = field(
+        default=False,
+        metadata={"help": "rnn runner: multiply the first LSTM layer's input per token instead of looking it "
+                  "up in a table of the most frequent words"},
+    )
+    rnn_embed_table_words: int = field(
+        default=DEFAULT_EMBED_TABLE_WORDS,
+        metadata={"help": "rnn runner: words in the first layer's input table (the most frequent; 0: all)"},
+    )
+    no_rnn_attention_table: bool = field(
+        default=False,
+        metadata={"help": "rnn runner: do not pre-compute the attention's source-side products per sentence"},
+    )
+    no_rnn_merge_states: bool = field(
+        default=False,
+        metadata={"help": "rnn runner: compute recurrent products per row instead of once per parent hypothesis"},
+    )
+    no_rnn_int16_output: bool = field(
+        default=False,
+        metadata={"help": "with --rnn-int16: keep the output layer in float32"},
+    )
+    no_rnn_fused_step: bool = field(
+        default=False,
+        metadata={"help": "with --rnn-int16: run the decoder step as torch operations instead of one compiled "
+                  "call (vectorized approximate sigmoid and tanh)"},
+    )
 
 
 def unsupported_reason(model) -> Optional[str]:

@@ -8,15 +8,16 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.output_choice import OUTPUT_LAYERS, check_output_layer
 from fairseq_stream.runners import RUNNERS, check_runner
-from fairseq_stream.runners.rnn import DEFAULT_EMBED_TABLE_WORDS, RnnOptions
+from fairseq_stream.runners.rnn import RnnOptions, RnnRunnerConfig
 
 RunnerChoice = ChoiceEnum(list(RUNNERS))
 OutputLayerChoice = ChoiceEnum(list(OUTPUT_LAYERS))
 
 
 @dataclass
-class DecodeStatsConfig(FairseqDataclass):
-    """Options every search of ours shares: statistics and the model runner."""
+class DecodeStatsConfig(RnnRunnerConfig):
+    """Options every search of ours shares: statistics, the model runner (and the rnn runner's own,
+    registered by it), the output layer."""
 
     stats_file: Optional[str] = field(
         default=None,
@@ -36,37 +37,6 @@ class DecodeStatsConfig(FairseqDataclass):
                   "encoder keys, fused projections), rnn (our step for fairseq LSTM models with "
                   "Devlin 2017's tricks) or auto (lean for supported transformers, rnn for supported "
                   "LSTMs, else fairseq; --search fixed --finalize fairseq keeps fairseq)"},
-    )
-    rnn_int16: bool = field(
-        default=False,
-        metadata={"help": "LSTM models on the CPU: 16-bit fixed-point products (Devlin 2017) on the rnn runner, "
-                  "with every --no-rnn-* trick on unless turned off"},
-    )
-    no_rnn_embed_table: bool = field(
-        default=False,
-        metadata={"help": "rnn runner: multiply the first LSTM layer's input per token instead of looking it "
-                  "up in a table of the most frequent words"},
-    )
-    rnn_embed_table_words: int = field(
-        default=DEFAULT_EMBED_TABLE_WORDS,
-        metadata={"help": "rnn runner: words in the first layer's input table (the most frequent; 0: all)"},
-    )
-    no_rnn_attention_table: bool = field(
-        default=False,
-        metadata={"help": "rnn runner: do not pre-compute the attention's source-side products per sentence"},
-    )
-    no_rnn_merge_states: bool = field(
-        default=False,
-        metadata={"help": "rnn runner: compute recurrent products per row instead of once per parent hypothesis"},
-    )
-    no_rnn_int16_output: bool = field(
-        default=False,
-        metadata={"help": "with --rnn-int16: keep the output layer in float32"},
-    )
-    no_rnn_fused_step: bool = field(
-        default=False,
-        metadata={"help": "with --rnn-int16: run the decoder step as torch operations instead of one compiled "
-                  "call (vectorized approximate sigmoid and tanh)"},
     )
     output_layer: OutputLayerChoice = field(
         default="auto",
@@ -88,22 +58,6 @@ UNSUPPORTED_GENERATION = (
     ("prefix_size", "--prefix-size"),
     ("score_reference", "--score-reference"),
 )
-
-
-def rnn_options(search_cfg):
-    """The rnn runner's tricks from the ``--rnn-*`` options (or the API's options of the same names)."""
-    words = int(getattr(search_cfg, "rnn_embed_table_words", DEFAULT_EMBED_TABLE_WORDS))
-    if words < 0:
-        raise FairseqStreamError("--rnn-embed-table-words must be 0 (all) or more, got {}".format(words))
-    return RnnOptions(
-        int16=bool(getattr(search_cfg, "rnn_int16", False)),
-        embed_table=not getattr(search_cfg, "no_rnn_embed_table", False),
-        embed_table_words=words,
-        attention_table=not getattr(search_cfg, "no_rnn_attention_table", False),
-        merge_states=not getattr(search_cfg, "no_rnn_merge_states", False),
-        int16_output=not getattr(search_cfg, "no_rnn_int16_output", False),
-        fused_step=not getattr(search_cfg, "no_rnn_fused_step", False),
-    )
 
 
 def search_name(search_cls, search_cfg=None) -> str:
@@ -191,7 +145,7 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
         # fairseq-generate and -interactive assert this (a traceback).
         raise FairseqStreamError("--sampling needs --nbest equal to --beam (got --nbest {}, --beam {})"
                                  .format(gen_cfg.nbest, gen_cfg.beam))
-    check_runner(str(getattr(search_cfg, "runner", "auto")), rnn_options(search_cfg).int16)
+    check_runner(str(getattr(search_cfg, "runner", "auto")), RnnOptions.from_config(search_cfg).int16)
     check_output_layer(getattr(search_cfg, "output_layer", "auto"))
     if hasattr(search_cls, "pruning"):
         search_cls.pruning(search_cfg)
