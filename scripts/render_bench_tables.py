@@ -426,6 +426,22 @@ def table_jacobi(results, doc):
                                    "jacobi_2threads")
 
 
+def table_jacobi_per_cpu(results, doc):
+    """What the calibrated default gives on each CPU measured, beside the settings it chooses between."""
+    rows = []
+    for key in ("jacobi_avx2_toy",):
+        data, entry = results.data(key), results.entry(key)
+        for r in data["rows"]:
+            rows.append([
+                "{} ({})".format(data["cpu"], data["simd"]), entry["model"], str(r["batch"]), r["setting"],
+                x(r["speedup"]), "{:.2f}".format(r["accepted_per_iteration"]),
+                "{}/{}".format(r["calibrated_greedy_batches"], r["batches"]), str(r["changed"]),
+            ])
+    out = table(["CPU", "model", "batch", "setting", "speedup vs greedy", "tokens per iteration",
+                 "batches the calibration ran on greedy's step", "changed tokens"], rows)
+    return out + [""] + provenance(results, doc, "jacobi_avx2_toy")
+
+
 def table_int16(results, doc):
     res = results.data("int16")["results"]
     one, batched = res["one at a time"]["rows"], res["batched (64)"]["rows"]
@@ -497,6 +513,7 @@ TABLES = {
     "output-layer": table_output_layer,
     "topup": table_topup,
     "jacobi": table_jacobi,
+    "jacobi-per-cpu": table_jacobi_per_cpu,
     "int16": table_int16,
     "bulk": table_bulk,
     "newstest-m30k": table_newstest_m30k,

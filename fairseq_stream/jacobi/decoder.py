@@ -42,6 +42,7 @@ reads the window's argmax tokens and values back once (the only host sync),
 which it needs anyway to accept tokens and draft the next window.
 """
 
+import collections
 import logging
 import math
 import time
@@ -105,6 +106,9 @@ def check_options(variant: str, block, draft: str, horizon, call_cost=None, cand
         raise FairseqStreamError("--jacobi-candidates above 1 needs --jacobi-draft ngram and --jacobi-variant "
                                  "pgj or hgj (got {} drafts, {})".format(draft, variant))
 
+
+# Outputs of greedy-step batches kept for the n-gram pool until windows run again (the newest).
+UNLEARNED_KEPT = 16
 
 class JacobiStats(DecodeStats):
     """:class:`DecodeStats` plus Jacobi's counters.
@@ -254,7 +258,11 @@ class JacobiDecoder:
         span = PJ_DRAFT_SPAN if variant == "pj" else max(1, self.block - 1)
         self.pool = NgramPool(span, self.candidates) if draft == "ngram" else None
         self.rates = AcceptanceRates()
-        self.unlearned: List[List[int]] = []  # outputs of batches run by greedy's step, for the pool
+        # Outputs of batches run by greedy's step, for the pool: the newest only. Learning an output costs
+        # about as much as two greedy steps of the toy model on one AVX2 core (the pool's bookkeeping in
+        # Python), and where the calibration chose greedy's step, learning every output before each
+        # probing window batch cost more than the probes themselves.
+        self.unlearned = collections.deque(maxlen=UNLEARNED_KEPT)
         self._checked = False  # the output layer's arguments (topk_log_softmax's check)
         self.trace_ids = set(int(i) for i in trace_ids)
         self.traces: Dict[int, dict] = {}
@@ -428,7 +436,7 @@ class JacobiDecoder:
         """Add the outputs of batches run by greedy's step to the n-gram pool."""
         for tokens in self.unlearned:
             self.pool.add_output(tokens)
-        self.unlearned = []
+        self.unlearned.clear()
 
     def _threshold(self, rows: int, device) -> Optional[float]:
         """The chance of acceptance a draft token needs to pay for its window position, or None (fixed windows).
