@@ -74,12 +74,12 @@ CALL_COST = {"cpu": 15.0, "cuda": 200.0}
 # device: rows / (rows + call_cost) >= t, i.e. rows >= call_cost * t / (1 - t). CPU: from 3 rows at
 # the default cost. With the skinny product (ops/prepacked_linear.py) a call of up to 4 positions
 # reads the weights once, as greedy's step of up to 4 rows does; 2 sentences' windows of 2 fit,
-# 3 sentences' do not. Multi30k transformer, one Xeon thread (docs/BENCHMARKS.md, Jacobi runs 11
-# and 12): windows at 2 sentences a call 1.12x greedy, at 4 0.77x (at 3 0.87x in a same-run check).
+# 3 sentences' do not. Multi30k transformer, one Xeon thread (docs/HISTORY.md, Jacobi):
+# windows at 2 sentences a call 1.12x greedy, at 4 0.77x (at 3 0.87x in a same-run check).
 # CUDA: rows >= call_cost / 2.
 GREEDY_THRESHOLD = {"cpu": 0.15, "cuda": 1.0 / 3.0}
 # hgj's block without --jacobi-block, for a call of one sentence and of several (pgj's: 2). Multi30k
-# transformer, one Xeon thread (docs/BENCHMARKS.md, Jacobi runs 6, 11 and 12): at batch 1 a fourth
+# transformer, one Xeon thread (docs/HISTORY.md, the Jacobi runs): at batch 1 a fourth
 # position verifies 1.32 tokens an iteration against 1.31 and costs more than that (b=4 1.09-1.13x
 # greedy against b=3's 1.06-1.15x); two sentences' windows of 2 fit one pass of the skinny product.
 AUTO_BLOCK = {"alone": 3, "shared": 2}
@@ -357,8 +357,8 @@ class JacobiDecoder:
         whose calls go on until its longest sentence ends; and on the CPU
         a call's cost grows by steps (one pass over the weights per 4
         positions), not by position. Measured (one Xeon thread, Multi30k
-        transformer, the default block; docs/BENCHMARKS.md, Jacobi runs 11
-        and 12): windows pay at 2 rows (1.12x greedy) and lose at 3 and 4
+        transformer, the default block; docs/HISTORY.md, Jacobi):
+        windows pay at 2 rows (1.12x greedy) and lose at 3 and 4
         (0.87x, 0.77x), and a window call of one position a row still costs a few
         percent more than greedy's step (the loop's bookkeeping in Python
         against a compiled search step). So from the device's

@@ -39,8 +39,8 @@ class NgramPool:
     up to date as outputs are learnt (:meth:`_learn`), in steps of the draft
     span. Recomputing a common context's draft from its hundreds of
     continuations after each sentence made a Jacobi iteration 9% dearer
-    after 1,000 Multi30k sentences than after 150 (docs/BENCHMARKS.md,
-    Jacobi run 9).
+    after 1,000 Multi30k sentences than after 150 (docs/HISTORY.md,
+    Jacobi).
 
     Args:
         span: tokens kept after each context (a window's draft length).

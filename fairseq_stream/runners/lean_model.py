@@ -228,7 +228,7 @@ class LeanModel:
 # A CPU encoder call's fixed cost in source positions (one sentence's token through every layer):
 # grouping a batch's sources by length pays where it saves more padded positions than this a group.
 # Multi30k transformer, one Xeon thread: a batch of 64 in input order took 72 ms, sorted 40 ms
-# (docs/BENCHMARKS.md, top-up run 4), about 37 us a padded position against ~1 ms a call.
+# (docs/HISTORY.md, top-up), about 37 us a padded position against ~1 ms a call.
 ENCODER_CALL_COST = 32
 
 
