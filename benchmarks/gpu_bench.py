@@ -36,7 +36,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpu_common import (  # noqa: E402
-    NA_CPU, REPO, Session, StepError, add_common_arguments, environment_step, fmt, install_wheels, write_json,
+    NA_CPU, absolute_paths, summary_head, REPO, Session, StepError, add_common_arguments, environment_step, fmt, install_wheels, write_json,
 )
 
 # The issue's methods, by their newstest presets (fairseq_stream/presets); beam is fairseq's own.
@@ -239,17 +239,7 @@ def report_step(session, args):
 
 def render(results):
     """summary.md: the steps and every run's measurements."""
-    lines = ["# GPU benchmark ({})".format(results["device"]), "",
-             "commit {}, started {}, finished {}, host {}".format(results["commit"], results["started"],
-                                                                 results["finished"] or "(running)",
-                                                                 results["host"]), ""]
-    env = results.get("environment")
-    if env:
-        lines += ["Environment: " + ", ".join("{} {}".format(k, v) for k, v in env.items()), ""]
-    lines += ["| step | status | seconds | detail |", "| --- | --- | ---: | --- |"]
-    for name, s in results["steps"].items():
-        lines.append("| {} | {} | {} | {} |".format(name, s["status"], fmt(s.get("seconds")),
-                                                    s.get("detail", "").replace("|", "/")))
+    lines = summary_head(results, "GPU benchmark")
     na = NA_CPU if results["device"] == "cpu" else "—"
     rows = [r for s in results["steps"].values() for r in (s.get("runs") or {}).values()]
     if rows:
@@ -277,11 +267,7 @@ def render(results):
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    # The children run in the repository's root: every path the user gave is made absolute first.
-    for name in PATH_OPTIONS:
-        value = getattr(args, name)
-        if value:
-            setattr(args, name, [os.path.abspath(v) for v in value] if isinstance(value, list) else os.path.abspath(value))
+    absolute_paths(args, PATH_OPTIONS)  # the children run in the repository's root
     session = Session("gpu_bench", args, render)
 
     def setup():
@@ -296,12 +282,7 @@ def main(argv=None):
     session.step("prepare", prepare_step(session, args), needs_s=10)
     session.step("decode", decode_step(session, args), needs_s=30)
     session.step("report", report_step(session, args), needs_s=5)
-    session.save(final=True)
-    failed = [n for n, s in session.results["steps"].items() if s["status"] == "failed"]
-    print("gpu_bench: {} steps, {} failed{}; {}".format(
-        len(session.results["steps"]), len(failed), " (" + ", ".join(failed) + ")" if failed else "",
-        os.path.join(session.outdir, "summary.md")))
-    return 1 if failed else 0
+    return session.finish()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpu_common import (  # noqa: E402
-    NA_CPU, REPO, Session, StepError, add_common_arguments, environment_step, fmt, hypotheses, install_wheels,
+    NA_CPU, absolute_paths, summary_head, REPO, Session, StepError, add_common_arguments, environment_step, fmt, hypotheses, install_wheels,
 )
 
 # name -> (fairseq-generate options, which checkpoint). Every search and generator of the plugin,
@@ -296,17 +296,7 @@ def cuda_tests_step(session, args):
 
 def render(results):
     """summary.md: the steps, each decode's measurements, the checks."""
-    lines = ["# GPU check ({})".format(results["device"]), "",
-             "commit {}, started {}, finished {}, host {}".format(results["commit"], results["started"],
-                                                                 results["finished"] or "(running)",
-                                                                 results["host"]), ""]
-    env = results.get("environment")
-    if env:
-        lines += ["Environment: " + ", ".join("{} {}".format(k, v) for k, v in env.items()), ""]
-    lines += ["| step | status | seconds | detail |", "| --- | --- | ---: | --- |"]
-    for name, s in results["steps"].items():
-        lines.append("| {} | {} | {} | {} |".format(name, s["status"], fmt(s.get("seconds")),
-                                                    s.get("detail", "").replace("|", "/")))
+    lines = summary_head(results, "GPU check")
     cpu = results["device"] == "cpu"
     na = NA_CPU if cpu else "—"
     for name, s in results["steps"].items():
@@ -338,11 +328,7 @@ def render(results):
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    # The children run in the repository's root: every path the user gave is made absolute first.
-    for name in PATH_OPTIONS:
-        value = getattr(args, name)
-        if value:
-            setattr(args, name, [os.path.abspath(v) for v in value] if isinstance(value, list) else os.path.abspath(value))
+    absolute_paths(args, PATH_OPTIONS)  # the children run in the repository's root
     session = Session("gpu_check", args, render)
     session.step("setup", setup_step(session, args))
     session.step("environment", lambda: environment_step(session))
@@ -361,12 +347,7 @@ def main(argv=None):
     if not args.m30k:
         session.step("decode-m30k", lambda: {"status": "skipped", "detail": "no --m30k DIR given"})
     session.step("compare", compare_step(session, args, models), needs_s=1)
-    session.save(final=True)
-    failed = [n for n, s in session.results["steps"].items() if s["status"] == "failed"]
-    print("gpu_check: {} steps, {} failed{}; {}".format(
-        len(session.results["steps"]), len(failed), " (" + ", ".join(failed) + ")" if failed else "",
-        os.path.join(session.outdir, "summary.md")))
-    return 1 if failed else 0
+    return session.finish()
 
 
 if __name__ == "__main__":

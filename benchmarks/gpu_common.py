@@ -179,6 +179,15 @@ class Session:
         if final:
             self.archive()
 
+    def finish(self) -> int:
+        """Save everything, say where the summary is in one line; the exit status (1: a step failed)."""
+        self.save(final=True)
+        failed = [n for n, s in self.results["steps"].items() if s["status"] == "failed"]
+        print("{}: {} steps, {} failed{}; {}".format(
+            self.results["script"], len(self.results["steps"]), len(failed),
+            " (" + ", ".join(failed) + ")" if failed else "", os.path.join(self.outdir, "summary.md")))
+        return 1 if failed else 0
+
     def archive(self):
         """details.tar.gz: the logs, the probe's per-run JSON and the hypotheses (small: text only)."""
         path = os.path.join(self.outdir, "details.tar.gz")
@@ -409,3 +418,27 @@ print(json.dumps(info))
     detail = "; ".join(problems) if problems else "torch {}, {}".format(
         info.get("torch"), info.get("gpu") or "cpu")
     return {"status": status, "detail": detail, "info": info}
+
+
+def summary_head(results, title):
+    """summary.md's first lines: the title, commit, times and host, the environment, and the steps' table."""
+    lines = ["# {} ({})".format(title, results["device"]), "",
+             "commit {}, started {}, finished {}, host {}".format(results["commit"], results["started"],
+                                                                 results["finished"] or "(running)",
+                                                                 results["host"]), ""]
+    env = results.get("environment")
+    if env:
+        lines += ["Environment: " + ", ".join("{} {}".format(k, v) for k, v in env.items()), ""]
+    lines += ["| step | status | seconds | detail |", "| --- | --- | ---: | --- |"]
+    for name, s in results["steps"].items():
+        lines.append("| {} | {} | {} | {} |".format(name, s["status"], fmt(s.get("seconds")),
+                                                    s.get("detail", "").replace("|", "/")))
+    return lines
+
+
+def absolute_paths(args, names):
+    """Make the path options ``names`` of ``args`` absolute (one path or a list of them), in place."""
+    for name in names:
+        value = getattr(args, name)
+        if value:
+            setattr(args, name, [os.path.abspath(v) for v in value] if isinstance(value, list) else os.path.abspath(value))
