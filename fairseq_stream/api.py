@@ -83,78 +83,26 @@ class Translator:
                  bpe_codes: Optional[str] = None, cpu: bool = False,
                  trust_checkpoint: bool = False, **options):
         import fairseq_stream  # noqa: F401  (registries, safe loading)
-        from fairseq import checkpoint_utils
-        from fairseq.data import encoders
-        from fairseq.dataclass.configs import GenerationConfig
-
-        from fairseq_stream.checkpoint import trusted_checkpoints
-        from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
+        from fairseq_stream.build import build_decoder, spec_from_options
         from fairseq_stream.schedule.pool import StreamPool
-        from fairseq_stream.build import build_decoder, spec_from_configs
-        from fairseq_stream.schedule.stream import StreamOptions, pool_settings
+        from fairseq_stream.schedule.stream import pool_settings
 
         paths = [paths] if isinstance(paths, str) else list(paths)
-        if search not in SEARCH_REGISTRY or search == "beam":
-            raise FairseqStreamError("search must be one of {} (got {!r})".format(
-                ", ".join(sorted(n for n in SEARCH_REGISTRY if n != "beam")), search))
-        if pool is None or pool < 1:
-            raise FairseqStreamError("pool must be at least 1, got {}".format(pool))
-        if batch_size is not None and batch_size < 1:
-            raise FairseqStreamError("batch_size must be at least 1, got {}".format(batch_size))
-        if maxi_batch is None or maxi_batch < 1:
-            raise FairseqStreamError("maxi_batch must be at least 1, got {}".format(maxi_batch))
-        # Every option is checked before any model is loaded (a WMT'19
-        # ensemble takes a minute to load).
-        gen_cfg = GenerationConfig(beam=beam)
-        search_cfg = SEARCH_DATACLASS_REGISTRY[search]()
-        search_cfg._name = search  # fairseq sets it when parsing; errors name the search by it
-        stream_cfg = StreamOptions()
-        for key, value in options.items():
-            if key in COMMAND_LINE_ONLY:
-                raise FairseqStreamError("{} has no effect in the Python API: {}".format(key, COMMAND_LINE_ONLY[key]))
-            targets = [c for c in (search_cfg, stream_cfg, gen_cfg) if hasattr(c, key)]
-            if not targets:
-                raise FairseqStreamError("unknown option {!r} for search {}".format(key, search))
-            for target in targets:
-                setattr(target, key, value)
+        _check_sizes(pool, batch_size, maxi_batch)
+        # Every option is checked before any model is loaded (a WMT'19 ensemble takes a minute to load).
         # The API's scheduler is its own streaming pool (below): of the spec, only the decoder is built.
-        spec = spec_from_configs(SEARCH_REGISTRY[search], gen_cfg, search_cfg)
+        spec, stream_cfg = spec_from_options(search, beam, options, COMMAND_LINE_ONLY)
         self._pool_args = pool_settings(stream_cfg)
-
-        overrides = {"data": data} if data else {}
-        with trusted_checkpoints(paths if trust_checkpoint else []):
-            models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(paths, arg_overrides=overrides)
-        use_cuda = torch.cuda.is_available() and not cpu
-        for m in models:
-            m.eval()
-            if use_cuda:
-                m.cuda()
-        self.models, self.task, self.cfg = models, task, cfg
-        self.device = torch.device("cuda" if use_cuda else "cpu")
-
-        self.decoder = build_decoder(spec, task, models)
+        self.models, self.cfg, self.task, self.device = _load_models(paths, data, trust_checkpoint, cpu)
+        self.decoder = build_decoder(spec, self.task, self.models)
         self.pool_size = pool
         self.batch_size = batch_size or pool
         self.maxi_batch = maxi_batch
         self.nbest = options.get("nbest")  # None: every hypothesis the search kept
         self.encoder_queue = encoder_queue_for(stream_cfg.encoder_queue, self.device)
         self._make_pool = lambda: StreamPool(self.decoder, pool, **self._pool_args)
-
-        def text_cfg(name, value, **extra):
-            if value is None:
-                return getattr(cfg, name, None)
-            from argparse import Namespace
-
-            return Namespace(**{name: value}, **{k: v for k, v in extra.items() if v is not None})
-
-        self.tokenizer = encoders.build_tokenizer(text_cfg("tokenizer", tokenizer))
-        self.bpe = encoders.build_bpe(text_cfg("bpe", bpe, sentencepiece_model=sentencepiece_model,
-                                               bpe_codes=bpe_codes))
-        self.max_positions = min(
-            [task.max_positions()[0] if isinstance(task.max_positions(), tuple) else task.max_positions()]
-            + [m.max_positions()[0] if isinstance(m.max_positions(), tuple) else m.max_positions()
-               for m in models]
-        )
+        self.tokenizer, self.bpe = _text_codecs(self.cfg, tokenizer, bpe, sentencepiece_model, bpe_codes)
+        self.max_positions = min(_first(self.task.max_positions()), *(_first(m.max_positions()) for m in self.models))
 
     @property
     def stats(self):
@@ -203,39 +151,12 @@ class Translator:
         return self._translate(items)
 
     def _translate(self, items: Iterator) -> Iterator[Translation]:
-        def numbered():
-            index = 0
-            while True:
-                try:
-                    sentence = next(items)
-                except StopIteration:
-                    return
-                except (UnicodeDecodeError, OSError) as e:
-                    # A text file decodes in chunks: the bad line is this one or a later one.
-                    raise FairseqStreamError("reading input sentence {} failed: {}: {}".format(
-                        index, type(e).__name__, e)) from None
-                yield index, check_sentence(index, sentence)
-                index += 1
-
-        lines = numbered()
         sources = {}
-
-        def batches():
-            # Maxi-batching: a window of maxi_batch x batch_size sentences, sorted by
-            # length (stably: equal lengths keep input order), cut into batches.
-            while True:
-                window = [(index, sentence, self._checked_tokens(index, sentence))
-                          for index, sentence in itertools.islice(lines, self.batch_size * self.maxi_batch)]
-                if not window:
-                    return
-                if self.maxi_batch > 1:
-                    window.sort(key=lambda item: item[2].numel())
-                for start in range(0, len(window), self.batch_size):
-                    yield self._encode_batch(window[start:start + self.batch_size], sources)
+        batches = self._batches(_numbered(items), sources)
 
         def encoded():
             # Runs in the encoder thread with --encoder-queue.
-            for net_input, ids in batches():
+            for net_input, ids in batches:
                 yield self.decoder.open(net_input, ids=ids)
 
         with decoding():  # the encoder thread takes the mode of this thread as it starts
@@ -245,7 +166,7 @@ class Translator:
             else:
                 # A search that decodes whole batches (jacobi): fairseq's generate() per batch.
                 cohorts = None
-                finished = (pair for net_input, ids in batches()
+                finished = (pair for net_input, ids in batches
                             for pair in zip(ids.tolist(), self.decoder.generate(self.models, {
                                 "net_input": net_input, "id": ids})))
         try:
@@ -268,6 +189,22 @@ class Translator:
             if cohorts is not None:
                 cohorts.close()
 
+    def _batches(self, lines, sources):
+        """(net_input, ids) batches of the numbered ``lines``; each one's text is kept in ``sources``.
+
+        Maxi-batching: a window of maxi_batch x batch_size sentences, sorted
+        by length (stably: equal lengths keep input order), cut into batches.
+        """
+        while True:
+            window = [(index, sentence, self._checked_tokens(index, sentence))
+                      for index, sentence in itertools.islice(lines, self.batch_size * self.maxi_batch)]
+            if not window:
+                return
+            if self.maxi_batch > 1:
+                window.sort(key=lambda item: item[2].numel())
+            for start in range(0, len(window), self.batch_size):
+                yield self._encode_batch(window[start:start + self.batch_size], sources)
+
     def _checked_tokens(self, index: int, sentence: str) -> torch.Tensor:
         ids = self.encode(sentence)
         if ids.numel() > self.max_positions:
@@ -288,3 +225,66 @@ class Translator:
         # The collater sorts by source length; its "id" maps rows back to the chunk.
         ids = torch.tensor([chunk[i][0] for i in sample["id"].tolist()], device=self.device)
         return net_input, ids
+
+
+def _check_sizes(pool, batch_size, maxi_batch):
+    """Refuse a pool, batch or maxi-batch size below 1 (one line each)."""
+    if pool is None or pool < 1:
+        raise FairseqStreamError("pool must be at least 1, got {}".format(pool))
+    if batch_size is not None and batch_size < 1:
+        raise FairseqStreamError("batch_size must be at least 1, got {}".format(batch_size))
+    if maxi_batch is None or maxi_batch < 1:
+        raise FairseqStreamError("maxi_batch must be at least 1, got {}".format(maxi_batch))
+
+
+def _load_models(paths, data, trust_checkpoint, cpu):
+    """(models in eval mode on their device, the checkpoint's config, the task, the device)."""
+    from fairseq import checkpoint_utils
+
+    from fairseq_stream.checkpoint import trusted_checkpoints
+
+    overrides = {"data": data} if data else {}
+    with trusted_checkpoints(paths if trust_checkpoint else []):
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(paths, arg_overrides=overrides)
+    use_cuda = torch.cuda.is_available() and not cpu
+    for m in models:
+        m.eval()
+        if use_cuda:
+            m.cuda()
+    return models, cfg, task, torch.device("cuda" if use_cuda else "cpu")
+
+
+def _text_codecs(cfg, tokenizer, bpe, sentencepiece_model, bpe_codes):
+    """fairseq's tokenizer and BPE: those given, else the checkpoint's (either may be None)."""
+    from argparse import Namespace
+
+    from fairseq.data import encoders
+
+    def text_cfg(name, value, **extra):
+        if value is None:
+            return getattr(cfg, name, None)
+        return Namespace(**{name: value}, **{k: v for k, v in extra.items() if v is not None})
+
+    return (encoders.build_tokenizer(text_cfg("tokenizer", tokenizer)),
+            encoders.build_bpe(text_cfg("bpe", bpe, sentencepiece_model=sentencepiece_model, bpe_codes=bpe_codes)))
+
+
+def _first(positions):
+    """A model's or task's source positions (fairseq gives (source, target) or one number)."""
+    return positions[0] if isinstance(positions, tuple) else positions
+
+
+def _numbered(items: Iterator):
+    """(index, sentence) of each input, checked; a failed read names the sentence it stopped at."""
+    index = 0
+    while True:
+        try:
+            sentence = next(items)
+        except StopIteration:
+            return
+        except (UnicodeDecodeError, OSError) as e:
+            # A text file decodes in chunks: the bad line is this one or a later one.
+            raise FairseqStreamError("reading input sentence {} failed: {}: {}".format(
+                index, type(e).__name__, e)) from None
+        yield index, check_sentence(index, sentence)
+        index += 1

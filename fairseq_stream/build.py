@@ -117,6 +117,37 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
     )
 
 
+def spec_from_options(search: str, beam: int, options: dict, refused=None):
+    """The Python API's spec: ``search`` with keyword ``options`` by their dataclass names, checked.
+
+    Each option goes to every config that has a field of its name (the
+    search's, the stream pool's, fairseq's generation options). ``refused``:
+    {option: why} of options the caller has no use for. Returns (spec, the
+    stream options, for the caller's own pool).
+    """
+    from fairseq.dataclass.configs import GenerationConfig
+
+    from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
+    from fairseq_stream.schedule.stream import StreamOptions
+
+    if search not in SEARCH_REGISTRY or search == "beam":
+        raise FairseqStreamError("search must be one of {} (got {!r})".format(
+            ", ".join(sorted(n for n in SEARCH_REGISTRY if n != "beam")), search))
+    gen_cfg = GenerationConfig(beam=beam)
+    search_cfg = SEARCH_DATACLASS_REGISTRY[search]()
+    search_cfg._name = search  # fairseq sets it when parsing; errors name the search by it
+    stream_cfg = StreamOptions()
+    for key, value in options.items():
+        if refused and key in refused:
+            raise FairseqStreamError("{} has no effect in the Python API: {}".format(key, refused[key]))
+        targets = [c for c in (search_cfg, stream_cfg, gen_cfg) if hasattr(c, key)]
+        if not targets:
+            raise FairseqStreamError("unknown option {!r} for search {}".format(key, search))
+        for target in targets:
+            setattr(target, key, value)
+    return spec_from_configs(SEARCH_REGISTRY[search], gen_cfg, search_cfg), stream_cfg
+
+
 def build_decoder(spec: DecoderSpec, task, models):
     """The decoder of ``spec`` for ``models``: runner, search and decoder (and what the search wraps around it)."""
     from fairseq_stream.decoder import BeamDecoder

@@ -32,10 +32,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fairseq_stream import hypotheses as hyp
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.ops import topk_log_softmax
+from fairseq_stream.ops.output_layer import apply_step_rules
 from fairseq_stream.output_choice import check_output_layer, choose_backend
 from fairseq_stream.runners import build_runner
 from fairseq_stream.search.pruning import Pruning
@@ -401,8 +403,8 @@ class BeamDecoder:
             if summary[s] & 2:
                 # Empty sources get an empty hypothesis (fairseq would
                 # translate the lone EOS into something).
-                hyps, values = [self._empty_hypo(c.tokens.device)], [0.0]
-            results[ids[s]] = self._best_first(hyps, values)
+                hyps, values = [self.empty_hypothesis(c.tokens.device)], [0.0]
+            results[ids[s]] = hyp.best_first(hyps, values)
         return results
 
     def _next_beam(self, c: Cohort, step_out, ending: List[int], n_live: int):
@@ -499,21 +501,12 @@ class BeamDecoder:
         candidates it builds anyway (one pass over the vocabulary fewer).
         """
         step = c.step
-        lprobs = lprobs.to(self.score_dtype)
-        lprobs[:, self.pad] = -math.inf
-        if self.unk_penalty:
-            lprobs[:, self.unk] -= self.unk_penalty
+        at_max = None
         if step >= self.shortest_max_len:
-            # Sentences at their maximum length may only end. Adding -inf to
-            # their rows (-0.0, which changes nothing, to the others) and
-            # putting the EOS column back needs no read of which rows those
-            # are, and is faster than a broadcast masked_fill_.
+            # Sentences at their maximum length may only end.
             at_max = c.max_lens.le(step).index_select(0, c.run_rows // self.beam_size)
-            eos_col = lprobs[:, self.eos].clone()
-            lprobs.add_(torch.full_like(eos_col, -0.0).masked_fill_(at_max, -math.inf).unsqueeze(1))
-            lprobs[:, self.eos] = eos_col
-        if step < self.min_len:
-            lprobs[:, self.eos] = -math.inf
+        lprobs = apply_step_rules(lprobs.to(self.score_dtype), self.pad, self.eos, self.unk, self.unk_penalty, at_max,
+                                  step < self.min_len)
         if self.repeat_ngram_blocker is not None:
             rows = c.run_rows.numel()
             lprobs = self.repeat_ngram_blocker(c.tokens[c.run_rows], lprobs, rows, 1, step)
@@ -608,7 +601,7 @@ class BeamDecoder:
         if not pending:
             return [(hyps, []) for hyps in per_sentence]
         finals = torch.stack([h.pop("_final") for h in pending]).tolist()
-        values = self._normalize(finals, [h["tokens"].numel() for h in pending])
+        values = self.normalized(finals, [h["tokens"].numel() for h in pending])
         for h, v in zip(pending, values):
             h["score"] = torch.tensor(v, dtype=self.score_dtype)
         out, start = [], 0
@@ -617,29 +610,13 @@ class BeamDecoder:
             start += len(hyps)
         return out
 
-    def _normalize(self, finals: List[float], lens: List[int]) -> List[float]:
-        """fairseq's hypothesis scores from cumulative ones, on the host.
+    def normalized(self, finals: List[float], lens: List[int]) -> List[float]:
+        """This search's hypothesis scores from cumulative ones (:func:`fairseq_stream.hypotheses.normalized`)."""
+        return hyp.normalized(finals, lens, self.score_dtype, self.normalize_scores, self.len_penalty)
 
-        In the score type, divided per length as fairseq's ``eos_scores /=
-        (step + 1) ** len_penalty`` on the CPU, so scores and their ranking
-        match bitwise (a float32 division by a scalar is a float32 division).
-        """
-        dtype = np.float64 if self.score_dtype == torch.float64 else np.float32
-        values = np.asarray(finals, dtype=np.float64).astype(dtype)
-        if self.normalize_scores:
-            values = values / np.asarray([n ** self.len_penalty for n in lens], dtype=np.float64).astype(dtype)
-        return values.tolist()
-
-    @staticmethod
-    def _best_first(hyps, values):
-        """``hyps`` sorted by score, best first, as ``torch.sort`` of their float32 scores would."""
-        keys = np.asarray(values, dtype=np.float64).astype(np.float32).tolist()
-        if len(set(keys)) == len(keys):
-            # Distinct keys have one order: no need for torch.sort (not stable) to say which.
-            order = sorted(range(len(keys)), key=keys.__getitem__, reverse=True)
-        else:
-            order = torch.sort(torch.tensor(keys), descending=True)[1].tolist()
-        return [hyps[i] for i in order]
+    def empty_hypothesis(self, device) -> Dict[str, Tensor]:
+        """The hypothesis of an empty source."""
+        return hyp.empty_hypothesis(self.eos, device)
 
     def _hypotheses(self, rows: Tensor, lengths: Tensor, lens: List[int], final: Tensor, tokens: Tensor,
                     scores: Tensor, starts: Optional[Tensor] = None):
@@ -675,25 +652,7 @@ class BeamDecoder:
         pos[:, 1:] = pos[:, 1:] - pos[:, :-1]
         # No attention history is kept: nothing reads it without
         # --print-alignment, which these searches refuse.
-        return [
-            {
-                "tokens": hyp_tokens[p, :length],
-                "score": None,
-                "attention": torch.empty(0),
-                "alignment": torch.empty(0),
-                "positional_scores": pos[p, :length],
-            }
-            for p, length in enumerate(lens)
-        ]
-
-    def _empty_hypo(self, device):
-        return {
-            "tokens": torch.tensor([self.eos], device=device),
-            "score": torch.tensor(0.0),
-            "attention": torch.empty(0),
-            "alignment": torch.empty(0),
-            "positional_scores": torch.zeros(1, device=device),
-        }
+        return [hyp.hypothesis(hyp_tokens[p, :length], pos[p, :length]) for p, length in enumerate(lens)]
 
     def _collect_stay(self, ending: Tensor, sel, done_len: Tensor, c: Cohort):
         """For each sentence in ``ending`` (of ``c``), the finished entries of its final beam as fairseq hypotheses.
@@ -719,7 +678,7 @@ class BeamDecoder:
         hyps = self._hypotheses(rows, length.view(-1).index_select(0, flat), hyp_lens,
                                 final.view(-1).index_select(0, flat), tokens, scores,
                                 c.start.index_select(0, sentence) if c.mixed else None)
-        values = self._normalize([finals[i] for i in picked], hyp_lens)
+        values = self.normalized([finals[i] for i in picked], hyp_lens)
         collected = [([], []) for _ in range(ending.numel())]
         for i, hyp, value in zip(picked, hyps, values):
             hyp["score"] = torch.tensor(value, dtype=self.score_dtype)

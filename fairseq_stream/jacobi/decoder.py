@@ -53,6 +53,7 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.hypotheses import hypothesis
 from fairseq_stream.jacobi import calibration
 from fairseq_stream.jacobi.drafts import DRAFTS, AcceptanceRates, NgramPool, likely_tree, next_draft
 from fairseq_stream.ops import topk_log_softmax
@@ -406,7 +407,7 @@ class JacobiDecoder:
         for i in range(S):
             if empty[i]:
                 # Greedy gives an empty source an empty hypothesis (fairseq would fail on it).
-                results[i] = [greedy._empty_hypo(device)]
+                results[i] = [greedy.empty_hypothesis(device)]
                 continue
             trace = [] if ids[i] in self.trace_ids else None
             rows.append(_Row(i, bos, max_lens[i], [], trace))
@@ -564,14 +565,9 @@ class JacobiDecoder:
         cumulative = np.cumsum(np.asarray(row.lprobs, dtype=dtype), dtype=dtype)
         positional = np.diff(cumulative, prepend=dtype(0)).astype(dtype)
         tokens = row.tokens[1:]
-        score = greedy._normalize([float(cumulative[-1])], [len(tokens)])[0]
-        return {
-            "tokens": torch.tensor(tokens, dtype=torch.long, device=device),
-            "score": torch.tensor(score, dtype=greedy.score_dtype),
-            "attention": torch.empty(0),
-            "alignment": torch.empty(0),
-            "positional_scores": torch.from_numpy(positional).to(device),
-        }
+        score = greedy.normalized([float(cumulative[-1])], [len(tokens)])[0]
+        return hypothesis(torch.tensor(tokens, dtype=torch.long, device=device),
+                          torch.from_numpy(positional).to(device), torch.tensor(score, dtype=greedy.score_dtype))
 
 
 def _lengths(results) -> List[int]:

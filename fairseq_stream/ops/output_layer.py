@@ -350,6 +350,31 @@ def _reference(members, biases, n, pad, eos, unk, unk_penalty, temperature, ban_
     return OutputLayerResult(values, indices, eos_out)
 
 
+def apply_step_rules(lp: Tensor, pad: int, eos: int, unk: Optional[int] = None, unk_penalty: float = 0.0,
+                     force_eos: Optional[Tensor] = None, ban_eos=False) -> Tensor:
+    """fairseq's rules of a step on log-probabilities ``lp`` (rows, V), in place and in fairseq's order.
+
+    PAD is never chosen; UNK loses ``unk_penalty``; rows in ``force_eos``
+    (at their maximum length) may only end: -inf is added to them (-0.0,
+    which changes nothing, to the others: no read of which rows those are,
+    and faster than a broadcast masked_fill_), then the EOS column is put
+    back; ``ban_eos`` (True, or a row mask: before ``--min-len``) forbids EOS.
+    The beam decoder and the fused layer's reference both apply them here.
+    """
+    lp[:, pad] = -math.inf
+    if unk is not None and unk_penalty:
+        lp[:, unk] -= unk_penalty
+    if force_eos is not None:
+        eos_col = lp[:, eos].clone()
+        lp.add_(torch.full_like(eos_col, -0.0).masked_fill_(force_eos, -math.inf).unsqueeze(1))
+        lp[:, eos] = eos_col
+    if ban_eos is True:
+        lp[:, eos] = -math.inf
+    elif isinstance(ban_eos, Tensor):
+        lp[:, eos] = lp[:, eos].masked_fill(ban_eos, -math.inf)
+    return lp
+
+
 def _reference_scores(members, biases, pad, eos, unk, unk_penalty, temperature, ban_eos, force_eos, add):
     """The reference's (rows, V) scores before ``topk``, and its EOS column (also used by the tests)."""
     out_dtype = torch.float64 if members[0].dtype == torch.float64 else torch.float32
@@ -359,19 +384,7 @@ def _reference_scores(members, biases, pad, eos, unk, unk_penalty, temperature, 
         lp = lprobs[0]
     else:
         lp = torch.logsumexp(torch.stack(lprobs, dim=0), dim=0) - math.log(len(lprobs))
-    lp[:, pad] = -math.inf
-    if unk is not None and unk_penalty:
-        lp[:, unk] -= unk_penalty
-    if force_eos is not None:
-        # As BeamDecoder: -inf added to the forced rows (-0.0, which changes
-        # nothing, to the others), then the EOS column put back.
-        eos_col = lp[:, eos].clone()
-        lp.add_(torch.full_like(eos_col, -0.0).masked_fill_(force_eos, -math.inf).unsqueeze(1))
-        lp[:, eos] = eos_col
-    if ban_eos is True:
-        lp[:, eos] = -math.inf
-    elif isinstance(ban_eos, Tensor):
-        lp[:, eos] = lp[:, eos].masked_fill(ban_eos, -math.inf)
+    apply_step_rules(lp, pad, eos, unk, unk_penalty, force_eos, ban_eos)
     eos_out = lp[:, eos].nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
     scores = lp.add_(add.to(out_dtype).unsqueeze(1)) if add is not None else lp
     scores.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)

@@ -1,0 +1,55 @@
+"""fairseq's hypothesis dicts, their scores and their order: made here for every decoder of ours.
+
+A hypothesis is what fairseq's ``SequenceGenerator`` returns per entry of a
+sentence's n-best list: ``tokens`` (EOS last), ``score`` (length-normalized),
+``positional_scores``, and empty ``attention`` / ``alignment`` (nothing reads
+them without ``--print-alignment``, which our searches refuse).
+"""
+
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def hypothesis(tokens: Tensor, positional_scores: Tensor, score: Optional[Tensor] = None) -> Dict[str, Tensor]:
+    """One hypothesis dict (``score`` None: set by the caller once the batch's scores are read)."""
+    return {
+        "tokens": tokens,
+        "score": score,
+        "attention": torch.empty(0),
+        "alignment": torch.empty(0),
+        "positional_scores": positional_scores,
+    }
+
+
+def empty_hypothesis(eos: int, device) -> Dict[str, Tensor]:
+    """What an empty source gets: EOS alone, score 0 (fairseq would translate the lone EOS into something)."""
+    return hypothesis(torch.tensor([eos], device=device), torch.zeros(1, device=device), torch.tensor(0.0))
+
+
+def normalized(finals: List[float], lens: List[int], score_dtype: torch.dtype, normalize: bool,
+               len_penalty: float) -> List[float]:
+    """fairseq's hypothesis scores from cumulative ones, on the host.
+
+    In the score type, divided per length as fairseq's ``eos_scores /=
+    (step + 1) ** len_penalty`` on the CPU, so scores and their ranking
+    match bitwise (a float32 division by a scalar is a float32 division).
+    """
+    dtype = np.float64 if score_dtype == torch.float64 else np.float32
+    values = np.asarray(finals, dtype=np.float64).astype(dtype)
+    if normalize:
+        values = values / np.asarray([n ** len_penalty for n in lens], dtype=np.float64).astype(dtype)
+    return values.tolist()
+
+
+def best_first(hyps: list, values: List[float]) -> list:
+    """``hyps`` sorted by score, best first, as ``torch.sort`` of their float32 scores would."""
+    keys = np.asarray(values, dtype=np.float64).astype(np.float32).tolist()
+    if len(set(keys)) == len(keys):
+        # Distinct keys have one order: no need for torch.sort (not stable) to say which.
+        order = sorted(range(len(keys)), key=keys.__getitem__, reverse=True)
+    else:
+        order = torch.sort(torch.tensor(keys), descending=True)[1].tolist()
+    return [hyps[i] for i in order]
