@@ -59,25 +59,23 @@ def test_gpu_bench_cpu_mode(tmp_path):
     proc = run_tool(["bash", REPO / "scripts" / "gpu_bench.sh", out, "--device", "cpu", "--work-dir", tmp_path / "w",
                      "--train-text", WMT / "newstest2016.de", WMT / "newstest2016.en",
                      "--source", WMT / "newstest2017.de", "--reference", WMT / "newstest2017.en",
-                     "--limit", "2", "--models-count", "1", "--beams", "5", "50",
+                     "--limit", "2", "--models-count", "1", "--beams", "5",
                      "--methods", "var-stream-rows", "greedy"], check=False)
     results, summary = read(out)
     assert proc.returncode == 0, summary
     steps = results["steps"]
     assert list(steps) == ["setup", "environment", "standin", "prepare", "decode", "report"]
     assert all(s["status"] in ("passed", "skipped") for s in steps.values()), summary
-    # Greedy ignores the beam: it runs once.
-    assert list(steps["decode"]["runs"]) == ["var-stream-rows-k5", "greedy", "var-stream-rows-k50"]
+    # One beam here to keep CI's time (the script's default is k=5 and k=50, the same code path).
+    assert list(steps["decode"]["runs"]) == ["var-stream-rows-k5", "greedy"]
     rows = steps["report"]["rows"]
-    assert [(r["method"], r["beam"]) for r in rows] == [("var-stream-rows", 5), ("greedy", None),
-                                                        ("var-stream-rows", 50)]
+    assert [(r["method"], r["beam"]) for r in rows] == [("var-stream-rows", 5), ("greedy", None)]
     for r in rows:
         assert r["sentences"] == 2 and r["counters"]["timesteps"] > 0 and r["host_ms_per_call"] > 0
         assert r["device"] == "cpu" and r["gpu_busy"] is None and r["peak_mib"] is None
     # report.py's tables and plots: one bar chart and one BLEU scatter per beam.
-    assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
-        "bleu_vs_decode_cpu_beam5.png", "bleu_vs_decode_cpu_beam50.png", "decode_cpu_beam5.png",
-        "decode_cpu_beam50.png"]
+    assert sorted(p.name for p in (out / "plots").glob("*.png")) == ["bleu_vs_decode_cpu_beam5.png",
+                                                                    "decode_cpu_beam5.png"]
     assert "| de-en | newstest2017 | greedy |" in (out / "plots" / "report.md").read_text()
     # A lent machine returns at most 8 files of OUTDIR.
     assert len([p for p in out.rglob("*") if p.is_file()]) <= 8
