@@ -36,7 +36,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpu_common import (  # noqa: E402
-    NA_CPU, absolute_paths, summary_head, REPO, Session, StepError, add_common_arguments, environment_step, fmt, install_wheels, write_json,
+    NA_CPU, REPO, Session, StepError, absolute_paths, add_common_arguments, environment_step, fmt, hypotheses,
+    install_wheels, summary_head,
 )
 
 # The methods, by their newstest presets (fairseq_stream/presets); beam is fairseq's own.
@@ -188,12 +189,7 @@ def bleu_of(output, reference_lines):
         from sacrebleu.metrics import BLEU
     except ImportError:
         return None
-    hyps = {}
-    with open(output, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if line.startswith("H-"):
-                head, _, text = (line.rstrip("\n").split("\t") + ["", ""])[:3]
-                hyps[int(head[2:])] = text.replace("@@ ", "")
+    hyps = {i: text.replace("@@ ", "") for i, (_, text) in (hypotheses(output) or {}).items()}
     if sorted(hyps) != list(range(len(reference_lines))):
         return None
     return round(BLEU().corpus_score([hyps[i] for i in range(len(hyps))], [reference_lines]).score, 2)

@@ -34,7 +34,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpu_common import (  # noqa: E402
-    NA_CPU, absolute_paths, summary_head, REPO, Session, StepError, add_common_arguments, environment_step, fmt, hypotheses, install_wheels,
+    NA_CPU, REPO, Session, StepError, absolute_paths, add_common_arguments, environment_step, fmt, hypotheses,
+    install_wheels, summary_head,
 )
 
 # name -> (fairseq-generate options, which checkpoint). Every search and generator of the plugin,

@@ -28,7 +28,6 @@ import struct
 import time
 from typing import Dict, List, Optional
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -680,8 +679,8 @@ class BeamDecoder:
                                 c.start.index_select(0, sentence) if c.mixed else None)
         values = self.normalized([finals[i] for i in picked], hyp_lens)
         collected = [([], []) for _ in range(ending.numel())]
-        for i, hyp, value in zip(picked, hyps, values):
-            hyp["score"] = torch.tensor(value, dtype=self.score_dtype)
-            collected[i // k][0].append(hyp)
+        for i, h, value in zip(picked, hyps, values):
+            h["score"] = torch.tensor(value, dtype=self.score_dtype)
+            collected[i // k][0].append(h)
             collected[i // k][1].append(value)
         return collected

@@ -10,7 +10,6 @@ source (module-level and function-level imports alike), not by importing it.
 """
 
 import ast
-import pathlib
 
 import pytest
 

@@ -87,9 +87,7 @@ def signature(greedy, device, rows: Sequence[int], widths: Sequence[int], draft:
     """
     models = greedy.runner.model.models
     shapes = [[[name, list(p.shape), str(p.dtype)] for name, p in m.state_dict().items()] for m in models]
-    hardware = (torch.cuda.get_device_name(device) if device.type == "cuda"
-                else "{} ({})".format(cpu_info.cpu_model(), cpu_info.simd_level()))
-    return dict(version=CACHE_VERSION, torch=torch.__version__, hardware=hardware, device=device.type,
+    return dict(version=CACHE_VERSION, torch=torch.__version__, hardware=_hardware(device), device=device.type,
                 threads=torch.get_num_threads(), runner=type(greedy.runner).__name__,
                 output=greedy.output_backend, shapes=shapes, rows=list(rows), widths=list(widths), draft=draft)
 
@@ -250,8 +248,12 @@ def measure(jacobi, device, rows: Sequence[int], widths: Sequence[int]) -> Costs
         for i in range(1, len(points)):
             points[i] = (points[i][0], max(points[i][1], points[i - 1][1]))
         table[r] = RowCosts(greedy_step, greedy_batch, points, sorted(batch_costs)[len(batch_costs) // 2])
-    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_info.describe()
-    return Costs(table, hardware, "measured", None, time.perf_counter() - start)
+    return Costs(table, _hardware(device), "measured", None, time.perf_counter() - start)
+
+
+def _hardware(device) -> str:
+    """The GPU's name, or the CPU's model and SIMD level: what a table of costs holds for."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_info.describe()
 
 
 def _window_probe(JacobiDecoder, probe, width: int, draft: str, sample: dict, length: int):

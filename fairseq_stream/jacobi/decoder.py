@@ -84,6 +84,11 @@ GREEDY_THRESHOLD = {"cpu": 0.15, "cuda": 1.0 / 3.0}
 # position verifies 1.32 tokens an iteration against 1.31 and costs more than that (b=4 1.09-1.13x
 # greedy against b=3's 1.06-1.15x); two sentences' windows of 2 fit one pass of the skinny product.
 AUTO_BLOCK = {"alone": 3, "shared": 2}
+# Outputs of greedy-step batches kept for the n-gram pool until windows run again: the newest only.
+# Learning an output costs about as much as two greedy steps of the toy model on one AVX2 core (the
+# pool's bookkeeping in Python); where the calibration chose greedy's step, learning every output
+# before each probing window batch cost more than the probes themselves (0.80x greedy against 1.05x).
+UNLEARNED_KEPT = 16
 
 
 def check_options(variant: str, block, draft: str, horizon, call_cost=None, candidates=1, calibrate="off"):
@@ -107,9 +112,6 @@ def check_options(variant: str, block, draft: str, horizon, call_cost=None, cand
         raise FairseqStreamError("--jacobi-candidates above 1 needs --jacobi-draft ngram and --jacobi-variant "
                                  "pgj or hgj (got {} drafts, {})".format(draft, variant))
 
-
-# Outputs of greedy-step batches kept for the n-gram pool until windows run again (the newest).
-UNLEARNED_KEPT = 16
 
 class JacobiStats(DecodeStats):
     """:class:`DecodeStats` plus Jacobi's counters.
@@ -259,10 +261,7 @@ class JacobiDecoder:
         span = PJ_DRAFT_SPAN if variant == "pj" else max(1, self.block - 1)
         self.pool = NgramPool(span, self.candidates) if draft == "ngram" else None
         self.rates = AcceptanceRates()
-        # Outputs of batches run by greedy's step, for the pool: the newest only. Learning an output costs
-        # about as much as two greedy steps of the toy model on one AVX2 core (the pool's bookkeeping in
-        # Python), and where the calibration chose greedy's step, learning every output before each
-        # probing window batch cost more than the probes themselves.
+        # Outputs of batches run by greedy's step, for the pool (UNLEARNED_KEPT: the newest only).
         self.unlearned = collections.deque(maxlen=UNLEARNED_KEPT)
         self._checked = False  # the output layer's arguments (topk_log_softmax's check)
         self.trace_ids = set(int(i) for i in trace_ids)

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.output_choice import OUTPUT_LAYERS, check_output_layer
