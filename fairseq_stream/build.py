@@ -75,6 +75,7 @@ class DecoderSpec:
     settings: SearchSettings
     rules: GenerationRules
     runner: str = "auto"
+    quantize: str = "none"  # --quantize: none, int8, int16
     output_layer: str = "auto"
     rnn: RnnOptions = field(default_factory=RnnOptions)
     stats_file: Optional[str] = None
@@ -109,6 +110,7 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
     return DecoderSpec(
         search=name, settings=settings, rules=GenerationRules.from_config(gen_cfg),
         runner=str(getattr(search_cfg, "runner", "auto")),
+        quantize=str(getattr(search_cfg, "quantize", "none")),
         output_layer=str(getattr(search_cfg, "output_layer", "auto")),
         rnn=RnnOptions.from_config(search_cfg),
         stats_file=getattr(search_cfg, "stats_file", None),
@@ -161,7 +163,7 @@ def build_decoder(spec: DecoderSpec, task, models):
         normalize_scores=rules.normalize_scores, len_penalty=rules.len_penalty, unk_penalty=rules.unk_penalty,
         temperature=rules.temperature, no_repeat_ngram_size=rules.no_repeat_ngram_size,
         runner=spec.runner, output_layer=spec.output_layer, keep_reference=s.keep_reference,
-        rnn_options=spec.rnn,
+        rnn_options=spec.rnn, quantize=spec.quantize,
         reporter=StatsReporter(spec.search, stats, spec.stats_file),
     )
     return s.wrap(decoder) if s.wrap is not None else decoder

@@ -75,6 +75,9 @@ class BeamDecoder:
         rnn_options: the rnn runner's tricks
             (:class:`~fairseq_stream.runners.rnn.RnnOptions`; default: all on,
             int16 off).
+        quantize: ``none``, ``int8`` or ``int16`` (``--quantize``): the
+            products on weights quantized at load; see
+            :func:`fairseq_stream.runners.build_runner`.
         reporter: writes ``--stats-file`` and logs the totals at exit
             (:class:`~fairseq_stream.stats.StatsReporter` of ``stats``), or None.
     """
@@ -99,6 +102,7 @@ class BeamDecoder:
         output_layer: str = "torch",
         keep_reference: Optional[bool] = None,
         rnn_options=None,
+        quantize: str = "none",
         reporter=None,
     ):
         if finalize not in FINALIZE_MODES:
@@ -111,7 +115,7 @@ class BeamDecoder:
         self.dense = finalize == "fairseq" and not (pruning is not None and pruning.active)
         self.keep_reference = self.dense if keep_reference is None else keep_reference
         self.runner = build_runner(runner, models, temperature=temperature, keep_fairseq=self.keep_reference,
-                                   rnn_options=rnn_options)
+                                   rnn_options=rnn_options, quantize=quantize)
         # Scores accumulate in the models' precision where it is float64
         # (exactness tests), in float32 otherwise (fairseq's log-softmax dtype).
         self.score_dtype = torch.float64 if self.runner.dtype == torch.float64 else torch.float32

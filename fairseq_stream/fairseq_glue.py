@@ -149,7 +149,8 @@ def _patch_parse_args_and_arch():
         # and an unknown name is named as unknown, not as a bad combination.
         # (check_selection names unknown names first.)
         error = (check_selection(chosen.search, chosen.generator) if chosen.search in _search_registry()
-                 else check_names(chosen.search, chosen.generator))
+                 else check_names(chosen.search, chosen.generator)) or _search_option_without_search(
+                     chosen.search, input_args)
         if error:
             parser.error(error)
         result = original(parser, input_args=input_args, parse_known=parse_known, **kwargs)
@@ -344,6 +345,26 @@ def _add_chosen_options_for_help(parser, input_args):
                 parser.add_argument_group("--{} {}".format(group, name)),
                 dataclass_registry[name](),
             )
+
+
+def _search_option_without_search(search, argv):
+    """A one-line error for an option of our searches (``--quantize``, ``--runner`` ...) typed without one
+    of them (no ``--search``, or ``--search beam``: fairseq's own generator, which takes none), else None.
+
+    argparse would say "unrecognized arguments", which does not tell a user
+    that the option needs one of our searches.
+    """
+    registry = _search_registry()
+    if search is not None and not getattr(registry.get(search), "fairseq_generator", False):
+        return None
+    ours = set().union(*(_entry_options("search", name) for name, entry in registry.items()
+                         if not getattr(entry, "fairseq_generator", False))) - _entry_options("search", search)
+    typed = next((a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in ours), None)
+    if typed is None:
+        return None
+    return ("{} is an option of fairseq-stream's searches, not of fairseq's beam search: use --search fixed "
+            "(fairseq's beam search on our loop) or another of: {}".format(
+                typed, ", ".join(n for n, e in registry.items() if not getattr(e, "fairseq_generator", False))))
 
 
 def check_names(search, generator):

@@ -51,6 +51,7 @@ def _product(module, linear):
         if linear.weight.device.type != "cpu":
             return None
         return module.LeanProduct(linear.weight, linear.bias)
+    # A PrepackedLinear or a QuantizedLinear (the binding takes either).
     return module.LeanProduct(linear)
 
 

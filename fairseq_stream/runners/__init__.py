@@ -13,6 +13,10 @@ step of every row at its own length (:meth:`fairseq_stream.cohort.Cohort.merge`)
   fairseq LSTM models with Devlin (2017)'s tricks; ``--rnn-int16`` adds its
   16-bit fixed-point products.
 
+``--quantize int8|int16`` runs every product on weights quantized once at
+load (:mod:`fairseq_stream.ops.quantized_linear`): on the lean runner for
+transformers, and (int16) the rnn runner's ``--rnn-int16`` for LSTMs.
+
 ``auto`` takes ``lean`` where every model of the ensemble is a supported
 transformer, ``rnn`` where every one is a supported LSTM, and ``fairseq``
 otherwise, and says which once in the log.
@@ -25,6 +29,7 @@ from fairseq_stream.errors import FairseqStreamError
 logger = logging.getLogger(__name__)
 
 RUNNERS = ("auto", "fairseq", "lean", "rnn")
+QUANTIZE = ("none", "int8", "int16")
 _said = set()
 
 
@@ -36,15 +41,22 @@ def say_once(message, *args):
         logger.info(message, *args)
 
 
-def check_runner(kind: str, int16: bool = False):
-    """Refuse an unknown runner, and ``--rnn-int16`` with a runner other than rnn's, in one line."""
+def check_runner(kind: str, int16: bool = False, quantize: str = "none"):
+    """Refuse an unknown runner or ``--quantize``, and combinations no runner runs, in one line."""
     if kind not in RUNNERS:
         raise FairseqStreamError("--runner must be one of {}, got {}".format(", ".join(RUNNERS), kind))
+    if quantize not in QUANTIZE:
+        raise FairseqStreamError("--quantize must be one of {}, got {}".format(", ".join(QUANTIZE), quantize))
     if int16 and kind in ("fairseq", "lean"):
         raise FairseqStreamError("--rnn-int16 runs on the rnn runner, not --runner {}".format(kind))
+    if quantize != "none" and kind == "fairseq":
+        raise FairseqStreamError("--quantize runs on our runners (lean, rnn), not --runner fairseq")
+    if int16 and quantize == "int8":
+        raise FairseqStreamError("--rnn-int16 and --quantize int8 ask for two precisions; use one")
 
 
-def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool = False, rnn_options=None):
+def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool = False, rnn_options=None,
+                 quantize: str = "none"):
     """The runner ``kind`` for ``models``.
 
     Args:
@@ -55,14 +67,20 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
         rnn_options: the RNN runner's tricks
             (:class:`~fairseq_stream.runners.rnn.RnnOptions`); with ``int16``
             the RNN runner is required: anything else is a one-line error.
+        quantize: ``none``, ``int8`` or ``int16`` (``--quantize``): the lean
+            runner's quantized products for transformers, the rnn runner's
+            int16 for LSTMs; a model neither runs is a one-line error, never
+            a silent float run.
     """
     from fairseq_stream.runners.fairseq_runner import ModelRunner
     from fairseq_stream.runners import rnn
 
     options = rnn_options or rnn.RnnOptions()
-    check_runner(kind, options.int16)
+    check_runner(kind, options.int16, quantize)
     members = list(getattr(models, "models", models))
     rnn_reason = next((r for r in map(rnn.unsupported_reason, members) if r), None)
+    if quantize != "none":
+        return _quantized_runner(kind, members, temperature, options, quantize, rnn_reason)
     if options.int16:
         if rnn_reason:
             raise FairseqStreamError("--rnn-int16 runs fairseq LSTM models only: {}".format(rnn_reason))
@@ -88,6 +106,31 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
     say_once("fairseq-stream: using the lean runner (%d model%s)", len(members),
               "" if len(members) == 1 else "s")
     return LeanRunner(members, temperature=temperature)
+
+
+def _quantized_runner(kind, members, temperature, options, quantize, rnn_reason):
+    """The runner of ``--quantize``: lean for transformers, rnn's int16 for LSTMs, else a one-line error."""
+    import dataclasses
+
+    from fairseq_stream.runners import rnn
+    from fairseq_stream.runners.lean import LeanRunner, unsupported_reason
+
+    if kind in ("auto", "rnn") and not rnn_reason:
+        if quantize == "int8":
+            raise FairseqStreamError("--quantize int8 is for transformers; fairseq LSTM models take "
+                                     "--quantize int16 (Devlin's int16 products)")
+        options = dataclasses.replace(options, int16=True)
+        say_once("fairseq-stream: using the rnn runner (%s; %s)", options.describe(), _int16_kernel_line())
+        return rnn.RnnRunner(members, temperature=temperature, options=options)
+    reason = next((r for r in map(unsupported_reason, members) if r), None)
+    if kind == "rnn" or reason:
+        raise FairseqStreamError("--quantize {} runs fairseq transformers (lean runner) and LSTMs (rnn runner): "
+                                 "{}".format(quantize, rnn_reason if kind == "rnn" else reason))
+    from fairseq_stream.ops import quantized_linear
+
+    say_once("fairseq-stream: using the lean runner (%d model%s, %s products: %s kernel)", len(members),
+             "" if len(members) == 1 else "s", quantize, quantized_linear.kernel(quantize))
+    return LeanRunner(members, temperature=temperature, quantize=quantize)
 
 
 def _int16_kernel_line() -> str:

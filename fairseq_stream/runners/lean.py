@@ -43,6 +43,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
+from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import attention, lean_step
 from fairseq_stream.ops.packing import pack_by_sentence
 from fairseq_stream.runners.lean_model import EncoderKeys, LeanModel
@@ -94,6 +95,16 @@ def unsupported_reason(model) -> Optional[str]:
         if not layer.self_attn.qkv_same_dim:
             return "{} has self-attention of different key dimensions".format(name)
     return None
+
+
+def check_quantizable(model):
+    """Refuse, in one line, quantized products on models that are not float32 on the CPU."""
+    from fairseq_stream.runners.base import module_device, module_dtype
+
+    dtype, device = module_dtype(model), module_device(model)
+    if dtype != torch.float32 or device.type != "cpu":
+        raise FairseqStreamError("--quantize runs float32 models on the CPU (add --cpu, drop --fp16/--bf16); "
+                                 "these are {} on {}".format(str(dtype).replace("torch.", ""), device.type))
 
 
 def _resized(cache: Tensor, rows: int, positions: int, length: int, slot: Optional[Tensor] = None) -> Tensor:
@@ -174,6 +185,10 @@ class LeanRunner(OwnStepRunner):
             tokens without padding in one compiled call
             (:mod:`fairseq_stream.runners.lean_encoder`); False keeps
             fairseq's encoder.
+        quantize: "int8" or "int16": every product of the decoder and the
+            encoder on weights quantized once at load
+            (:mod:`fairseq_stream.ops.quantized_linear`); float32 models on
+            the CPU only. None: float products.
     """
 
     name = "lean"
@@ -181,16 +196,19 @@ class LeanRunner(OwnStepRunner):
     joins_lengths = True
 
     def __init__(self, models, temperature: float = 1.0, prepack: bool = True, compiled_attention: bool = True,
-                 compiled_step: bool = True, packed_encoder: bool = True):
+                 compiled_step: bool = True, packed_encoder: bool = True, quantize: Optional[str] = None):
         super().__init__(models, temperature)
         self.prepack = prepack
         self.compiled_attention = compiled_attention
         self.compiled_step = compiled_step
         self.packed_encoder = packed_encoder
+        self.quantize = quantize
         self._build()
 
     def _build(self):
-        self.lean = [LeanModel(m, self.prepack) for m in self.model.models]
+        if self.quantize is not None:
+            check_quantizable(self.model)
+        self.lean = [LeanModel(m, self.prepack, self.quantize) for m in self.model.models]
 
     # -- the interface -----------------------------------------------------
 

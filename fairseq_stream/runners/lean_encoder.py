@@ -90,9 +90,11 @@ class LeanEncoder:
         encoder: a ``TransformerEncoder`` that :func:`unsupported_reason` accepts.
         position_table: every position's embedding, as ``LeanModel``'s
             ``_position_table`` makes it for this encoder (None: no positions).
+        quantize: "int8" or "int16": the products on the weights quantized
+            (:mod:`fairseq_stream.ops.quantized_linear`); None: fairseq's float weights.
     """
 
-    def __init__(self, encoder, position_table: Optional[Tensor]):
+    def __init__(self, encoder, position_table: Optional[Tensor], quantize: Optional[str] = None):
         self.padding_idx = encoder.padding_idx
         self.embed = encoder.embed_tokens.weight
         self.embed_scale = encoder.embed_scale
@@ -104,9 +106,9 @@ class LeanEncoder:
             attention = layer.self_attn
             layers.append(dict(
                 pre_norm=layer.normalize_before,
-                products=[joined_linear([attention.q_proj, attention.k_proj, attention.v_proj], False),
-                          joined_linear([attention.out_proj], False), joined_linear([layer.fc1], False),
-                          joined_linear([layer.fc2], False)],
+                products=[joined_linear(modules, False, quantize) for modules in (
+                    [attention.q_proj, attention.k_proj, attention.v_proj], [attention.out_proj], [layer.fc1],
+                    [layer.fc2])],
                 norms=[norm_of(layer.self_attn_layer_norm), norm_of(layer.final_layer_norm)],
                 scaling=attention.scaling, activation=layer.activation_fn, heads=attention.num_heads))
         self.compiled = lean_step.compile_encoder_layers(layers)  # None: fairseq's encoder only

@@ -24,19 +24,23 @@ from fairseq_stream.runners.lean_weights import apply_norm, joined_linear, norm_
 class DecoderLayer:
     """One decoder layer's weights, arranged for the step; products are callables (:mod:`prepacked_linear`)."""
 
-    def __init__(self, layer, prepack: bool):
+    def __init__(self, layer, prepack: bool, quantize: Optional[str] = None):
         self_attn, cross = layer.self_attn, layer.encoder_attn
+
+        def product(modules):
+            return joined_linear(modules, prepack, quantize)
+
         self.pre_norm = layer.normalize_before
-        self.qkv = joined_linear([self_attn.q_proj, self_attn.k_proj, self_attn.v_proj], prepack)
-        self.self_out = joined_linear([self_attn.out_proj], prepack)
+        self.qkv = product([self_attn.q_proj, self_attn.k_proj, self_attn.v_proj])
+        self.self_out = product([self_attn.out_proj])
         self.self_norm = norm_of(layer.self_attn_layer_norm)
         self.scaling = self_attn.scaling
-        self.cross_q = joined_linear([cross.q_proj], prepack)
-        self.cross_kv = joined_linear([cross.k_proj, cross.v_proj], prepack)
-        self.cross_out = joined_linear([cross.out_proj], prepack)
+        self.cross_q = product([cross.q_proj])
+        self.cross_kv = product([cross.k_proj, cross.v_proj])
+        self.cross_out = product([cross.out_proj])
         self.cross_norm = norm_of(layer.encoder_attn_layer_norm)
         self.cross_scaling = cross.scaling
-        self.fc1, self.fc2 = joined_linear([layer.fc1], prepack), joined_linear([layer.fc2], prepack)
+        self.fc1, self.fc2 = product([layer.fc1]), product([layer.fc2])
         self.activation = layer.activation_fn
         self.final_norm = norm_of(layer.final_layer_norm)
 
@@ -57,22 +61,29 @@ class LeanModel:
     With ``prepack`` (and float32 weights on the CPU) the products hold
     copies packed for MKL (:mod:`fairseq_stream.ops.prepacked_linear`), made
     here: build a new model after changing the parameters (products of 2 and
-    3 rows read them, the others the copies).
+    3 rows read them, the others the copies). With ``quantize`` ("int8",
+    "int16"; float32 CPU weights) every product of the decoder and the
+    encoder runs on the weight quantized
+    (:mod:`fairseq_stream.ops.quantized_linear`), and no MKL copy is made.
     """
 
-    def __init__(self, model, prepack: bool = True):
+    def __init__(self, model, prepack: bool = True, quantize: Optional[str] = None):
         decoder = model.decoder
         self.model = model
+        self.quantize = quantize
         self.embed = decoder.embed_tokens.weight
         self.embed_scale = decoder.embed_scale
         self.padding_idx = decoder.padding_idx
-        self.project_in = joined_linear([decoder.project_in_dim], prepack) if decoder.project_in_dim is not None else None
-        self.project_out = (joined_linear([decoder.project_out_dim], prepack)
-                            if decoder.project_out_dim is not None else None)
+
+        def product(module):
+            return joined_linear([module], prepack, quantize) if module is not None else None
+
+        self.project_in = product(decoder.project_in_dim)
+        self.project_out = product(decoder.project_out_dim)
         self.embed_norm = norm_of(decoder.layernorm_embedding)
         self.final_norm = norm_of(decoder.layer_norm)
-        self.output = joined_linear([decoder.output_projection], prepack)
-        self.layers = [DecoderLayer(layer, prepack) for layer in decoder.layers]
+        self.output = product(decoder.output_projection)
+        self.layers = [DecoderLayer(layer, prepack, quantize) for layer in decoder.layers]
         self.compiled = lean_step.compile_layers(self.layers)  # None: the Python step only
         first = decoder.layers[0].self_attn
         self.heads, self.head_dim, self.dim = first.num_heads, first.head_dim, first.embed_dim
@@ -80,7 +91,7 @@ class LeanModel:
         self.encoder = None  # None: fairseq's encoder
         # Compiled for the CPU only: elsewhere its joined weights would be a copy nothing reads.
         if lean_encoder.unsupported_reason(model.encoder) is None and model.encoder.embed_tokens.weight.is_cpu:
-            self.encoder = lean_encoder.LeanEncoder(model.encoder, self._position_table(model.encoder))
+            self.encoder = lean_encoder.LeanEncoder(model.encoder, self._position_table(model.encoder), quantize)
 
     @staticmethod
     def _position_table(coder):

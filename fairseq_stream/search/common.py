@@ -7,10 +7,11 @@ from fairseq.dataclass import ChoiceEnum
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.output_choice import OUTPUT_LAYERS, check_output_layer
-from fairseq_stream.runners import RUNNERS, check_runner
+from fairseq_stream.runners import QUANTIZE, RUNNERS, check_runner
 from fairseq_stream.runners.rnn import RnnOptions, RnnRunnerConfig
 
 RunnerChoice = ChoiceEnum(list(RUNNERS))
+QuantizeChoice = ChoiceEnum(list(QUANTIZE))
 OutputLayerChoice = ChoiceEnum(list(OUTPUT_LAYERS))
 
 
@@ -37,6 +38,12 @@ class DecodeStatsConfig(RnnRunnerConfig):
                   "encoder keys, fused projections), rnn (our step for fairseq LSTM models with "
                   "Devlin 2017's tricks) or auto (lean for supported transformers, rnn for supported "
                   "LSTMs, else fairseq; --search fixed --finalize fairseq keeps fairseq)"},
+    )
+    quantize: QuantizeChoice = field(
+        default="none",
+        metadata={"help": "run every product of the model on weights quantized once at load (CPU, float32 "
+                  "models): int8 (per-row scales, AVX-512 VNNI / AVX2 kernels) or int16; transformers on "
+                  "the lean runner, LSTMs (int16) on the rnn runner; none keeps float"},
     )
     output_layer: OutputLayerChoice = field(
         default="auto",
@@ -145,7 +152,8 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
         # fairseq-generate and -interactive assert this (a traceback).
         raise FairseqStreamError("--sampling needs --nbest equal to --beam (got --nbest {}, --beam {})"
                                  .format(gen_cfg.nbest, gen_cfg.beam))
-    check_runner(str(getattr(search_cfg, "runner", "auto")), RnnOptions.from_config(search_cfg).int16)
+    check_runner(str(getattr(search_cfg, "runner", "auto")), RnnOptions.from_config(search_cfg).int16,
+                 str(getattr(search_cfg, "quantize", "none")))
     check_output_layer(getattr(search_cfg, "output_layer", "auto"))
     if hasattr(search_cls, "pruning"):
         search_cls.pruning(search_cfg)

@@ -17,6 +17,8 @@
 
 #include "int16_linear_cpu.h"
 
+#include "quantized_tiles_cpu.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -36,7 +38,7 @@
 
 namespace {
 
-constexpr int64_t kCols = 16;     // output columns per packed panel
+using fs_quant::kCols;
 constexpr int kAccRows = 12;      // the most rows a tile holds
 constexpr int kAccPanels = 2;     // the most panels a tile holds
 constexpr int64_t kAccStride = kAccPanels * kCols;  // int32 sums per row in a tile's output
@@ -221,18 +223,6 @@ const Kernel& find_kernel(const std::string& name) {
   return kernels.back();  // not reached
 }
 
-// y[c] = (float(acc[c]) * inv_a) * inv_w[c] + bias[c], each operation rounded to float32 as the torch
-// reference rounds it: contracting a multiply and the add into one FMA (GCC does by default) would
-// change the last bit. (A function with other optimize options is not inlined into one without them.)
-__attribute__((optimize("fp-contract=off"), noinline)) void dequantize(const int32_t* acc, int64_t count,
-                                                                       float inv_a, const float* inv_w,
-                                                                       const float* bias, float* y) {
-  for (int64_t c = 0; c < count; ++c) {
-    const float scaled = (static_cast<float>(acc[c]) * inv_a) * inv_w[c];
-    y[c] = bias ? scaled + bias[c] : scaled;
-  }
-}
-
 }  // namespace
 
 std::vector<std::string> int16_kernels() {
@@ -283,10 +273,10 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor 
         const int r = static_cast<int>(std::min<int64_t>(kern.rows, rows - m0));
         kern.table[(r - 1) * kern.panels + panels - 1](xq.data() + m0 * k_pairs, k_pairs, w, p0, acc);
         for (int i = 0; i < r; ++i) {
-          const float inv_a = static_cast<float>(1.0 / static_cast<double>(scale[m0 + i]));
           const int64_t n0 = p0 * kCols;
-          dequantize(acc + i * kAccStride, std::min<int64_t>(panels * kCols, out_features - n0), inv_a,
-                     inv_w + n0, b ? b + n0 : nullptr, y + (m0 + i) * out_features + n0);
+          fs_quant::dequantize(acc + i * kAccStride, std::min<int64_t>(panels * kCols, out_features - n0),
+                               fs_quant::inverse(scale[m0 + i]), inv_w + n0, b ? b + n0 : nullptr,
+                               y + (m0 + i) * out_features + n0);
         }
       }
     }

@@ -11,6 +11,7 @@
 
 #include "attention_cpu.h"
 #include "prepacked_linear_cpu.h"
+#include "quantized_linear_cpu.h"
 
 #include <optional>
 #include <string>
@@ -20,13 +21,19 @@ namespace {
 
 using torch::Tensor;
 
-// x W^T + b: the prepacked product where the runner made one, else at::linear (float64, no MKL).
+// x W^T + b: the prepacked or quantized product where the runner made one, else at::linear (float64,
+// no MKL).
 struct Product {
   std::optional<PrepackedLinear> packed;
+  std::optional<QuantizedLinear> quantized;
   Tensor weight;
   std::optional<Tensor> bias;
 
-  Tensor operator()(const Tensor& x) const { return packed ? (*packed)(x) : at::linear(x, weight, bias); }
+  Tensor operator()(const Tensor& x) const {
+    if (packed) return (*packed)(x);
+    if (quantized) return (*quantized)(x);
+    return at::linear(x, weight, bias);
+  }
 };
 
 struct Norm {
@@ -181,10 +188,14 @@ Tensor lean_encoder_layers(Tensor x, const std::vector<LeanEncoderLayer>& layers
 // it, a batch's whole encoder call would stall the decoder's Python for its duration.
 void register_lean_step(pybind11::module& m) {
   namespace py = pybind11;
-  py::class_<Product>(m, "LeanProduct", "x W^T + b for lean_layers: a PrepackedLinear, or a weight and bias")
-      .def(py::init([](const PrepackedLinear& p) { return Product{p, Tensor(), std::nullopt}; }), py::arg("packed"))
-      .def(py::init([](Tensor w, std::optional<Tensor> b) { return Product{std::nullopt, w, b}; }), py::arg("weight"),
-           py::arg("bias"));
+  py::class_<Product>(m, "LeanProduct",
+                      "x W^T + b for lean_layers: a PrepackedLinear, a QuantizedLinear, or a weight and bias")
+      .def(py::init([](const PrepackedLinear& p) { return Product{p, std::nullopt, Tensor(), std::nullopt}; }),
+           py::arg("packed"))
+      .def(py::init([](const QuantizedLinear& q) { return Product{std::nullopt, q, Tensor(), std::nullopt}; }),
+           py::arg("quantized"))
+      .def(py::init([](Tensor w, std::optional<Tensor> b) { return Product{std::nullopt, std::nullopt, w, b}; }),
+           py::arg("weight"), py::arg("bias"));
   py::class_<LeanLayer>(m, "LeanLayer", "one decoder layer's weights for lean_layers (see ops/lean_step.py)")
       .def(py::init([](bool pre_norm, std::vector<Product> products, std::vector<NormWeights> norms, double scaling,
                        double cross_scaling, int64_t activation) {

@@ -32,6 +32,7 @@
 #include "int16_linear_cpu.h"
 #include "lean_step_cpu.h"
 #include "prepacked_linear_cpu.h"
+#include "quantized_linear_cpu.h"
 #include "rnn_step_cpu.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -729,4 +730,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_prepacked_linear(m);
   register_attention(m);
   register_lean_step(m);
+  register_quantized_linear(m);
 }

@@ -1,0 +1,359 @@
+// 8-bit linear layer on the CPU: y = x W^T + b with W quantized once per output row to int8, x
+// quantized per call and row to int8, products summed exactly in int32, then dequantized.
+// fairseq_stream/ops/quantized_linear.py documents the op and its scale rule, and holds the torch
+// reference this must equal bit for bit.
+//
+// Packed layout (made by quantized_linear.pack_int8): panels of 16 output columns; within a panel,
+// for each quad of input positions 4p .. 4p+3, the 64 bytes w[n][4p + j] at byte 4 * c + j of column
+// n = 16 * panel + c (K padded with zeros to a multiple of 4). That is the operand layout of
+// AVX-512 VNNI's vpdpbusd: one instruction sums four products per column for 16 columns.
+//
+// Kernels, chosen at run time from what the CPU reports (as int16_linear_cpu.cpp's):
+// * "avx512vnni": vpdpbusd multiplies unsigned by signed bytes, so a row's quantized values q (in
+//   [-127, 127]) enter as q + 128 (in [1, 255]) and the known excess 128 * sum_k w[n][k] is taken
+//   off each column's sum before it is dequantized. Nothing saturates: |sum| <= 255 * 127 * K.
+// * "avx2": the weights are widened to int16 (vpmovsxbw) and multiplied by the row's values as
+//   int16 pairs (vpmaddwd, as the int16 kernel does): exact, with no unsigned trick (vpmaddubsw's
+//   int16 pair sums could saturate at 255 * 127 * 2).
+// * "portable": plain loops.
+// Every kernel computes the same integer sums, so all give identical floats.
+
+#include "int8_linear_cpu.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "quantized_tiles_cpu.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define FS_INT8_X86 1
+#else
+#define FS_INT8_X86 0
+#endif
+
+namespace {
+
+using fs_quant::kCols;
+
+constexpr int64_t kQuad = 4;  // input positions per packed group
+constexpr int kAccRows = 12;  // the most rows a tile holds
+constexpr int64_t kAccStride = 8 * kCols;  // int32 sums per row in a tile's output: up to 8 panels
+constexpr int64_t kPanelBytes = kCols * kQuad;  // one quad of one panel
+
+// How a kernel takes a row's quantized values: one int32 per (quad, row) holding 4 signed bytes
+// (portable), 4 bytes q + 128 (VNNI), or one int64 per (quad, row) holding 4 int16 (AVX2).
+enum class Format { kSigned8, kShifted8, kWide16 };
+
+// A tile of R rows x P panels: acc[r * kAccStride + b * 16 + c] = sum over k of the row's value
+// (as the format gives it) times w[16 * (panel0 + b) + c][k]. xq: the tile's rows, quad-major.
+using Tile = void (*)(const void* xq, int64_t quads, const int8_t* packed, int64_t panel0, int32_t* acc);
+
+struct Portable {
+  static constexpr Format kFormat = Format::kSigned8;
+  template <int R, int P>
+  static void tile(const void* xq_, int64_t quads, const int8_t* packed, int64_t panel0, int32_t* acc) {
+    const int8_t* xs = static_cast<const int8_t*>(xq_);
+    for (int r = 0; r < R; ++r) {
+      for (int b = 0; b < P; ++b) {
+        const int8_t* w = packed + (panel0 + b) * quads * kPanelBytes;
+        int32_t sum[kCols] = {0};
+        for (int64_t p = 0; p < quads; ++p) {
+          const int8_t* x = xs + 4 * (p * R + r);
+          const int8_t* wp = w + p * kPanelBytes;
+          for (int64_t c = 0; c < kCols; ++c) {
+            int32_t s = 0;
+            for (int j = 0; j < 4; ++j) s += static_cast<int32_t>(x[j]) * wp[4 * c + j];
+            sum[c] += s;
+          }
+        }
+        for (int64_t c = 0; c < kCols; ++c) acc[r * kAccStride + b * kCols + c] = sum[c];
+      }
+    }
+  }
+};
+
+#if FS_INT8_X86
+#define FS_ROWS_3(X) X(0) X(1) X(2)
+#define FS_ROWS_12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
+// 3 rows x one panel: per row four sums of 4 columns' pair sums, 12 registers, one widened weight
+// group and the three rows' broadcast values: AVX2's 16.
+struct Avx2 {
+  static constexpr Format kFormat = Format::kWide16;
+  template <int R, int P>
+  __attribute__((target("avx2"))) static void tile(const void* xq_, int64_t quads, const int8_t* packed,
+                                                   int64_t panel0, int32_t* acc) {
+    static_assert(P == 1, "one panel a tile");
+    const int64_t* xq = static_cast<const int64_t*>(xq_);
+    const __m256i zero = _mm256_setzero_si256();
+    // s<row><group>: columns 4g .. 4g+3, each as two int32 lanes (its quad's first and second pair).
+#define FS_DECL(i) __m256i s##i##0 = zero, s##i##1 = zero, s##i##2 = zero, s##i##3 = zero;
+    FS_ROWS_3(FS_DECL)
+#undef FS_DECL
+    const int8_t* w = packed + panel0 * quads * kPanelBytes;
+    for (int64_t p = 0; p < quads; ++p) {
+      const int8_t* wp = w + p * kPanelBytes;
+#define FS_BCAST(i) const __m256i x##i = R > i ? _mm256_set1_epi64x(xq[p * R + i]) : zero;
+      FS_ROWS_3(FS_BCAST)
+#undef FS_BCAST
+#define FS_GROUP(g)                                                                                 \
+  {                                                                                                 \
+    const __m256i wg = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 16 * g))); \
+    if constexpr (R > 0) s0##g = _mm256_add_epi32(s0##g, _mm256_madd_epi16(wg, x0));                \
+    if constexpr (R > 1) s1##g = _mm256_add_epi32(s1##g, _mm256_madd_epi16(wg, x1));                \
+    if constexpr (R > 2) s2##g = _mm256_add_epi32(s2##g, _mm256_madd_epi16(wg, x2));                \
+  }
+      FS_GROUP(0) FS_GROUP(1) FS_GROUP(2) FS_GROUP(3)
+#undef FS_GROUP
+    }
+    // hadd within 128-bit lanes gives columns (0, 1, 4, 5 | 2, 3, 6, 7) of a pair of groups; the
+    // 64-bit permute puts them in order.
+#define FS_STORE(i)                                                                                       \
+  if constexpr (R > i) {                                                                                  \
+    const __m256i lo = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s##i##0, s##i##1), 0xD8);              \
+    const __m256i hi = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s##i##2, s##i##3), 0xD8);              \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride), lo);                            \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride + 8), hi);                        \
+  }
+    FS_ROWS_3(FS_STORE)
+#undef FS_STORE
+  }
+};
+
+// R rows x P panels, R * P <= 24 sums in registers: (12, 2) for batched rows, (4, 4) and (2, 8) for
+// one sentence's few rows, so that a lone row still has 8 independent chains of vpdpbusd. The sums are
+// named variables (s<row>_<panel>), not an array: GCC kept an array of vectors on the stack, a load
+// and a store around every vpdpbusd; the variables of rows and panels a tile lacks are compiled away.
+#define FS_PANELS_8(X, i) X(i, 0) X(i, 1) X(i, 2) X(i, 3) X(i, 4) X(i, 5) X(i, 6) X(i, 7)
+struct Avx512Vnni {
+  static constexpr Format kFormat = Format::kShifted8;
+  template <int R, int P>
+  __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void tile(const void* xq_, int64_t quads,
+                                                                          const int8_t* packed, int64_t panel0,
+                                                                          int32_t* acc) {
+    static_assert(R * P <= 24 && P <= 8 && R <= 12, "a tile of at most 24 sums");
+    const int32_t* xq = static_cast<const int32_t*>(xq_);
+    const __m512i zero = _mm512_setzero_si512();
+#define FS_DECL(i, j) __m512i s##i##_##j = zero;
+#define FS_DECL_ROW(i) FS_PANELS_8(FS_DECL, i)
+    FS_ROWS_12(FS_DECL_ROW)
+#undef FS_DECL_ROW
+#undef FS_DECL
+    const int8_t* w = packed + panel0 * quads * kPanelBytes;
+    const int64_t panel_bytes = quads * kPanelBytes;
+    for (int64_t p = 0; p < quads; ++p) {
+      const int8_t* wp = w + p * kPanelBytes;
+#define FS_LOAD(j) const __m512i w##j = P > j ? _mm512_loadu_si512(wp + j * panel_bytes) : zero;
+      FS_LOAD(0) FS_LOAD(1) FS_LOAD(2) FS_LOAD(3) FS_LOAD(4) FS_LOAD(5) FS_LOAD(6) FS_LOAD(7)
+#undef FS_LOAD
+#define FS_STEP(i, j) \
+  if constexpr (P > j) s##i##_##j = _mm512_dpbusd_epi32(s##i##_##j, x##i, w##j);
+#define FS_STEP_ROW(i)                                         \
+  if constexpr (R > i) {                                       \
+    const __m512i x##i = _mm512_set1_epi32(xq[p * R + i]);    \
+    FS_PANELS_8(FS_STEP, i)                                    \
+  }
+      FS_ROWS_12(FS_STEP_ROW)
+#undef FS_STEP_ROW
+#undef FS_STEP
+    }
+#define FS_STORE(i, j) \
+  if constexpr (R > i && P > j) _mm512_storeu_si512(acc + i * kAccStride + j * kCols, s##i##_##j);
+#define FS_STORE_ROW(i) FS_PANELS_8(FS_STORE, i)
+    FS_ROWS_12(FS_STORE_ROW)
+#undef FS_STORE_ROW
+#undef FS_STORE
+  }
+};
+#undef FS_PANELS_8
+#undef FS_ROWS_12
+#undef FS_ROWS_3
+#endif
+
+// One tile shape of a kernel: up to `rows` rows and `panels` panels a tile, every smaller remainder
+// an instance of its own (table[(r - 1) * panels + p - 1]) so the sums stay in registers.
+struct Shape {
+  int rows, panels;
+  std::vector<Tile> table;
+};
+
+template <class K, int RMax, int PMax, size_t I>
+void tile_at(const void* xq, int64_t quads, const int8_t* packed, int64_t panel0, int32_t* acc) {
+  K::template tile<static_cast<int>(I) / PMax + 1, static_cast<int>(I) % PMax + 1>(xq, quads, packed, panel0, acc);
+}
+
+template <class K, int RMax, int PMax, size_t... I>
+Shape shape(std::index_sequence<I...>) {
+  static_assert(RMax <= kAccRows && PMax * kCols <= kAccStride, "a tile larger than its output");
+  return Shape{RMax, PMax, {&tile_at<K, RMax, PMax, I>...}};
+}
+
+template <class K, int RMax, int PMax>
+Shape shape() {
+  return shape<K, RMax, PMax>(std::make_index_sequence<RMax * PMax>{});
+}
+
+struct Kernel {
+  std::string name;
+  Format format;
+  std::vector<Shape> shapes;  // by how many rows a call has: shapes[i] serves up to shapes[i].rows rows,
+                              // the last one any count
+  const Shape& for_rows(int64_t rows) const {
+    for (const Shape& s : shapes)
+      if (rows <= s.rows) return s;
+    return shapes.back();
+  }
+};
+
+const std::vector<Kernel>& available_kernels() {
+  static const std::vector<Kernel> kernels = [] {
+    std::vector<Kernel> out;
+    out.push_back(Kernel{"portable", Format::kSigned8, {}});
+    out.back().shapes.push_back(shape<Portable, 4, 1>());
+#if FS_INT8_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) {
+      out.push_back(Kernel{"avx2", Format::kWide16, {}});
+      out.back().shapes.push_back(shape<Avx2, 3, 1>());
+    }
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vnni")) {
+      out.push_back(Kernel{"avx512vnni", Format::kShifted8, {}});
+      out.back().shapes.push_back(shape<Avx512Vnni, 2, 8>());
+      out.back().shapes.push_back(shape<Avx512Vnni, 4, 4>());
+      out.back().shapes.push_back(shape<Avx512Vnni, 12, 2>());
+    }
+#endif
+    return out;
+  }();
+  return kernels;
+}
+
+const Kernel& find_kernel(const std::string& name) {
+  const auto& kernels = available_kernels();
+  if (name == "auto") return kernels.back();
+  for (const auto& k : kernels)
+    if (k.name == name) return k;
+  TORCH_CHECK(false, "int8_linear: kernel '", name, "' does not run on this CPU (it has: ", kernels.back().name,
+              " and below)");
+  return kernels.back();  // not reached
+}
+
+// Rows of x quantized to [-127, 127] (q = round(x * scale), scale = 127 / max |x|, 1 for an all-zero
+// row) and laid out tile by tile as the format wants them: tile t (rows t * tile_rows ..) starts at
+// element t * tile_rows * quads; within it, quad p of row r is element p * R + r.
+template <typename T>
+void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t quads, int64_t tile_rows, Format format,
+                   T* xq, float* scale) {
+  constexpr int kPerElement = 4;
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* row = x + m * k;
+    float peak = 0.f;
+    for (int64_t i = 0; i < k; ++i) peak = std::max(peak, std::fabs(row[i]));
+    const float s = peak > 0.f ? fs_quant::kInt8Max / peak : 1.f;
+    scale[m] = s;
+    const int64_t m0 = m - m % tile_rows, r = m - m0, R = std::min(tile_rows, rows - m0);
+    T* tile = xq + m0 * quads;
+    for (int64_t p = 0; p < quads; ++p) {
+      int32_t q[kPerElement];
+      for (int j = 0; j < kPerElement; ++j) {
+        const int64_t i = p * kQuad + j;
+        q[j] = i < k ? static_cast<int32_t>(std::nearbyint(row[i] * s)) : 0;
+      }
+      T element = 0;
+      if (format == Format::kWide16) {
+        int16_t wide[kPerElement];
+        for (int j = 0; j < kPerElement; ++j) wide[j] = static_cast<int16_t>(q[j]);
+        std::memcpy(&element, wide, sizeof(wide));
+      } else {
+        uint8_t bytes[kPerElement];
+        for (int j = 0; j < kPerElement; ++j)
+          bytes[j] = static_cast<uint8_t>(format == Format::kShifted8 ? q[j] + 128 : q[j]);
+        std::memcpy(&element, bytes, sizeof(bytes));
+      }
+      tile[p * R + r] = element;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> int8_kernels() {
+  std::vector<std::string> names;
+  for (const auto& k : available_kernels()) names.push_back(k.name);
+  return names;
+}
+
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, torch::Tensor excess,
+                          std::optional<torch::Tensor> bias, const std::string& kernel) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() == 2,
+              "int8_linear: x must be a 2-d float32 CPU tensor");
+  TORCH_CHECK(packed.scalar_type() == torch::kChar && packed.dim() == 3 && packed.size(2) == kPanelBytes,
+              "int8_linear: packed must come from quantized_linear.pack_int8");
+  TORCH_CHECK(weight_inv.scalar_type() == torch::kFloat && weight_inv.dim() == 1,
+              "int8_linear: weight_inv must be the packed weight's float32 row scales");
+  const int64_t out_features = weight_inv.numel();
+  TORCH_CHECK(excess.scalar_type() == torch::kInt && excess.numel() == out_features,
+              "int8_linear: excess must be 128 * each row's sum of quantized weights (int32)");
+  const Kernel& kern = find_kernel(kernel);
+  x = x.contiguous(), packed = packed.contiguous(), weight_inv = weight_inv.contiguous();
+  excess = excess.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1), quads = packed.size(1), n_panels = packed.size(0);
+  TORCH_CHECK((k + kQuad - 1) / kQuad == quads && out_features <= n_panels * kCols,
+              "int8_linear: x has ", k, " features, the packed weight ", kQuad * quads);
+  const float* b = nullptr;
+  if (bias) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->numel() == out_features, "int8_linear: bias");
+    *bias = bias->contiguous();
+    b = bias->data_ptr<float>();
+  }
+  auto out = torch::empty({rows, out_features}, x.options());
+  if (rows == 0) return out;
+  const Shape& shape = kern.for_rows(rows);
+  // int64 elements for every format (the AVX2 one needs 8 bytes; the others use the first half of the
+  // buffer as int32).
+  std::vector<int64_t> xq_storage(rows * quads);
+  std::vector<float> scale(rows);
+  void* xq = xq_storage.data();
+  if (kern.format == Format::kWide16)
+    quantize_rows(x.data_ptr<float>(), rows, k, quads, shape.rows, kern.format, static_cast<int64_t*>(xq),
+                  scale.data());
+  else
+    quantize_rows(x.data_ptr<float>(), rows, k, quads, shape.rows, kern.format, static_cast<int32_t*>(xq),
+                  scale.data());
+  const int64_t element = kern.format == Format::kWide16 ? 8 : 4;
+  const int8_t* w = packed.data_ptr<int8_t>();
+  const float* inv_w = weight_inv.data_ptr<float>();
+  const int32_t* shift = kern.format == Format::kShifted8 ? excess.data_ptr<int32_t>() : nullptr;
+  float* y = out.data_ptr<float>();
+  at::parallel_for(0, (n_panels + shape.panels - 1) / shape.panels, 1, [&](int64_t first, int64_t last) {
+    int32_t acc[kAccRows * kAccStride];
+    for (int64_t group = first; group < last; ++group) {
+      const int64_t p0 = group * shape.panels;
+      const int panels = static_cast<int>(std::min<int64_t>(shape.panels, n_panels - p0));
+      for (int64_t m0 = 0; m0 < rows; m0 += shape.rows) {
+        const int r = static_cast<int>(std::min<int64_t>(shape.rows, rows - m0));
+        shape.table[(r - 1) * shape.panels + panels - 1](static_cast<const char*>(xq) + m0 * quads * element,
+                                                          quads, w, p0, acc);
+        const int64_t n0 = p0 * kCols, count = std::min<int64_t>(panels * kCols, out_features - n0);
+        for (int i = 0; i < r; ++i) {
+          int32_t* a = acc + i * kAccStride;
+          if (shift)
+            for (int64_t c = 0; c < count; ++c) a[c] -= shift[n0 + c];
+          fs_quant::dequantize(a, count, fs_quant::inverse(scale[m0 + i]), inv_w + n0, b ? b + n0 : nullptr,
+                               y + (m0 + i) * out_features + n0);
+        }
+      }
+    }
+  });
+  return out;
+}

@@ -1,0 +1,24 @@
+// A quantized linear layer as one object (quantized_linear_cpu.cpp): the lean runner's products under
+// --quantize int8|int16, called from Python and from the compiled step (lean_step_cpu.cpp) alike.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+
+struct __attribute__((visibility("hidden"))) QuantizedLinear {
+  int64_t bits;                  // 8 or 16
+  torch::Tensor packed;          // int8 (panels, quads, 64) or int16 (panels, pairs, 32)
+  torch::Tensor weight_inv;      // float32 (out,): 1 / each output row's scale
+  torch::Tensor excess;          // int8: int32 (out,), 128 * each row's sum of quantized weights
+  int64_t a_max;                 // int16: the largest |q| a row of x is scaled to
+  std::optional<torch::Tensor> bias;
+  int64_t in_features, out_features;
+  std::string kernel;            // "auto" or one of the kernels' names
+
+  // x (..., in_features) float32 -> (..., out_features) float32.
+  torch::Tensor operator()(const torch::Tensor& x) const;
+};
+
+void register_quantized_linear(pybind11::module& m);

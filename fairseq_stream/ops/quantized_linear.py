@@ -1,0 +1,165 @@
+"""Quantized linear layers for the lean runner's ``--quantize int8|int16``: ``y = x W^T + b`` in integers.
+
+The weight is quantized once, one scale per output row; each call quantizes
+each row of ``x`` with a scale of its own, sums the integer products exactly
+in int32 and dequantizes: ``y[m, n] = (float(acc[m, n]) * inv_a[m]) *
+inv_w[n] + b[n]``, each a float32 operation, with ``inv_a[m] = float32(1 /
+s_a[m])`` and ``inv_w[n] = float32(1 / s_w[n])`` (Devlin 2017, section 3; the
+same dequantization as :mod:`fairseq_stream.ops.int16_linear`).
+
+**int8** (:func:`pack_int8`, ``csrc/cpu/int8_linear_cpu.cpp``): row ``n`` of
+the weight is scaled by ``s_w[n] = 127 / max_k |W[n, k]|`` and rounded, so
+its largest weight is +-127; row ``m`` of ``x`` by ``s_a[m] = 127 / max_k
+|x[m, k]|`` (1 for an all-zero row): values in [-127, 127], -128 unused, as
+CTranslate2's int8 does. Kernels: AVX-512 VNNI (``vpdpbusd``, with the
+row's values shifted to unsigned bytes and the shift's known excess, 128
+times each weight row's sum, taken off), AVX2 (the weights widened to int16,
+``vpmaddwd``) and portable loops; every kernel computes the same integer
+sums.
+
+**No overflow, int8.** Every partial sum of the int32 accumulator is at most
+``255 * 127 * in_features`` in magnitude on the VNNI kernel (``127 * 127 *
+in_features`` on the others): below ``2^31`` for any input up to
+:data:`INT8_MAX_IN_FEATURES` input features, which :func:`pack_int8` checks.
+No instruction saturates (vpdpbusd sums four byte products into 32 bits;
+vpmaddwd two int16 products into 32 bits).
+
+**int16** is :mod:`fairseq_stream.ops.int16_linear`'s packing and kernels
+(the int16 LSTM's), whose scale rule balances the two sides' precision under
+the same no-overflow bound.
+
+:func:`linear` returns the compiled ``QuantizedLinear`` callable that the
+lean runner's products are (from Python and from the compiled step alike);
+:func:`reference` is its arithmetic in torch (int64 sums, the same roundings):
+identical floats, which tests check on every kernel the CPU has.
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+from fairseq_stream.ops import int16_linear
+from fairseq_stream.ops.output_layer import compiled_module
+
+# The --quantize choices, and each one's kernel family.
+CHOICES = ("int8", "int16")
+INT8_MAX = 127
+COLS = 16  # output columns per packed panel
+QUAD = 4  # input positions per packed int8 group (one vpdpbusd lane)
+# 255 * 127 * in_features < 2^31 (the VNNI kernel's unsigned operand).
+INT8_MAX_IN_FEATURES = (2 ** 31 - 1) // (255 * 127)
+
+
+@dataclass
+class Int8Packed:
+    """A weight quantized to int8 and packed for the kernels."""
+
+    packed: Tensor  # int8 (ceil(out/16), ceil(in/4), 64)
+    weight_scale: Tensor  # float64 (out,): s_w
+    weight_inv: Tensor  # float32 (out,): 1 / s_w
+    excess: Tensor  # int32 (out,): 128 * sum_k q_w[n, k]
+    in_features: int
+    out_features: int
+    bias: Optional[Tensor]
+
+
+def pack_int8(weight: Tensor, bias: Optional[Tensor] = None) -> Int8Packed:
+    """Quantize ``weight`` (out, in) to int8, one scale per output row, and pack it for the kernels."""
+    w = weight.detach().float().cpu()
+    out_features, in_features = w.shape
+    if in_features > INT8_MAX_IN_FEATURES:
+        raise ValueError("int8: {} input features could overflow int32 sums (at most {})".format(
+            in_features, INT8_MAX_IN_FEATURES))
+    peak = w.abs().amax(dim=1).double()
+    scale = torch.where(peak > 0, INT8_MAX / peak.clamp_min(1e-300), torch.ones_like(peak))
+    q = torch.round(w.double() * scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    blocks, quads = -(-out_features // COLS), -(-in_features // QUAD)
+    padded = torch.zeros(blocks * COLS, quads * QUAD, dtype=torch.int8)
+    padded[:out_features, :in_features] = q
+    # (block, column, quad, 4) -> (block, quad, column, 4): one quad of a panel is 64 adjacent bytes.
+    packed = padded.view(blocks, COLS, quads, QUAD).permute(0, 2, 1, 3).reshape(blocks, quads, COLS * QUAD)
+    excess = (128 * q.to(torch.int32).sum(dim=1)).to(torch.int32)
+    b = bias.detach().float().cpu().contiguous() if bias is not None else None
+    return Int8Packed(packed.contiguous(), scale, (1.0 / scale).float().contiguous(), excess.contiguous(),
+                      in_features, out_features, b)
+
+
+def int8_weight(p: Int8Packed) -> Tensor:
+    """The int8 weight (out, in) that ``p`` packs."""
+    blocks, quads, _ = p.packed.shape
+    full = p.packed.view(blocks, quads, COLS, QUAD).permute(0, 2, 1, 3).reshape(blocks * COLS, quads * QUAD)
+    return full[:p.out_features, :p.in_features]
+
+
+def _extension():
+    module = compiled_module("cpu")
+    return module if module is not None and hasattr(module, "QuantizedLinear") else None
+
+
+def missing_reason() -> str:
+    """Why quantized products cannot run in this process ("" where they can)."""
+    return "" if _extension() is not None else "the compiled CPU extension is not built"
+
+
+def kernels(kind: str = "int8") -> List[str]:
+    """The compiled kernels of ``kind`` this CPU runs, the best last; [] unbuilt."""
+    if kind == "int16":
+        return int16_linear.kernels()
+    ext = _extension()
+    return list(ext.int8_kernels()) if ext is not None else []
+
+
+def kernel(kind: str = "int8") -> str:
+    """The kernel ``kind``'s products run by default here: the best of :func:`kernels`."""
+    return (kernels(kind) or ["none"])[-1]
+
+
+def linear(weight: Tensor, bias: Optional[Tensor], kind: str, kernel_name: str = "auto"):
+    """The compiled ``QuantizedLinear`` computing ``x W^T + b`` on ``weight`` quantized to ``kind``.
+
+    A callable on float32 CPU inputs of any leading shape. Raises
+    RuntimeError where the compiled extension is not built.
+    """
+    ext = _extension()
+    if ext is None:
+        raise RuntimeError("--quantize needs the compiled CPU kernels: {}".format(missing_reason()))
+    if kind == "int8":
+        p = pack_int8(weight, bias)
+        return ext.QuantizedLinear(8, p.packed, p.weight_inv, p.excess, 0, p.bias, p.in_features,
+                                   p.out_features, kernel_name)
+    if kind == "int16":
+        p = int16_linear.pack(weight, bias)
+        return ext.QuantizedLinear(16, p.packed, p.weight_inv, None, p.a_max, p.bias, p.in_features,
+                                   p.out_features, kernel_name)
+    raise ValueError("unknown quantization {!r} (choose from: {})".format(kind, ", ".join(CHOICES)))
+
+
+def reference_int8(x: Tensor, p: Int8Packed) -> Tensor:
+    """The int8 kernels' arithmetic in torch (int64 sums, the same roundings): identical floats."""
+    x = x.float()
+    peak = x.abs().amax(dim=1)
+    scale = torch.where(peak > 0, torch.tensor(float(INT8_MAX)) / peak, torch.ones_like(peak))
+    qx = torch.round(x * scale[:, None]).to(torch.int64)
+    acc = qx @ int8_weight(p).to(torch.int64).t()
+    inv_a = (1.0 / scale.double()).float()
+    y = (acc.float() * inv_a[:, None]) * p.weight_inv[None, :]
+    return y + p.bias if p.bias is not None else y
+
+
+def int8_error_bound(x: Tensor, weight: Tensor, p: Int8Packed) -> Tensor:
+    """Per output, how far the int8 product may be from ``x @ weight.T`` in exact arithmetic.
+
+    Rounding moves each quantized value by at most half a step: ``|y -
+    y_exact| <= ||x||_1 / (2 s_w[n]) + ||W[n]||_1 / (2 s_a) + in / (4 s_a
+    s_w[n])``, plus float32 rounding (as :func:`int16_linear.error_bound`).
+    """
+    x, w = x.double(), weight.double()
+    peak = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-300)
+    s_a = INT8_MAX / peak
+    s_w = p.weight_scale[None, :]
+    quantization = (x.abs().sum(dim=1, keepdim=True) / (2 * s_w) + w.abs().sum(dim=1)[None, :] / (2 * s_a)
+                    + p.in_features / (4 * s_a * s_w))
+    magnitude = (x.abs() @ w.abs().t()) + quantization + (p.bias.abs().double() if p.bias is not None else 0)
+    return quantization + 6 * magnitude * 2.0 ** -24

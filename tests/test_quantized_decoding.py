@@ -1,0 +1,121 @@
+"""--quantize int8|int16 in real decoding: every path of the lean runner gives the same bits, every scheduler
+the batch's output, Jacobi greedy's tokens; the options, the command line and the API."""
+
+import pytest
+import torch
+
+from conftest import decode, decoder_options, differences, generate_in_process, hypotheses, run_tool, sorted_batches
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.ops import lean_step, quantized_linear
+from test_lean_runner import SCHEDULERS
+
+pytestmark = pytest.mark.skipif(not quantized_linear.kernels(), reason="the compiled CPU extension is not built")
+
+torch.set_num_threads(1)
+
+
+def quantized_decoder(models, task, search, quantize="int8", **opts):
+    return BeamDecoder(models, task.target_dictionary, runner="lean", output_layer="auto", keep_reference=False,
+                       quantize=quantize, **dict(decoder_options(search), **opts))
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int16"])
+@pytest.mark.parametrize("search", ["greedy", "var-batch"])
+@pytest.mark.parametrize("name", ["transformer", "ensemble"])
+def test_compiled_step_same_bits_as_the_python_step(loaded, monkeypatch, name, search, quantize):
+    models, task = loaded(name)
+    batches = sorted_batches(task, 8, 16)
+    calls, counted = [], lean_step.lean_layers
+    monkeypatch.setattr(lean_step, "lean_layers", lambda *a: calls.append(1) or counted(*a))
+    results = []
+    for compiled in (False, True):
+        dec = quantized_decoder(models, task, search, quantize)
+        dec.runner.compiled_step = compiled
+        results.append(decode(dec, models, batches, None))
+        assert bool(calls) == compiled
+    assert differences(results[0], results[1], tolerance=0) == []
+
+
+@pytest.mark.parametrize("scheduler", sorted(s for s in SCHEDULERS if s != "batch"))
+@pytest.mark.parametrize("search", ["greedy", "fixed", "var-batch"])
+def test_every_scheduler_gives_the_batch_output_bit_for_bit(loaded, search, scheduler):
+    """Rows are quantized one by one and summed exactly: which rows share a call changes no bit."""
+    models, task = loaded("ensemble")
+    batches = sorted_batches(task, 8, 24)
+    batch = decode(quantized_decoder(models, task, search), models, batches, None)
+    ours = decode(quantized_decoder(models, task, search), models, batches, SCHEDULERS[scheduler])
+    assert differences(batch, ours, tolerance=0) == []
+
+
+@pytest.mark.parametrize("variant, block", [("hgj", 3), ("pgj", 2)])
+def test_jacobi_gives_quantized_greedys_output_bit_for_bit(loaded, variant, block):
+    from fairseq_stream.jacobi.decoder import JacobiDecoder
+
+    models, task = loaded("transformer")
+    batches = sorted_batches(task, 8, 24)
+    greedy = decode(quantized_decoder(models, task, "greedy"), models, batches, None)
+    jacobi = JacobiDecoder(quantized_decoder(models, task, "greedy"), variant, block, "ngram", call_cost=1000)
+    assert differences(greedy, decode(jacobi, models, batches, None), tolerance=0) == []
+
+
+def test_int16_stays_close_to_float_and_int8_near_it(loaded):
+    """A sanity floor on the toy (the accuracy targets are the Multi30k benchmark's): most hypotheses unchanged."""
+    models, task = loaded("transformer")
+    batches = sorted_batches(task, 16, 200, subset="valid")
+    reference = decode(quantized_decoder(models, task, "greedy", "none"), models, batches, None)
+    for quantize, floor in (("int16", 0.95), ("int8", 0.6)):
+        ours = decode(quantized_decoder(models, task, "greedy", quantize), models, batches, None)
+        same = len(reference) - len(differences(reference, ours, tolerance=float("inf")))
+        assert same >= floor * len(reference), (quantize, same, len(reference))
+
+
+def test_lstm_takes_int16_on_the_rnn_runner_and_refuses_int8(loaded):
+    from fairseq_stream.runners.rnn import RnnRunner
+
+    models, task = loaded("lstm")
+    dec = BeamDecoder(models, task.target_dictionary, runner="auto", quantize="int16", beam_size=1)
+    assert isinstance(dec.runner, RnnRunner) and dec.runner.options.int16
+    with pytest.raises(FairseqStreamError, match="int8 is for transformers"):
+        BeamDecoder(models, task.target_dictionary, runner="auto", quantize="int8", beam_size=1)
+
+
+def test_models_not_float32_on_the_cpu_are_refused_in_one_line(loaded):
+    import copy
+
+    models, task = loaded("transformer")
+    with pytest.raises(FairseqStreamError, match="float32 models on the CPU.*float64"):
+        quantized_decoder([copy.deepcopy(models[0]).double()], task, "greedy")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--quantize", "int4"], "invalid choice"),
+    (["--quantize", "int8", "--runner", "fairseq"], "not --runner fairseq"),
+])
+def test_bad_quantize_options_are_one_line_errors(toy, argv, message):
+    proc = run_tool(["fairseq-generate", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
+                     "--search", "greedy", "--gen-subset", "test", "--cpu"] + argv, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_command_line_and_preset_decode_with_int8(toy, capsys):
+    common = [toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream", "--gen-subset", "test",
+              "--batch-size", "8", "--search", "var-batch", "--beam", "5"]
+    generate_in_process(common + ["--quantize", "int8", "--cpu"])
+    typed = hypotheses(capsys.readouterr().out)
+    assert len(typed) == len(toy.raw.joinpath("test.src").read_text().splitlines())
+    proc = run_tool(["fairseq-generate"] + common + ["--preset", "cpu-int8"])
+    assert hypotheses(proc.stdout) == typed
+    assert "int8 products: {} kernel".format(quantized_linear.kernel("int8")) in proc.stderr
+
+
+def test_api_takes_quantize(toy):
+    from fairseq_stream.api import Translator
+
+    lines = toy.raw.joinpath("test.src").read_text().splitlines()[:6]
+    kwargs = dict(data=str(toy.data_bin), search="greedy", cpu=True)
+    int8 = list(Translator([str(toy.transformer)], quantize="int8", **kwargs).translate(lines))
+    assert sorted(t.index for t in int8) == list(range(6)) and all(t.text for t in int8)
+    with pytest.raises(FairseqStreamError, match="--quantize must be one of"):
+        Translator([str(toy.transformer)], quantize="int4", **kwargs)

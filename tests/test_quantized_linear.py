@@ -1,0 +1,105 @@
+"""The int8 linear layer (and --quantize's products): every kernel against the torch reference, bit for bit."""
+
+import pytest
+import torch
+
+from fairseq_stream.ops import quantized_linear as Q
+from fairseq_stream.ops.output_layer import compiled_module
+
+ALL_KERNELS = ("portable", "avx2", "avx512vnni")
+KERNELS = Q.kernels("int8")  # those this CPU runs
+EVERY_KERNEL = [pytest.param(k, marks=pytest.mark.skipif(k not in KERNELS, reason="this CPU (or build) has no " + k))
+                for k in ALL_KERNELS]
+pytestmark = pytest.mark.skipif(not KERNELS, reason="the compiled CPU extension is not built")
+
+
+def run(x, p, kernel):
+    return compiled_module("cpu").int8_linear(x, p.packed, p.weight_inv, p.excess, p.bias, kernel)
+
+
+@pytest.mark.parametrize("kernel", EVERY_KERNEL)
+@pytest.mark.parametrize("rows, in_features, out_features", [
+    (1, 1, 1), (2, 3, 5), (3, 7, 17), (4, 16, 16), (5, 33, 40), (6, 40, 129), (9, 64, 33), (12, 31, 260),
+    (13, 255, 129), (25, 48, 50), (14, 256, 520),
+    # every tile shape's remainders: 1-2 rows (8 panels a tile), 3-4 (4), 5-12 (2), past 12 rows, part panels
+])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_kernel_equals_the_reference_on_random_weights(kernel, rows, in_features, out_features, with_bias):
+    g = torch.Generator().manual_seed(rows * 1000 + in_features)
+    w = torch.randn(out_features, in_features, generator=g) * 0.1
+    b = torch.randn(out_features, generator=g) if with_bias else None
+    x = torch.randn(rows, in_features, generator=g) * 3
+    x[0, 0] = 0.0  # an exact zero, and below an all-zero row: scale 1, output the bias
+    if rows > 2:
+        x[2] = 0.0
+    w[out_features // 2] = 0.0  # an all-zero weight row: scale 1
+    p = Q.pack_int8(w, b)
+    y = run(x, p, kernel)
+    assert torch.equal(y, Q.reference_int8(x, p))
+    exact = x.double() @ w.double().t() + (b.double() if b is not None else 0)
+    assert ((y.double() - exact).abs() <= Q.int8_error_bound(x, w, p)).all()
+
+
+def test_every_kernel_equals_the_reference_on_the_toy_transformer(loaded):
+    """Every matrix of a trained fairseq transformer, with inputs of its own scale, through QuantizedLinear."""
+    models, _ = loaded("transformer")
+    g = torch.Generator().manual_seed(0)
+    matrices = [(n, w.detach()) for n, w in models[0].named_parameters() if w.dim() == 2]
+    assert len(matrices) >= 8
+    for name, w in matrices:
+        x = torch.randn(7, w.shape[1], generator=g)
+        p = Q.pack_int8(w)
+        for kernel in KERNELS:
+            q = Q.linear(w, None, "int8", kernel)
+            assert torch.equal(q(x), Q.reference_int8(x, p)), (name, kernel)
+            assert torch.equal(q(x.view(7, 1, -1)).view(7, -1), q(x)), "leading shapes are rows"
+
+
+def test_a_row_gets_the_same_bits_whatever_rows_share_the_call():
+    """Quantization is per row and sums are exact: the schedulers' exactness rests on it."""
+    g = torch.Generator().manual_seed(3)
+    w, x = torch.randn(300, 96, generator=g), torch.randn(20, 96, generator=g)
+    for kernel in KERNELS:
+        q = Q.linear(w, torch.randn(300, generator=g), "int8", kernel)
+        together = q(x)
+        for row in (0, 5, 19):
+            assert torch.equal(q(x[row:row + 1]), together[row:row + 1])
+        assert torch.equal(q(x[3:9]), together[3:9])
+
+
+def test_int16_products_are_the_int16_kernels():
+    from fairseq_stream.ops import int16_linear
+
+    g = torch.Generator().manual_seed(4)
+    w, b, x = torch.randn(40, 24, generator=g), torch.randn(40, generator=g), torch.randn(5, 24, generator=g)
+    assert torch.equal(Q.linear(w, b, "int16")(x), int16_linear.reference(x, int16_linear.pack(w, b)))
+
+
+def test_the_scale_rule_cannot_overflow_int32():
+    """The widest input allowed, every product at its largest magnitude with one sign, on every kernel."""
+    k = Q.INT8_MAX_IN_FEATURES
+    assert 255 * 127 * k <= 2 ** 31 - 1 < 255 * 127 * (k + 1)
+    w = torch.ones(2, k)
+    w[1] = -1.0
+    x = torch.ones(1, k)
+    p = Q.pack_int8(w)
+    expected = Q.reference_int8(x, p)
+    assert torch.equal(expected, torch.tensor([[float(k), -float(k)]]))
+    for kernel in KERNELS:
+        assert torch.equal(run(x, p, kernel), expected)
+    with pytest.raises(ValueError, match="overflow"):
+        Q.pack_int8(torch.ones(1, k + 1))
+
+
+def test_each_row_is_scaled_to_its_own_largest_weight():
+    w = torch.tensor([[1.0, -0.5, 0.25], [0.01, 0.02, -0.04]])
+    q = Q.int8_weight(Q.pack_int8(w))
+    assert q.tolist() == [[127, -64, 32], [32, 64, -127]]  # round half to even: 63.5 -> 64, 31.75 -> 32
+
+
+def test_unknown_kernel_and_kind_are_refused():
+    w = torch.randn(4, 4)
+    with pytest.raises(ValueError, match="int8, int16"):
+        Q.linear(w, None, "int4")
+    with pytest.raises(RuntimeError, match="does not run on this CPU"):
+        Q.linear(w, None, "int8", "nosuch")(torch.randn(1, 4))
