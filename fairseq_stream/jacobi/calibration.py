@@ -87,9 +87,12 @@ def signature(greedy, device, rows: Sequence[int], widths: Sequence[int], draft:
     """
     models = greedy.runner.model.models
     shapes = [[[name, list(p.shape), str(p.dtype)] for name, p in m.state_dict().items()] for m in models]
+    # Quantized products cost another share of a call (a float run's table keeps its key).
+    quantize = getattr(greedy.runner, "quantize", None)
     return dict(version=CACHE_VERSION, torch=torch.__version__, hardware=_hardware(device), device=device.type,
                 threads=torch.get_num_threads(), runner=type(greedy.runner).__name__,
-                output=greedy.output_backend, shapes=shapes, rows=list(rows), widths=list(widths), draft=draft)
+                output=greedy.output_backend, shapes=shapes, rows=list(rows), widths=list(widths), draft=draft,
+                **({"quantize": quantize} if quantize else {}))
 
 
 @dataclass

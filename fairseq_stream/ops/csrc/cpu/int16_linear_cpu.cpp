@@ -214,22 +214,12 @@ const std::vector<Kernel>& available_kernels() {
 }
 
 const Kernel& find_kernel(const std::string& name) {
-  const auto& kernels = available_kernels();
-  if (name == "auto") return kernels.back();
-  for (const auto& k : kernels)
-    if (k.name == name) return k;
-  TORCH_CHECK(false, "int16_linear: kernel '", name, "' does not run on this CPU (it has: ", kernels.back().name,
-              " and below)");
-  return kernels.back();  // not reached
+  return fs_quant::find_kernel(available_kernels(), name, "int16_linear");
 }
 
 }  // namespace
 
-std::vector<std::string> int16_kernels() {
-  std::vector<std::string> names;
-  for (const auto& k : available_kernels()) names.push_back(k.name);
-  return names;
-}
+std::vector<std::string> int16_kernels() { return fs_quant::kernel_names(available_kernels()); }
 
 torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, int64_t a_max,
                            std::optional<torch::Tensor> bias, const std::string& kernel) {

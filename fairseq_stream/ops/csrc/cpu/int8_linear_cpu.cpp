@@ -239,13 +239,7 @@ const std::vector<Kernel>& available_kernels() {
 }
 
 const Kernel& find_kernel(const std::string& name) {
-  const auto& kernels = available_kernels();
-  if (name == "auto") return kernels.back();
-  for (const auto& k : kernels)
-    if (k.name == name) return k;
-  TORCH_CHECK(false, "int8_linear: kernel '", name, "' does not run on this CPU (it has: ", kernels.back().name,
-              " and below)");
-  return kernels.back();  // not reached
+  return fs_quant::find_kernel(available_kernels(), name, "int8_linear");
 }
 
 // Rows of x quantized to [-127, 127] (q = round(x * scale), scale = 127 / max |x|, 1 for an all-zero
@@ -287,11 +281,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t quads, int64
 
 }  // namespace
 
-std::vector<std::string> int8_kernels() {
-  std::vector<std::string> names;
-  for (const auto& k : available_kernels()) names.push_back(k.name);
-  return names;
-}
+std::vector<std::string> int8_kernels() { return fs_quant::kernel_names(available_kernels()); }
 
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, torch::Tensor excess,
                           std::optional<torch::Tensor> bias, const std::string& kernel) {

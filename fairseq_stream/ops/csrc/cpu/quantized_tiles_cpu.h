@@ -1,8 +1,12 @@
 // What the int16 and int8 linear layers (int16_linear_cpu.cpp, int8_linear_cpu.cpp) share: the panel
-// width of their packed weights and the dequantization of a row's integer sums.
+// width of their packed weights, picking a kernel by name, and the dequantization of a row's integer sums.
 #pragma once
 
+#include <c10/util/Exception.h>
+
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace fs_quant {
 
@@ -22,6 +26,25 @@ __attribute__((optimize("fp-contract=off"), noinline)) static void dequantize(co
     const float scaled = (static_cast<float>(acc[c]) * inv_a) * inv_w[c];
     y[c] = bias ? scaled + bias[c] : scaled;
   }
+}
+
+// The kernel called `name` ("auto": the best, the last of `kernels`); an error naming `op` where this CPU
+// has none of that name.
+template <class Kernel>
+const Kernel& find_kernel(const std::vector<Kernel>& kernels, const std::string& name, const char* op) {
+  if (name == "auto") return kernels.back();
+  for (const auto& k : kernels)
+    if (k.name == name) return k;
+  TORCH_CHECK(false, op, ": kernel '", name, "' does not run on this CPU (it has: ", kernels.back().name,
+              " and below)");
+  return kernels.back();  // not reached
+}
+
+template <class Kernel>
+std::vector<std::string> kernel_names(const std::vector<Kernel>& kernels) {
+  std::vector<std::string> names;
+  for (const auto& k : kernels) names.push_back(k.name);
+  return names;
 }
 
 }  // namespace fs_quant
