@@ -22,6 +22,7 @@ import torch
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
+from fairseq_stream.schedule.pool import CohortDecoder
 from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
 from fairseq_stream.text_input import check_sentence
 
@@ -160,7 +161,7 @@ class Translator:
                 yield self.decoder.open(net_input, ids=ids)
 
         with decoding():  # the encoder thread takes the mode of this thread as it starts
-            if hasattr(self.decoder, "open"):
+            if isinstance(self.decoder, CohortDecoder):
                 cohorts = read_ahead(encoded(), self.encoder_queue, self.device)
                 finished = self._make_pool().run(cohorts)
             else:

@@ -26,7 +26,7 @@ import logging
 import math
 import struct
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -51,6 +51,12 @@ FINALIZE_MODES = ("fairseq", "stay")
 
 class BeamDecoder:
     """A fairseq generator (``generate(models, sample, ...)``) running our beam loop.
+
+    Schedulers drive it a step at a time through its stepping interface
+    (:class:`~fairseq_stream.schedule.pool.CohortDecoder`): :meth:`open` a
+    batch into a cohort, :meth:`advance_together` cohorts by one decoder call,
+    :meth:`split` and :meth:`join` them (:meth:`can_join`,
+    :attr:`joins_lengths`, :attr:`first_step_rows`).
 
     Args:
         models: list of fairseq models (ensemble).
@@ -280,14 +286,36 @@ class BeamDecoder:
         """
         return bool(getattr(self.runner, "joins_lengths", False)) and self.repeat_ngram_blocker is None
 
-    def may_join(self, c: Cohort) -> bool:
+    def can_join(self, c: Cohort) -> bool:
         """Whether ``c`` may join a cohort at another step: every sentence past its first step and ``--min-len``.
 
         A first step extends one slot of each beam (all hold the start), and
         below ``--min-len`` EOS is banned: both are decided for a whole
-        cohort by its step.
+        cohort by its step. Asked only where :attr:`joins_lengths` holds.
         """
         return c.mixed or c.step >= max(1, self.min_len)
+
+    @property
+    def first_step_rows(self) -> int:
+        """Decoder rows a new sentence runs at its first step: k where every slot is a row (dense), else 1."""
+        return self.beam_size if self.dense else 1
+
+    def split(self, c: Cohort, n: int) -> Tuple[Cohort, Cohort]:
+        """``c``'s first ``n`` sentences and the rest, as two cohorts with their decoder states."""
+        idx = torch.arange(c.size, device=c.ids.device)
+        first = c.select(self.runner, idx[:n])
+        return first, c.select(self.runner, idx[n:])
+
+    def join(self, cohorts: List[Cohort], any_length: bool = False) -> Cohort:
+        """One cohort of ``cohorts``, sentences in order: all at one step, or (``any_length``) at any step.
+
+        ``any_length`` needs :attr:`joins_lengths` and cohorts that
+        :meth:`can_join` (:meth:`Cohort.merge`); the joined cohort's
+        sentences keep their own lengths.
+        """
+        if any_length:
+            return Cohort.merge(self.runner, cohorts)
+        return Cohort.concat(self.runner, cohorts)
 
     def advance_together(self, cohorts: List[Cohort]) -> Dict[int, List[Dict[str, Tensor]]]:
         """One decoder call over cohorts of different lengths (VAR-STR-FIFO), then each one's search step."""

@@ -121,3 +121,49 @@ def test_every_runner_has_the_declared_interface(loaded, kind, model):
     sample = task.dataset("valid").collater([task.dataset("valid")[i] for i in range(2)])
     state = runner.start(sample["net_input"], 2)
     assert isinstance(state, RowGroup) and state.rows == 4
+
+
+# The modules that drive a BeamDecoder through its stepping interface (schedule.pool.CohortDecoder).
+DECODER_DRIVERS = ("schedule/pool.py", "schedule/stream.py", "api.py")
+
+
+def decoder_attributes(path):
+    """The attributes ``path`` reads of a decoder: ``decoder.X`` and ``self.decoder.X``."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id == "decoder":
+            names.add(node.attr)
+        elif isinstance(owner, ast.Attribute) and owner.attr == "decoder" and isinstance(owner.value, ast.Name) \
+                and owner.value.id == "self":
+            names.add(node.attr)
+    return names
+
+
+def test_the_pool_and_schedulers_use_only_the_decoders_stepping_interface():
+    from fairseq_stream.schedule.pool import CohortDecoder
+
+    declared = set(CohortDecoder.__annotations__) | {n for n in vars(CohortDecoder) if not n.startswith("_")}
+    used = {name: decoder_attributes(PACKAGE / name) for name in DECODER_DRIVERS}
+    assert all(used.values()), "the reader found no decoder attribute: {}".format(used)
+    assert {name: sorted(attrs - declared) for name, attrs in used.items()} == {name: [] for name in used}
+
+
+def test_the_beam_decoder_has_the_declared_stepping_interface(loaded):
+    from fairseq_stream.decoder import BeamDecoder
+    from fairseq_stream.jacobi.decoder import JacobiDecoder
+    from fairseq_stream.schedule.pool import CohortDecoder
+
+    models, task = loaded("transformer")
+    decoder = BeamDecoder(models, task.target_dictionary, beam_size=2)
+    assert isinstance(decoder, CohortDecoder)
+    sample = task.dataset("valid").collater([task.dataset("valid")[i] for i in range(3)])
+    cohort = decoder.open(sample["net_input"])
+    first, rest = decoder.split(cohort, 1)
+    assert (first.size, rest.size) == (1, 2)
+    assert decoder.join([first, rest]).ids.tolist() == [0, 1, 2]
+    # Jacobi decodes whole batches: fairseq's generate only, no cohorts.
+    greedy = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", keep_reference=False)
+    assert not isinstance(JacobiDecoder(greedy), CohortDecoder)

@@ -46,12 +46,14 @@ None of this changes what is decoded, only when: every sentence goes through
 the same search steps as with ``--generator batch``.
 """
 
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Protocol, Tuple, runtime_checkable
 
 import torch
+from torch import Tensor
 
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.stats import DecodeStats
 
 ORDERS = ("shortest", "fifo")
 REFILL_UNITS = ("sentences", "rows")
@@ -59,6 +61,60 @@ CAPACITY_UNITS = ("rows", "tokens")
 # The latency guard's default, in decoder calls; its cost is measured by the
 # streaming benchmark (docs/BENCHMARKS.md, "The latency guard").
 DEFAULT_MAX_WAIT = 64
+
+
+Finished = Dict[int, List[dict]]  # sentence id -> its hypotheses, best first
+
+
+@runtime_checkable
+class CohortDecoder(Protocol):
+    """The stepping interface: all that the pool, the schedulers and the API use of a decoder.
+
+    :class:`~fairseq_stream.decoder.BeamDecoder` is the one implementation.
+    The decoder opens a fairseq batch into a cohort at step 0, advances
+    cohorts one decoder call at a time and splits and joins them; the caller
+    decides which cohorts run and when, and never reaches the decoder's
+    runner or search. ``generate``, ``eos``, ``symbols_to_strip_from_output``,
+    ``cuda`` and ``check_call`` are fairseq's generator interface, which a
+    scheduler wrapping the decoder passes on.
+    """
+
+    stats: DecodeStats  # the run's counters; the pool adds its refills and lags
+    beam_size: int  # k: the most slots a sentence holds
+    eos: int
+    symbols_to_strip_from_output: set
+
+    @property
+    def first_step_rows(self) -> int:
+        """Decoder rows a new sentence runs at its first step (k or 1)."""
+
+    @property
+    def joins_lengths(self) -> bool:
+        """Whether cohorts at different steps may join into one (:meth:`join` with ``any_length``)."""
+
+    def open(self, net_input, ids: Optional[Tensor] = None, bos_token=None) -> Cohort:
+        """Encode a fairseq batch into a cohort at step 0."""
+
+    def advance_together(self, cohorts: List[Cohort]) -> Finished:
+        """One decoder call over ``cohorts`` and each one's search step; the sentences that finished leave."""
+
+    def split(self, c: Cohort, n: int) -> Tuple[Cohort, Cohort]:
+        """``c``'s first ``n`` sentences and the rest."""
+
+    def join(self, cohorts: List[Cohort], any_length: bool = False) -> Cohort:
+        """One cohort of ``cohorts``: at one step, or at any (``any_length``)."""
+
+    def can_join(self, c: Cohort) -> bool:
+        """Whether ``c`` may join a cohort at another step."""
+
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
+        """fairseq's ``generate``: one list of hypotheses per sentence of ``sample``."""
+
+    def check_call(self, prefix_tokens, constraints):
+        """Refuse fairseq ``generate`` arguments the decoder does not implement."""
+
+    def cuda(self):
+        """Move the decoder to the GPU; returns it."""
 
 
 def check_pool_options(pool_size: int, eps: float, refill_unit: str = "sentences",
@@ -85,8 +141,9 @@ class StreamPool:
     """Decode a stream of encoded batches through a bounded pool.
 
     Args:
-        decoder: a :class:`~fairseq_stream.decoder.BeamDecoder` (its search,
-            runner and statistics are used as they are).
+        decoder: a :class:`CohortDecoder` (a
+            :class:`~fairseq_stream.decoder.BeamDecoder`: its search, runner
+            and statistics are used as they are).
         pool_size: n, the most sentences held (encoded and decoding) at once,
             besides the one encoded batch being admitted.
         eps: refill threshold ε in (0, 1].
@@ -106,12 +163,11 @@ class StreamPool:
             compare the two).
     """
 
-    def __init__(self, decoder, pool_size: int, eps: float = 1 / 6, refill_unit: str = "sentences",
+    def __init__(self, decoder: CohortDecoder, pool_size: int, eps: float = 1 / 6, refill_unit: str = "sentences",
                  capacity: Optional[int] = None, capacity_unit: str = "rows",
                  max_wait: int = DEFAULT_MAX_WAIT, order: str = "shortest", join_lengths: bool = True):
         check_pool_options(pool_size, eps, refill_unit, capacity, capacity_unit, max_wait, order)
         self.decoder = decoder
-        self.runner = decoder.runner
         self.pool_size = pool_size
         self.eps = eps
         self.refill_unit = refill_unit
@@ -188,8 +244,7 @@ class StreamPool:
         Returns (the source is exhausted and nothing is staged, sentences admitted).
         """
         need = self._limit() - self._active(cohorts)
-        # A new sentence runs one row (k when the search keeps every slot).
-        per_sentence = self.decoder.beam_size if self.decoder.dense and self.refill_unit == "rows" else 1
+        per_sentence = self.decoder.first_step_rows if self.refill_unit == "rows" else 1
         need = -(-need // per_sentence)
         admitted: List[Cohort] = []
         exhausted = False
@@ -211,9 +266,8 @@ class StreamPool:
             else:
                 # Keep the batch encoded as a whole (the encoder sees fairseq's
                 # batch) and admit its first sentences.
-                idx = torch.arange(head.size, device=head.ids.device)
-                admitted.append(head.select(self.runner, idx[:need]))
-                staging[0] = head.select(self.runner, idx[need:])
+                first, staging[0] = self.decoder.split(head, need)
+                admitted.append(first)
                 need = 0
         for c in admitted:
             c.admitted = self.clock
@@ -256,8 +310,7 @@ class StreamPool:
         cost = torch.cumsum(rows_per_sentence, 0)
         fits = int((self._cost(cost, chosen.step) <= self.capacity).sum())
         fits = max(fits, 1)
-        idx = torch.arange(chosen.size, device=chosen.ids.device)
-        first, rest = chosen.select(self.runner, idx[:fits]), chosen.select(self.runner, idx[fits:])
+        first, rest = self.decoder.split(chosen, fits)
         position = next(i for i, c in enumerate(cohorts) if c is chosen)
         cohorts[position:position + 1] = [first, rest]
         return first
@@ -298,12 +351,12 @@ class StreamPool:
         """Join cohorts at the same step into one decoder call (within the capacity); see ``joins_lengths``."""
         joined: List[Cohort] = []
         if self.joins_lengths:
-            joinable = [c for c in cohorts if self.decoder.may_join(c)]
-            cohorts = [c for c in cohorts if not self.decoder.may_join(c)]
+            joinable = [c for c in cohorts if self.decoder.can_join(c)]
+            cohorts = [c for c in cohorts if not self.decoder.can_join(c)]
             if len(joinable) > 1:
                 # Keep the largest lag of the parts (the merge moves the step the lag is counted from).
                 lag = max(self._lag(c) for c in joinable)
-                merged = Cohort.merge(self.runner, joinable)
+                merged = self.decoder.join(joinable, any_length=True)
                 merged.admitted = self.clock - lag - max(merged.step - 1, 0)
                 joinable = [merged]
             joined.extend(joinable)
@@ -315,9 +368,9 @@ class StreamPool:
             for c in group[1:]:
                 rows = sum(x.rows for x in current) + c.rows
                 if self.capacity is not None and self._cost(rows, step) > self.capacity:
-                    joined.append(Cohort.concat(self.runner, current))
+                    joined.append(self.decoder.join(current))
                     current = [c]
                 else:
                     current.append(c)
-            joined.append(Cohort.concat(self.runner, current))
+            joined.append(self.decoder.join(current))
         return joined

@@ -29,7 +29,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.registry import register_generator
-from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, StreamPool, check_pool_options
+from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, CohortDecoder, StreamPool, check_pool_options
 from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
 
 logger = logging.getLogger(__name__)
@@ -195,7 +195,8 @@ class StreamGenerator:
     """A fairseq generator that decodes through a :class:`StreamPool`.
 
     Args:
-        decoder: the :class:`~fairseq_stream.decoder.BeamDecoder` with the search.
+        decoder: the :class:`~fairseq_stream.schedule.pool.CohortDecoder` (a
+            :class:`~fairseq_stream.decoder.BeamDecoder`) with the search.
         options: a :class:`StreamOptions` (or any object with its fields).
         batches: a callable returning fairseq-generate's batch iterator for the
             look-ahead, or None to stream within each sample only.
@@ -203,7 +204,7 @@ class StreamGenerator:
         order: ``shortest`` (``--generator stream``) or ``fifo`` (``--generator fifo``).
     """
 
-    def __init__(self, decoder, options, batches=None, batch_size: Optional[int] = None,
+    def __init__(self, decoder: CohortDecoder, options, batches=None, batch_size: Optional[int] = None,
                  order: str = "shortest"):
         self.decoder = decoder
         self.stats = decoder.stats
