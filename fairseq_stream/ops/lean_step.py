@@ -46,7 +46,9 @@ def activation_code(fn) -> Optional[int]:
     return None
 
 
-def _product(module, linear):
+def product_of(module, linear):
+    """The compiled ``LeanProduct`` of a product callable (:mod:`prepacked_linear`, :mod:`quantized_linear`),
+    or None where it cannot be described (a weight off the CPU)."""
     if isinstance(linear, prepacked_linear.TorchLinear):
         if linear.weight.device.type != "cpu":
             return None
@@ -60,7 +62,7 @@ def _parts(module, activation_fn, norms, products):
     activation = activation_code(activation_fn)
     if activation is None or any(n is None or n[1] is None or n[2] is None for n in norms):
         return None
-    compiled = [_product(module, p) for p in products]
+    compiled = [product_of(module, p) for p in products]
     if any(p is None for p in compiled):
         return None
     return activation, [(n[1], n[2], n[3]) for n in norms], compiled

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.ops import attention, lean_step
+from fairseq_stream.ops import attention, greedy_loop, lean_step
 from fairseq_stream.ops.packing import pack_by_sentence
 from fairseq_stream.runners.lean_model import EncoderKeys, LeanModel
 from fairseq_stream.runners.own_step import OwnStepRunner
@@ -255,6 +255,27 @@ class LeanRunner(OwnStepRunner):
         ``last_tokens``: (rows, 1), the last token of every row, states in order.
         """
         return self._forward([s for st in states for s in st.segments], last_tokens.view(-1), logits), None
+
+    @torch.no_grad()
+    def greedy_decode(self, net_input, *, bos: int, max_len: int, min_len: int, pad: int, eos: int,
+                      unk: Optional[int], unk_penalty: float):
+        """One sentence decoded greedily in one compiled call (:mod:`fairseq_stream.ops.greedy_loop`).
+
+        Returns (words (steps,), cumulative scores (steps,) float32), EOS
+        last, bitwise what the decoder's Python loop computes for the
+        sentence at beam 1; None where the compiled loop does not apply (the
+        Python step's paths, more than one sentence).
+        """
+        src = net_input["src_tokens"]
+        if (src.size(0) != 1 or not (self.compiled_step and self.compiled_attention)
+                or any(m.greedy_loop is None for m in self.lean)):
+            return None
+        encoders = [m.encode(net_input, self.packed_encoder) for m in self.lean]
+        if not attention.compiled_applies(encoders[0].keys[0]):
+            return None
+        return greedy_loop.decode([m.greedy_loop for m in self.lean], encoders, bos=bos, max_len=max_len,
+                                  min_len=min_len, pad=pad, eos=eos, unk=unk, unk_penalty=unk_penalty,
+                                  temperature=self.temperature)
 
     def reorder(self, state: LeanState, new_order: Tensor):
         """Make row ``i`` continue old row ``new_order[i]`` (select, copy or drop rows), in place."""

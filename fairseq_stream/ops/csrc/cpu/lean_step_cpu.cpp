@@ -21,71 +21,6 @@ namespace {
 
 using torch::Tensor;
 
-// x W^T + b: the prepacked or quantized product where the runner made one, else at::linear (float64,
-// no MKL).
-struct Product {
-  std::optional<PrepackedLinear> packed;
-  std::optional<QuantizedLinear> quantized;
-  Tensor weight;
-  std::optional<Tensor> bias;
-
-  Tensor operator()(const Tensor& x) const {
-    if (packed) return (*packed)(x);
-    if (quantized) return (*quantized)(x);
-    return at::linear(x, weight, bias);
-  }
-};
-
-struct Norm {
-  Tensor weight, bias;
-  double eps;
-
-  Tensor operator()(const Tensor& x) const { return at::layer_norm(x, {x.size(-1)}, weight, bias, eps); }
-};
-
-enum class Activation { kRelu = 0, kGeluInFloat = 1 };
-
-// What a decoder layer and an encoder layer share: the residual sums and the feed-forward block.
-struct Sublayers {
-  bool pre_norm;
-  Activation activation;
-  Product fc1, fc2;
-  Norm final_norm;
-
-  // x + block(x), the norm where fairseq places it (before the block, or after the sum).
-  template <typename Block>
-  Tensor residual(const Tensor& x, const Norm& norm, Block block) const {
-    const Tensor h = pre_norm ? norm(x) : x;
-    const Tensor y = x + block(h);
-    return pre_norm ? y : norm(y);
-  }
-
-  Tensor activate(const Tensor& x) const {
-    if (activation == Activation::kRelu) return at::relu(x);
-    // fairseq's gelu: torch's, computed in float32 whatever the type.
-    return at::gelu(x.to(at::kFloat)).to(x.scalar_type());
-  }
-
-  // The feed-forward sub-layer, with its residual and norm.
-  Tensor feed_forward(const Tensor& x) const {
-    return residual(x, final_norm, [&](const Tensor& h) { return fc2(activate(fc1(h))); });
-  }
-};
-
-struct LeanLayer : Sublayers {
-  Product qkv, self_out, cross_q, cross_out;
-  Norm self_norm, cross_norm;
-  double scaling, cross_scaling;
-};
-
-// fairseq's TransformerEncoderLayer: self-attention over the sentence, then the feed-forward block.
-struct LeanEncoderLayer : Sublayers {
-  Product qkv, self_out;
-  Norm self_norm;
-  double scaling;
-  int64_t heads;
-};
-
 using NormWeights = std::tuple<Tensor, Tensor, double>;
 
 Norm norm_of(const NormWeights& n) { return Norm{std::get<0>(n), std::get<1>(n), std::get<2>(n)}; }
@@ -102,44 +37,6 @@ void set_sublayers(Sublayers& layer, const char* kind, bool pre_norm, int64_t ac
 }
 
 Tensor joined(std::vector<Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts); }
-
-// The layers of one model for one step over the segments' rows (rows in segment order).
-Tensor lean_layers(Tensor x, const std::vector<LeanLayer>& layers, const std::vector<Tensor>& caches,
-                   const std::vector<std::optional<Tensor>>& slots, const std::vector<int64_t>& lengths,
-                   const std::vector<int64_t>& starts, const std::vector<std::vector<Tensor>>& enc_keys,
-                   const std::vector<std::vector<Tensor>>& enc_values, const std::vector<std::optional<Tensor>>& masks,
-                   const std::vector<Tensor>& row_sentences) {
-  const size_t segments = caches.size();
-  TORCH_CHECK(slots.size() == segments && lengths.size() == segments && starts.size() == segments + 1 &&
-                  enc_keys.size() == segments && enc_values.size() == segments && masks.size() == segments &&
-                  row_sentences.size() == segments,
-              "lean_layers: one entry per segment in every list (starts: one more)");
-  const int64_t D = x.size(-1);
-  std::vector<Tensor> outs(segments);
-  for (size_t l = 0; l < layers.size(); ++l) {
-    const LeanLayer& layer = layers[l];
-    x = layer.residual(x, layer.self_norm, [&](const Tensor& h) {
-      const Tensor qkv = layer.qkv(h);
-      const Tensor q = qkv.slice(1, 0, D), k = qkv.slice(1, D, 2 * D), v = qkv.slice(1, 2 * D, 3 * D);
-      for (size_t s = 0; s < segments; ++s) {
-        const int64_t a = starts[s], b = starts[s + 1];
-        outs[s] = cached_attention_(q.slice(0, a, b), k.slice(0, a, b), v.slice(0, a, b), caches[s].select(0, 2 * l),
-                                    caches[s].select(0, 2 * l + 1), slots[s], lengths[s], layer.scaling);
-      }
-      return layer.self_out(joined(outs));
-    });
-    x = layer.residual(x, layer.cross_norm, [&](const Tensor& h) {
-      const Tensor q = layer.cross_q(h);
-      for (size_t s = 0; s < segments; ++s) {
-        outs[s] = source_attention(q.slice(0, starts[s], starts[s + 1]), enc_keys[s][l], enc_values[s][l],
-                                   row_sentences[s], masks[s], layer.cross_scaling);
-      }
-      return layer.cross_out(joined(outs));
-    });
-    x = layer.feed_forward(x);
-  }
-  return x;
-}
 
 // The layers of one model for one Jacobi window call (runners/lean_window.py, op for op): window
 // position n is row window_row[n]'s token at cache position window_step[n] (row = sentence), x and
@@ -182,6 +79,44 @@ Tensor lean_encoder_layers(Tensor x, const std::vector<LeanEncoderLayer>& layers
 }
 
 }  // namespace
+
+// The layers of one model for one step over the segments' rows (rows in segment order).
+Tensor lean_layers(Tensor x, const std::vector<LeanLayer>& layers, const std::vector<Tensor>& caches,
+                   const std::vector<std::optional<Tensor>>& slots, const std::vector<int64_t>& lengths,
+                   const std::vector<int64_t>& starts, const std::vector<std::vector<Tensor>>& enc_keys,
+                   const std::vector<std::vector<Tensor>>& enc_values, const std::vector<std::optional<Tensor>>& masks,
+                   const std::vector<Tensor>& row_sentences) {
+  const size_t segments = caches.size();
+  TORCH_CHECK(slots.size() == segments && lengths.size() == segments && starts.size() == segments + 1 &&
+                  enc_keys.size() == segments && enc_values.size() == segments && masks.size() == segments &&
+                  row_sentences.size() == segments,
+              "lean_layers: one entry per segment in every list (starts: one more)");
+  const int64_t D = x.size(-1);
+  std::vector<Tensor> outs(segments);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LeanLayer& layer = layers[l];
+    x = layer.residual(x, layer.self_norm, [&](const Tensor& h) {
+      const Tensor qkv = layer.qkv(h);
+      const Tensor q = qkv.slice(1, 0, D), k = qkv.slice(1, D, 2 * D), v = qkv.slice(1, 2 * D, 3 * D);
+      for (size_t s = 0; s < segments; ++s) {
+        const int64_t a = starts[s], b = starts[s + 1];
+        outs[s] = cached_attention_(q.slice(0, a, b), k.slice(0, a, b), v.slice(0, a, b), caches[s].select(0, 2 * l),
+                                    caches[s].select(0, 2 * l + 1), slots[s], lengths[s], layer.scaling);
+      }
+      return layer.self_out(joined(outs));
+    });
+    x = layer.residual(x, layer.cross_norm, [&](const Tensor& h) {
+      const Tensor q = layer.cross_q(h);
+      for (size_t s = 0; s < segments; ++s) {
+        outs[s] = source_attention(q.slice(0, starts[s], starts[s + 1]), enc_keys[s][l], enc_values[s][l],
+                                   row_sentences[s], masks[s], layer.cross_scaling);
+      }
+      return layer.cross_out(joined(outs));
+    });
+    x = layer.feed_forward(x);
+  }
+  return x;
+}
 
 // The three calls run without the GIL (they touch no Python object): the encoder thread
 // (schedule/read_ahead.py) encodes while the decoder's layers run, and the other way round. Holding

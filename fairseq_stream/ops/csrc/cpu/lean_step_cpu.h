@@ -1,7 +1,90 @@
-// The lean runner's decoder layers for one step of one model, in one call (lean_step_cpu.cpp),
-// bound into the same extension module as the fused output layer.
+// The lean runner's decoder and encoder layers (lean_step_cpu.cpp): their weights as the compiled
+// calls take them, and one step of one model's decoder layers, bound into the same extension module
+// as the fused output layer. The greedy loop (greedy_loop_cpu.cpp) runs them too.
 #pragma once
 
 #include <torch/extension.h>
+
+#include <optional>
+#include <vector>
+
+#include "prepacked_linear_cpu.h"
+#include "quantized_linear_cpu.h"
+
+using torch::Tensor;
+
+// x W^T + b: the prepacked or quantized product where the runner made one, else at::linear (float64,
+// no MKL).
+struct __attribute__((visibility("hidden"))) Product {
+  std::optional<PrepackedLinear> packed;
+  std::optional<QuantizedLinear> quantized;
+  Tensor weight;
+  std::optional<Tensor> bias;
+
+  Tensor operator()(const Tensor& x) const {
+    if (packed) return (*packed)(x);
+    if (quantized) return (*quantized)(x);
+    return at::linear(x, weight, bias);
+  }
+};
+
+struct __attribute__((visibility("hidden"))) Norm {
+  Tensor weight, bias;
+  double eps;
+
+  Tensor operator()(const Tensor& x) const { return at::layer_norm(x, {x.size(-1)}, weight, bias, eps); }
+};
+
+enum class Activation { kRelu = 0, kGeluInFloat = 1 };
+
+// What a decoder layer and an encoder layer share: the residual sums and the feed-forward block.
+struct __attribute__((visibility("hidden"))) Sublayers {
+  bool pre_norm;
+  Activation activation;
+  Product fc1, fc2;
+  Norm final_norm;
+
+  // x + block(x), the norm where fairseq places it (before the block, or after the sum).
+  template <typename Block>
+  Tensor residual(const Tensor& x, const Norm& norm, Block block) const {
+    const Tensor h = pre_norm ? norm(x) : x;
+    const Tensor y = x + block(h);
+    return pre_norm ? y : norm(y);
+  }
+
+  Tensor activate(const Tensor& x) const {
+    if (activation == Activation::kRelu) return at::relu(x);
+    // fairseq's gelu: torch's, computed in float32 whatever the type.
+    return at::gelu(x.to(at::kFloat)).to(x.scalar_type());
+  }
+
+  // The feed-forward sub-layer, with its residual and norm.
+  Tensor feed_forward(const Tensor& x) const {
+    return residual(x, final_norm, [&](const Tensor& h) { return fc2(activate(fc1(h))); });
+  }
+};
+
+struct __attribute__((visibility("hidden"))) LeanLayer : Sublayers {
+  Product qkv, self_out, cross_q, cross_out;
+  Norm self_norm, cross_norm;
+  double scaling, cross_scaling;
+};
+
+// fairseq's TransformerEncoderLayer: self-attention over the sentence, then the feed-forward block.
+struct __attribute__((visibility("hidden"))) LeanEncoderLayer : Sublayers {
+  Product qkv, self_out;
+  Norm self_norm;
+  double scaling;
+  int64_t heads;
+};
+
+// The layers of one model for one step over the segments' rows (rows in segment order): each
+// segment's cache (written in place), slot index or none, length, encoder keys and values per layer,
+// additive mask or none, and each row's sentence; starts: the segments' first rows and the end.
+Tensor lean_layers(Tensor x, const std::vector<LeanLayer>& layers, const std::vector<Tensor>& caches,
+                   const std::vector<std::optional<Tensor>>& slots, const std::vector<int64_t>& lengths,
+                   const std::vector<int64_t>& starts, const std::vector<std::vector<Tensor>>& enc_keys,
+                   const std::vector<std::vector<Tensor>>& enc_values, const std::vector<std::optional<Tensor>>& masks,
+                   const std::vector<Tensor>& row_sentences);
 
 void register_lean_step(pybind11::module& m);

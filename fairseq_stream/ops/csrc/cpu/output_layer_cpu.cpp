@@ -30,7 +30,9 @@
 #include "attention_cpu.h"
 #include "beam_step_cpu.h"
 #include "int16_linear_cpu.h"
+#include "greedy_loop_cpu.h"
 #include "lean_step_cpu.h"
+#include "output_layer_cpu.h"
 #include "prepacked_linear_cpu.h"
 #include "quantized_linear_cpu.h"
 #include "rnn_step_cpu.h"
@@ -644,6 +646,8 @@ void run(const Problem<T>& P) {
   });
 }
 
+}  // namespace
+
 std::vector<at::Tensor> topk_log_softmax(const std::vector<at::Tensor>& logits, const std::vector<at::Tensor>& bias,
                                          int64_t n, int64_t pad, int64_t eos, int64_t unk, double unk_penalty,
                                          double temperature, bool ban_all, const std::optional<at::Tensor>& ban_eos,
@@ -708,7 +712,6 @@ std::vector<at::Tensor> topk_log_softmax(const std::vector<at::Tensor>& logits, 
   return {values, indices, eos_out};
 }
 
-}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fairseq-stream fused output layer (CPU): log-softmax + search rules + top-n per row";
@@ -731,4 +734,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_attention(m);
   register_lean_step(m);
   register_quantized_linear(m);
+  register_greedy_loop(m);
 }

@@ -1,0 +1,41 @@
+// Greedy decoding of one sentence on the lean runner in one call (greedy_loop_cpu.cpp).
+#pragma once
+
+#include <torch/extension.h>
+
+#include <optional>
+#include <vector>
+
+#include "lean_step_cpu.h"
+
+// One model's decoder as LeanModel arranges it (fairseq_stream/runners/lean_model.py): the embedding
+// and its scale, positions, optional input projection and norm, the compiled layers, the optional
+// final norm and output projection, and the output layer.
+struct __attribute__((visibility("hidden"))) LeanDecoderModel {
+  Tensor embed;
+  double embed_scale;
+  std::optional<Tensor> positions;
+  std::optional<Product> project_in;
+  std::optional<Norm> embed_norm;
+  std::vector<LeanLayer> layers;
+  std::optional<Norm> final_norm;
+  std::optional<Product> project_out;
+  Product output;
+  int64_t padding_idx, heads, head_dim;
+
+  // The decoder's input for `token` (1,) at position-table index `position`.
+  Tensor embed_at(const Tensor& token, int64_t position) const;
+  // The output layer's logits from the last layer's states.
+  Tensor logits(Tensor x) const;
+};
+
+// [words (steps,) int64, cumulative scores (steps,) float32]: the words chosen step by step (the last
+// is EOS) and the running sums of their log-probabilities, as the Python loop keeps them.
+std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
+                                  const std::vector<std::vector<Tensor>>& enc_keys,
+                                  const std::vector<std::vector<Tensor>>& enc_values,
+                                  const std::vector<std::optional<Tensor>>& masks, int64_t bos, int64_t max_len,
+                                  int64_t min_len, int64_t pad, int64_t eos, int64_t unk, double unk_penalty,
+                                  double temperature);
+
+void register_greedy_loop(pybind11::module& m);
