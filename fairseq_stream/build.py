@@ -164,9 +164,13 @@ def build_decoder(spec: DecoderSpec, task, models):
         temperature=rules.temperature, no_repeat_ngram_size=rules.no_repeat_ngram_size,
         runner=spec.runner, output_layer=spec.output_layer, keep_reference=s.keep_reference,
         rnn_options=spec.rnn, quantize=spec.quantize,
-        reporter=StatsReporter(spec.search, stats, spec.stats_file),
     )
-    return s.wrap(decoder) if s.wrap is not None else decoder
+    if s.wrap is not None:
+        decoder = s.wrap(decoder)
+    # The outermost decoder's counters are the run's (Jacobi's add their own to greedy's); the reporter
+    # writes them at exit, which keeps it alive.
+    StatsReporter(spec.search, decoder.stats, spec.stats_file)
+    return decoder
 
 
 def build_generator(spec: DecoderSpec, task, models, gen_cfg=None):

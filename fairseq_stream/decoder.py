@@ -36,7 +36,7 @@ from fairseq_stream.cohort import Cohort
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.ops import topk_log_softmax
-from fairseq_stream.ops.output_layer import apply_step_rules
+from fairseq_stream.ops.output_layer import OutputLayerResult, apply_step_rules
 from fairseq_stream.output_choice import check_output_layer, choose_backend
 from fairseq_stream.runners import build_runner
 from fairseq_stream.search.pruning import Pruning
@@ -47,6 +47,25 @@ from fairseq_stream.stats import DecodeStats
 logger = logging.getLogger(__name__)
 
 FINALIZE_MODES = ("fairseq", "stay")
+
+
+def _check_rules(finalize: str, temperature: float):
+    """One-line errors for a finalization rule or temperature the loop does not take."""
+    if finalize not in FINALIZE_MODES:
+        raise FairseqStreamError(
+            "--finalize must be one of {}, got {}".format(", ".join(FINALIZE_MODES), finalize)
+        )
+    if temperature <= 0:
+        raise FairseqStreamError("--temperature must be greater than 0")
+
+
+def _ngram_blocker(size: int):
+    """fairseq's ``--no-repeat-ngram-size`` blocker, or None (0: off)."""
+    if size <= 0:
+        return None
+    from fairseq.ngram_repeat_block import NGramRepeatBlock
+
+    return NGramRepeatBlock(size)
 
 
 class BeamDecoder:
@@ -84,39 +103,15 @@ class BeamDecoder:
         quantize: ``none``, ``int8`` or ``int16`` (``--quantize``): the
             products on weights quantized at load; see
             :func:`fairseq_stream.runners.build_runner`.
-        reporter: writes ``--stats-file`` and logs the totals at exit
-            (:class:`~fairseq_stream.stats.StatsReporter` of ``stats``), or None.
     """
 
-    def __init__(
-        self,
-        models,
-        tgt_dict,
-        beam_size: int = 5,
-        finalize: str = "fairseq",
-        pruning: Optional[Pruning] = None,
-        stats: Optional[DecodeStats] = None,
-        max_len_a: float = 0,
-        max_len_b: int = 200,
-        min_len: int = 1,
-        normalize_scores: bool = True,
-        len_penalty: float = 1.0,
-        unk_penalty: float = 0.0,
-        temperature: float = 1.0,
-        no_repeat_ngram_size: int = 0,
-        runner: str = "fairseq",
-        output_layer: str = "torch",
-        keep_reference: Optional[bool] = None,
-        rnn_options=None,
-        quantize: str = "none",
-        reporter=None,
-    ):
-        if finalize not in FINALIZE_MODES:
-            raise FairseqStreamError(
-                "--finalize must be one of {}, got {}".format(", ".join(FINALIZE_MODES), finalize)
-            )
-        if temperature <= 0:
-            raise FairseqStreamError("--temperature must be greater than 0")
+    def __init__(self, models, tgt_dict, beam_size: int = 5, finalize: str = "fairseq",
+                 pruning: Optional[Pruning] = None, stats: Optional[DecodeStats] = None, max_len_a: float = 0,
+                 max_len_b: int = 200, min_len: int = 1, normalize_scores: bool = True, len_penalty: float = 1.0,
+                 unk_penalty: float = 0.0, temperature: float = 1.0, no_repeat_ngram_size: int = 0,
+                 runner: str = "fairseq", output_layer: str = "torch", keep_reference: Optional[bool] = None,
+                 rnn_options=None, quantize: str = "none"):
+        _check_rules(finalize, temperature)
         # fairseq's exact arithmetic: every slot is a decoder row, as in SequenceGenerator.
         self.dense = finalize == "fairseq" and not (pruning is not None and pruning.active)
         self.keep_reference = self.dense if keep_reference is None else keep_reference
@@ -132,7 +127,6 @@ class BeamDecoder:
         self.finalize = finalize
         self.pruning = pruning or Pruning()
         self.stats = stats if stats is not None else DecodeStats()
-        self.reporter = reporter
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.min_len = min_len
         # An int: fairseq's LSTM reports a float (1e5), which made max_lengths() float.
@@ -144,11 +138,7 @@ class BeamDecoder:
         self.temperature = temperature
         self.symbols_to_strip_from_output = {self.eos}
         self._warned_cap = False
-        self.repeat_ngram_blocker = None
-        if no_repeat_ngram_size > 0:
-            from fairseq.ngram_repeat_block import NGramRepeatBlock
-
-            self.repeat_ngram_blocker = NGramRepeatBlock(no_repeat_ngram_size)
+        self.repeat_ngram_blocker = _ngram_blocker(no_repeat_ngram_size)
         self.output_layer = check_output_layer(output_layer)
         self.no_repeat_ngram_size = no_repeat_ngram_size
         self.output_backend = self._output_backend()
@@ -499,19 +489,30 @@ class BeamDecoder:
         force_eos = None
         if step >= self.shortest_max_len:
             force_eos = c.max_lens.le(step).index_select(0, rows // k)
-        out = topk_log_softmax(
-            logits, n, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty,
-            temperature=self.temperature, ban_eos=step < self.min_len, force_eos=force_eos,
-            backend=self.output_backend,
-            # The arguments are the decoder's own and keep their kinds from step to step.
-            check=step == 0,
-        )
+        # The arguments are the decoder's own and keep their kinds from step to step.
+        out = self.top_candidates(logits, n, ban_eos=step < self.min_len, force_eos=force_eos, check=step == 0)
         top_local = out.values
         if self.dense and step > 0:  # every slot is a run row, in order: a slice, not a gather
             top_scores = top_local + c.scores[:, step - 1 : step]
             return top_scores.view(S, k * n), top_local.view(S, k * n), out.indices.view(S, k * n), n
         top_scores = top_local + c.scores[rows, step - 1 : step] if step > 0 else top_local
         return (*self._by_slot(S, rows, top_scores, top_local, out.indices), n)
+
+    def top_candidates(self, logits, n: int, ban_eos=None, force_eos: Optional[Tensor] = None,
+                       check: bool = True) -> OutputLayerResult:
+        """Each row's ``n`` best words and their log-probabilities from the models' ``logits``: the fused layer.
+
+        fairseq's step rules with this decoder's settings (PAD never chosen,
+        ``--unkpen``, ``--temperature``), EOS banned where ``ban_eos`` (True
+        or a row mask: below ``--min-len``) and forced where ``force_eos`` (a
+        row mask: at the maximum length), on this decoder's output backend;
+        ``check``: validate the arguments (see
+        :func:`~fairseq_stream.ops.topk_log_softmax`). Jacobi's windows use it
+        to keep greedy's rules.
+        """
+        return topk_log_softmax(logits, n, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty,
+                                temperature=self.temperature, ban_eos=ban_eos, force_eos=force_eos,
+                                backend=self.output_backend, check=check)
 
     def _by_slot(self, S: int, rows: Tensor, top_scores: Tensor, top_local: Tensor, top_words: Tensor):
         """Each run row's n candidates moved to its beam slot: (cand, local, word_of), each (S, k x n).

@@ -56,7 +56,6 @@ from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.hypotheses import hypothesis
 from fairseq_stream.jacobi import calibration
 from fairseq_stream.jacobi.drafts import DRAFTS, AcceptanceRates, NgramPool, likely_tree, next_draft
-from fairseq_stream.ops import topk_log_softmax
 from fairseq_stream.runners.lean import LeanRunner
 from fairseq_stream.runners.lean_window import WindowRunner, depths
 from fairseq_stream.stats import DecodeStats
@@ -113,9 +112,13 @@ def check_options(variant: str, block, draft: str, horizon, call_cost=None, cand
                                  "pgj or hgj (got {} drafts, {})".format(draft, variant))
 
 
-class JacobiStats(DecodeStats):
-    """:class:`DecodeStats` plus Jacobi's counters.
+class JacobiStats:
+    """Jacobi's counters on top of the greedy decoder's :class:`DecodeStats`.
 
+    Window calls and greedy's own steps (batches too full for windows) are
+    decoder calls of one run, so they count in one place: the greedy
+    decoder's counters (``calls``), which this reads through (``timesteps``,
+    ``add_step``, ...), its summary holding theirs and Jacobi's.
     ``timesteps`` are window calls and ``expansions`` window positions run
     (rows x width). ``iterations`` counts, per sentence, the calls it took
     part in; ``greedy_steps`` the calls greedy needs for it (its output
@@ -130,8 +133,8 @@ class JacobiStats(DecodeStats):
     came from a candidate other than the first.
     """
 
-    def __init__(self, keep_steps: bool = False):
-        super().__init__(keep_steps)
+    def __init__(self, calls: DecodeStats):
+        self.calls = calls
         self.iterations = 0
         self.greedy_steps = 0
         self.greedy_calls = 0  # greedy's calls per batch: its longest output
@@ -141,13 +144,22 @@ class JacobiStats(DecodeStats):
         self.tree_windows = 0
         self.off_chain = 0
 
+    def __getattr__(self, name):
+        # DecodeStats' counters and methods: the greedy decoder's (not "calls" itself, unset in a copy).
+        if name == "calls":
+            raise AttributeError(name)
+        return getattr(self.calls, name)
+
+    write = DecodeStats.write  # this summary, as DecodeStats writes its own
+
     def add_accepted(self, counts: List[int]):
         for m in counts:
             self.accepted[m] = self.accepted.get(m, 0) + 1
         self.iterations += len(counts)
 
     def summary(self) -> dict:
-        out = super().summary()
+        """The greedy decoder's counters and Jacobi's, as a JSON-able dict (the ``--stats-file`` content)."""
+        out = self.calls.summary()
         total = sum(m * n for m, n in self.accepted.items())
         out.update({
             "iterations": self.iterations,
@@ -257,7 +269,7 @@ class JacobiDecoder:
         self.chooser: Optional[calibration.Chooser] = None  # built at the first batch (the device is known)
         self.calls: Optional[List] = None  # (rows, positions) of the current batch's calls, for the chooser
         self.windows = WindowRunner(greedy.runner)
-        self.eos, self.pad, self.unk = greedy.eos, greedy.pad, greedy.unk
+        self.eos, self.pad = greedy.eos, greedy.pad
         span = PJ_DRAFT_SPAN if variant == "pj" else max(1, self.block - 1)
         self.pool = NgramPool(span, self.candidates) if draft == "ngram" else None
         self.rates = AcceptanceRates()
@@ -266,12 +278,7 @@ class JacobiDecoder:
         self._checked = False  # the output layer's arguments (topk_log_softmax's check)
         self.trace_ids = set(int(i) for i in trace_ids)
         self.traces: Dict[int, dict] = {}
-        old = greedy.stats
-        self.stats = JacobiStats(keep_steps=old.keep_steps)
-        greedy.stats = self.stats
-        self.reporter = getattr(greedy, "reporter", None)
-        if self.reporter is not None:
-            self.reporter.stats = self.stats
+        self.stats = JacobiStats(greedy.stats)
 
     def cuda(self):
         self.greedy.cuda()
@@ -457,50 +464,18 @@ class JacobiDecoder:
         t0 = time.perf_counter()
         windows = [[r.tokens[-1]] + r.draft for r in rows]
         trees = [None if r.parents is None else [-1] + r.parents for r in rows]
-        any_tree = any(t is not None for t in trees)
-        layout = self.windows.layout(state, windows, trees if any_tree else None)
-        logits = self.windows.window(state, layout)
-        greedy = self.greedy
-        # Each window position's depth after the verified prefix (its index, in a chain).
-        levels = [depths(t) if t is not None else range(len(w)) for w, t in zip(windows, trees)]
-        ban_eos, force_eos = self._eos_rules(rows, levels, state.lengths, layout.tokens.device)
-        out = topk_log_softmax(
-            logits, 1, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=greedy.unk_penalty,
-            temperature=greedy.temperature, ban_eos=ban_eos, force_eos=force_eos, backend=greedy.output_backend,
-            # The arguments are built here and keep their kinds: checked once per decoder.
-            check=not self._checked)
-        self._checked = True
-        words, values = _read_back(out.indices.view(-1), out.values.view(-1))
+        layout, words, values = self._run_windows(rows, state, windows, trees)
         accepted, keep, done, guesses = [], [], [], []
-        paths = [None] * len(rows) if any_tree else None
+        paths = [None] * len(rows) if any(t is not None for t in trees) else None
         offset = 0
         for i, r in enumerate(rows):
-            window = windows[i]
-            width = len(window)
-            g = words[offset: offset + width]
-            v = values[offset: offset + width]
+            width = len(windows[i])
+            m, path, guess = self._accept(r, windows[i], trees[i], words[offset: offset + width],
+                                          values[offset: offset + width])
             offset += width
-            if trees[i] is None:
-                m = 1
-                while m < width and window[m] == g[m - 1] and g[m - 1] != self.eos:
-                    m += 1
-                if r.estimates:
-                    self.rates.record(r.estimates, m - 1)
-                path, guess = None, g[m:]
-            else:
-                path, guess = _accepted_path(window, trees[i], g, self.eos)
-                m = len(path)
-                paths[i] = path
-                self.stats.tree_windows += 1
-                self.stats.off_chain += any(j != k for k, j in enumerate(path))
-                on_path = set(path)
-                self.rates.record(r.estimates, 0, [j + 1 in on_path for j in range(width - 1)])
-            if r.trace is not None:
-                r.trace.append({"start": len(r.tokens) - 1, "width": width, "accepted": m,
-                                "tokens": g, "lprobs": v})
-            r.tokens.extend(g[:m] if path is None else [g[j] for j in path])
-            r.lprobs.extend(v[:m] if path is None else [v[j] for j in path])
             accepted.append(m)
+            if paths is not None:
+                paths[i] = path
             if r.tokens[-1] == self.eos:
                 done.append(r)
                 continue
@@ -521,6 +496,48 @@ class JacobiDecoder:
         if done and survivors:
             state = self.windows.keep(state, keep)
         return survivors, state, done
+
+    def _run_windows(self, rows: List[_Row], state, windows, trees):
+        """The window call and greedy's output layer at every position: (layout, argmax words, their values)."""
+        layout = self.windows.layout(state, windows, trees if any(t is not None for t in trees) else None)
+        logits = self.windows.window(state, layout)
+        # Each window position's depth after the verified prefix (its index, in a chain).
+        levels = [depths(t) if t is not None else range(len(w)) for w, t in zip(windows, trees)]
+        ban_eos, force_eos = self._eos_rules(rows, levels, state.lengths, layout.tokens.device)
+        # The arguments are built here and keep their kinds: checked once per decoder.
+        out = self.greedy.top_candidates(logits, 1, ban_eos=ban_eos, force_eos=force_eos, check=not self._checked)
+        self._checked = True
+        words, values = _read_back(out.indices.view(-1), out.values.view(-1))
+        return layout, words, values
+
+    def _accept(self, r: _Row, window: List[int], tree: Optional[List[int]], outputs: List[int], values: List[float]):
+        """Add to ``r`` the tokens its window verified: (how many, their window indices in a tree or None, guesses).
+
+        A chain accepts its outputs while the draft before each was right; a
+        tree, the branch the model verifies (:func:`_accepted_path`). The
+        guesses are the outputs after them, for the next draft.
+        """
+        width = len(window)
+        if tree is None:
+            m = 1
+            while m < width and window[m] == outputs[m - 1] and outputs[m - 1] != self.eos:
+                m += 1
+            if r.estimates:
+                self.rates.record(r.estimates, m - 1)
+            path, guess = None, outputs[m:]
+        else:
+            path, guess = _accepted_path(window, tree, outputs, self.eos)
+            m = len(path)
+            self.stats.tree_windows += 1
+            self.stats.off_chain += any(j != k for k, j in enumerate(path))
+            on_path = set(path)
+            self.rates.record(r.estimates, 0, [j + 1 in on_path for j in range(width - 1)])
+        if r.trace is not None:
+            r.trace.append({"start": len(r.tokens) - 1, "width": width, "accepted": m,
+                            "tokens": outputs, "lprobs": values})
+        r.tokens.extend(outputs[:m] if path is None else [outputs[j] for j in path])
+        r.lprobs.extend(values[:m] if path is None else [values[j] for j in path])
+        return m, path, guess
 
     def _eos_rules(self, rows: List[_Row], levels, lengths: List[int], device):
         """Per window position: EOS banned (below ``--min-len``), EOS forced (at the row's maximum length).
