@@ -115,65 +115,79 @@ def _patch_parse_args_and_arch():
         import sys
 
         from fairseq_stream import presets
-        from fairseq_stream.checkpoint import TRUST_FLAG
 
-        if not any(presets.FLAG in a.option_strings for a in parser._actions):
-            # Registered for --help only: expand() takes every --preset out before parsing.
-            parser.add_argument_group("fairseq-stream").add_argument(
-                presets.FLAG, action="append", metavar="NAME|FILE", help=presets.help_text())
+        # Registered for --help only: expand() takes every --preset out before parsing.
+        _add_option_once(parser, presets.FLAG, action="append", metavar="NAME|FILE", help=presets.help_text())
         try:
             input_args = expand_presets(parser, sys.argv[1:] if input_args is None else input_args)
         except presets.PresetError as e:
             parser.error(str(e))
-
-        if not any(TRUST_FLAG in a.option_strings for a in parser._actions):
-            group = parser.add_argument_group("fairseq-stream")
-            group.add_argument(
-                TRUST_FLAG,
-                action="store_true",
-                help="load the --path checkpoints with the full unpickler even if they "
-                "contain globals fairseq checkpoints do not need (only for files you trust)",
-            )
-        if not any(MAXI_BATCH_FLAG in a.option_strings for a in parser._actions):
-            parser.add_argument_group("fairseq-stream").add_argument(
-                MAXI_BATCH_FLAG, type=int, default=None, metavar="M",
-                help="cut batches from windows of M x --batch-size input sentences, each sorted by "
-                "length (Marian's maxi-batch); 1: input order, unsorted (default: fairseq's order, "
-                "the whole input sorted)",
-            )
-        _add_chosen_options_for_help(parser, input_args)
-        chosen = _chosen_names(input_args)
-        # Checked before fairseq parses: some wrong combinations (a preset that
-        # already includes its generator's options, plus --generator) would
-        # otherwise fail inside argparse with a conflicting-option traceback,
-        # and an unknown name is named as unknown, not as a bad combination.
-        # (check_selection names unknown names first.)
-        error = (check_selection(chosen.search, chosen.generator) if chosen.search in _search_registry()
-                 else check_names(chosen.search, chosen.generator)) or _search_option_without_search(
-                     chosen.search, input_args)
-        if error:
-            parser.error(error)
+        _add_plugin_options(parser)
+        _check_before_parsing(parser, input_args)
         result = original(parser, input_args=input_args, parse_known=parse_known, **kwargs)
-        args = result[0] if parse_known else result
-        error = check_selection(
-            getattr(args, "search", None), getattr(args, "generator", None)
-        ) or check_generation(getattr(args, "search", None), args)
-        if error:
-            parser.error(error)
-        _log_ignored_beam(args, input_args)
-        global maxi_batch
-        maxi_batch = getattr(args, "maxi_batch", None)
-        if maxi_batch is not None and maxi_batch < 1:
-            parser.error("{} must be at least 1, got {}".format(MAXI_BATCH_FLAG, maxi_batch))
-        if getattr(args, "trust_checkpoint", False) and getattr(args, "path", None):
-            from fairseq import utils
-            from fairseq_stream.checkpoint import trust_checkpoints
-
-            trust_checkpoints(utils.split_paths(args.path))
+        _check_after_parsing(parser, result[0] if parse_known else result, input_args)
         return result
 
     parse_args_and_arch._fairseq_stream = True
     options.parse_args_and_arch = parse_args_and_arch
+
+
+def _add_option_once(parser, flag, **kwargs):
+    """Add ``flag`` to the parser's fairseq-stream group unless it has it (parsers are built again and again)."""
+    if not any(flag in a.option_strings for a in parser._actions):
+        parser.add_argument_group("fairseq-stream").add_argument(flag, **kwargs)
+
+
+def _add_plugin_options(parser):
+    """``--trust-checkpoint`` and ``--maxi-batch``, the plugin's options outside any registry entry."""
+    from fairseq_stream.checkpoint import TRUST_FLAG
+
+    _add_option_once(
+        parser, TRUST_FLAG, action="store_true",
+        help="load the --path checkpoints with the full unpickler even if they "
+        "contain globals fairseq checkpoints do not need (only for files you trust)",
+    )
+    _add_option_once(
+        parser, MAXI_BATCH_FLAG, type=int, default=None, metavar="M",
+        help="cut batches from windows of M x --batch-size input sentences, each sorted by "
+        "length (Marian's maxi-batch); 1: input order, unsorted (default: fairseq's order, "
+        "the whole input sorted)",
+    )
+
+
+def _check_before_parsing(parser, input_args):
+    """The chosen search's and generator's options for --help, and their names checked (``parser.error``)."""
+    _add_chosen_options_for_help(parser, input_args)
+    chosen = _chosen_names(input_args)
+    # Checked before fairseq parses: some wrong combinations (a preset that
+    # already includes its generator's options, plus --generator) would
+    # otherwise fail inside argparse with a conflicting-option traceback,
+    # and an unknown name is named as unknown, not as a bad combination.
+    # (check_selection names unknown names first.)
+    error = (check_selection(chosen.search, chosen.generator) if chosen.search in _search_registry()
+             else check_names(chosen.search, chosen.generator)) or _search_option_without_search(
+                 chosen.search, input_args)
+    if error:
+        parser.error(error)
+
+
+def _check_after_parsing(parser, args, input_args):
+    """Check the parsed selection and generation options, keep --maxi-batch, trust --trust-checkpoint's files."""
+    error = check_selection(
+        getattr(args, "search", None), getattr(args, "generator", None)
+    ) or check_generation(getattr(args, "search", None), args)
+    if error:
+        parser.error(error)
+    _log_ignored_beam(args, input_args)
+    global maxi_batch
+    maxi_batch = getattr(args, "maxi_batch", None)
+    if maxi_batch is not None and maxi_batch < 1:
+        parser.error("{} must be at least 1, got {}".format(MAXI_BATCH_FLAG, maxi_batch))
+    if getattr(args, "trust_checkpoint", False) and getattr(args, "path", None):
+        from fairseq import utils
+        from fairseq_stream.checkpoint import trust_checkpoints
+
+        trust_checkpoints(utils.split_paths(args.path))
 
 
 def expand_presets(parser, argv):

@@ -138,22 +138,11 @@ def auto_backend(device: Union[str, torch.device] = "cpu", n: Optional[int] = No
     return "torch"
 
 
-def topk_log_softmax(
-    logits: Union[Tensor, Sequence[Tensor]],
-    n: int,
-    *,
-    pad: int,
-    eos: int,
-    unk: Optional[int] = None,
-    unk_penalty: float = 0.0,
-    temperature: float = 1.0,
-    ban_eos: Union[None, bool, Tensor] = None,
-    force_eos: Optional[Tensor] = None,
-    add: Optional[Tensor] = None,
-    bias: Union[None, Tensor, Sequence[Optional[Tensor]]] = None,
-    backend: str = "auto",
-    check: bool = True,
-) -> OutputLayerResult:
+def topk_log_softmax(logits: Union[Tensor, Sequence[Tensor]], n: int, *, pad: int, eos: int,
+                     unk: Optional[int] = None, unk_penalty: float = 0.0, temperature: float = 1.0,
+                     ban_eos: Union[None, bool, Tensor] = None, force_eos: Optional[Tensor] = None,
+                     add: Optional[Tensor] = None, bias: Union[None, Tensor, Sequence[Optional[Tensor]]] = None,
+                     backend: str = "auto", check: bool = True) -> OutputLayerResult:
     """Each row's n best (log-probability, word) with the search's rules applied.
 
     Computes, per row, what ``BeamDecoder`` computes from the decoder's
@@ -168,52 +157,62 @@ def topk_log_softmax(
     3. ``topk(lprobs + add[:, None], n)``.
 
     Args:
-        logits: (rows, V) floating tensor (float16, bfloat16, float32 or
-            float64), or a list of M such tensors of one shape, dtype and
-            device (an ensemble: log of the mean of the models' probabilities).
+        logits: (rows, V) floating tensor (float16, bfloat16, float32 or float64), or a list of M such
+            tensors of one shape, dtype and device (an ensemble: log of the mean of the models' probabilities).
         n: how many words per row, 1 <= n <= V.
         pad, eos: the pad and EOS word indices.
         unk, unk_penalty: ``unk_penalty`` is subtracted from the unk column.
         temperature: divides the logits (> 0), as fairseq's ``--temperature``.
         ban_eos: True (every row), or a (rows,) bool tensor: EOS gets -inf.
         force_eos: (rows,) bool tensor: every word but EOS gets -inf.
-        add: (rows,) floating tensor added to each row's values (a hypothesis'
-            cumulative score), cast to the values' type first; it does not
-            change a row's ranking.
-        bias: (V,) tensor added to the logits before the temperature (one per
-            model for an ensemble: a list, entries may be None).
+        add: (rows,) floating tensor added to each row's values (a hypothesis' cumulative score), cast to
+            the values' type first; it does not change a row's ranking.
+        bias: (V,) tensor added to the logits before the temperature (one per model for an ensemble: a
+            list, entries may be None).
         backend: "auto", "torch", "cpu" or "cuda" (see the module docstring).
-        check: validate the arguments. A decoder step that passes what it
-            checked once may skip it: one sentence at a time, the checks
-            cost about 17 us a call on one CPU thread, a third of the kernel.
+        check: validate the arguments. A decoder step that passes what it checked once may skip it: one
+            sentence at a time, the checks cost about 17 us a call on one CPU thread, a third of the kernel.
 
     Returns:
-        :class:`OutputLayerResult` ``(values (rows, n), indices (rows, n) int64,
-        eos (rows,))``, values best first, in float32 (float64 for float64
-        logits). Equal values come in word-index order in the compiled
-        backends; ``torch.topk``'s order among ties is unspecified.
+        :class:`OutputLayerResult` ``(values (rows, n), indices (rows, n) int64, eos (rows,))``, values
+        best first, in float32 (float64 for float64 logits). Equal values come in word-index order in the
+        compiled backends; ``torch.topk``'s order among ties is unspecified.
 
     Raises:
         ValueError, TypeError: bad shapes, dtypes, devices or arguments.
-        FairseqStreamError: the requested backend is not built, cannot run
-            on the tensors' device, or (cuda) n > 200.
+        FairseqStreamError: the requested backend is not built, cannot run on the tensors' device, or
+            (cuda) n > 200.
     """
     ban_eos = None if ban_eos is False else ban_eos
     force_eos = None if force_eos is False else force_eos
     if check:
-        members, biases, rows, V, out_dtype = _check(logits, n, pad, eos, unk, unk_penalty, temperature,
-                                                      ban_eos, force_eos, add, bias)
+        members, biases, _, _, out_dtype = _check(logits, n, pad, eos, unk, unk_penalty, temperature, ban_eos,
+                                                   force_eos, add, bias)
     else:
-        members = [logits] if isinstance(logits, Tensor) else list(logits)
-        biases = [None] * len(members) if bias is None else [bias] if isinstance(bias, Tensor) else list(bias)
-        rows, V = members[0].shape
-        out_dtype = torch.float64 if members[0].dtype == torch.float64 else torch.float32
-    device = members[0].device
-    name = _resolve(backend, device, n)
+        members, biases, _, _, out_dtype = _unchecked(logits, bias)
+    name = _resolve(backend, members[0].device, n)
     if add is not None and add.dtype != out_dtype:
         add = add.to(out_dtype)
     if name == "torch":
         return _reference(members, biases, n, pad, eos, unk, unk_penalty, temperature, ban_eos, force_eos, add)
+    return _compiled(name, members, biases, bias is not None, n, pad, eos, unk, unk_penalty, temperature,
+                     ban_eos, force_eos, add, out_dtype)
+
+
+def _unchecked(logits, bias):
+    """What :func:`_check` returns, for arguments checked before: (members, biases, rows, V, out dtype)."""
+    members = [logits] if isinstance(logits, Tensor) else list(logits)
+    biases = [None] * len(members) if bias is None else [bias] if isinstance(bias, Tensor) else list(bias)
+    rows, V = members[0].shape
+    out_dtype = torch.float64 if members[0].dtype == torch.float64 else torch.float32
+    return members, biases, rows, V, out_dtype
+
+
+def _compiled(name, members, biases, has_bias, n, pad, eos, unk, unk_penalty, temperature, ban_eos, force_eos,
+              add, out_dtype) -> OutputLayerResult:
+    """The compiled backend ``name`` ("cpu" or "cuda") on checked arguments (``add`` in the output type)."""
+    device = members[0].device
+    rows, V = members[0].shape
     if rows == 0:
         return OutputLayerResult(
             torch.empty(0, n, dtype=out_dtype, device=device),
@@ -224,10 +223,10 @@ def topk_log_softmax(
         # The CPU kernel reads float32/float64: round as torch does (in the
         # input type) before widening, so results stay those of the reference.
         members = [_scaled(x, b, temperature).float() for x, b in zip(members, biases)]
-        bias, biases = None, [None] * len(members)
+        has_bias, biases = False, [None] * len(members)
         temperature = 1.0
     members = [x if x.is_contiguous() else x.contiguous() for x in members]
-    bias_list = [] if bias is None else [
+    bias_list = [] if not has_bias else [
         (b if b is not None else torch.zeros(V, dtype=x.dtype, device=device)).to(x.dtype).contiguous()
         for x, b in zip(members, biases)
     ]
