@@ -166,3 +166,18 @@ def test_window_attention_one_line_errors():
         A.window_attention_(q, q, q, keys, keys.clone(), torch.tensor([0, 2]), torch.tensor([0, 1]), 2, 1.0)
     with pytest.raises(RuntimeError, match="past the capacity"):
         A.window_attention_(q, q, q, keys, keys.clone(), torch.tensor([0, 1]), torch.tensor([0, 4]), 5, 1.0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("length", [0, 1, 9, 16])
+def test_copying_cache_slots_equals_torchs_indexed_assignment(dtype, length):
+    g = torch.Generator().manual_seed(length)
+    cache = torch.randn(6, 10, 4, 16, 8, generator=g, dtype=dtype)
+    source, target = torch.tensor([0, 0, 3, 7]), torch.tensor([1, 5, 2, 9])
+    ours, ref = cache.clone(), cache.clone()
+    A.copy_slots_(ours, source, target, length)
+    ref[:, target, :, :length] = ref[:, source, :, :length]
+    assert torch.equal(ours, ref)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        A.copy_slots_(ours, torch.tensor([0]), torch.tensor([10]), length)

@@ -411,7 +411,7 @@ class LeanRunner(OwnStepRunner):
             if length:
                 source = slot.index_select(0, children)
                 for cache in segment.caches:
-                    cache[:, target, :, :length] = cache[:, source, :, :length]
+                    attention.copy_slots_(cache, source, target, length)
             slot = slot.index_put((children,), target)
         if capacity >= 2 * COMPACT_ABOVE_SLOTS and 2 * rows < capacity:
             # Most slots are free (sentences ended): attention runs over every

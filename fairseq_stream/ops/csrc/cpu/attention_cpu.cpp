@@ -13,6 +13,8 @@
 
 #include "attention_cpu.h"
 
+#include <cstring>
+
 #include "vector_math_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -288,7 +290,36 @@ Tensor sentence_attention(const Tensor& qkv, const std::vector<int64_t>& starts,
   return out;
 }
 
+void copy_cache_slots_(torch::Tensor cache, const torch::Tensor& source, const torch::Tensor& target, int64_t length) {
+  TORCH_CHECK(cache.dim() == 5 && cache.is_contiguous() && cache.device().is_cpu(),
+              "copy_cache_slots_: a contiguous CPU cache (2 * layers, slots, heads, capacity, head_dim)");
+  TORCH_CHECK(source.scalar_type() == at::kLong && target.scalar_type() == at::kLong &&
+                  source.numel() == target.numel(),
+              "copy_cache_slots_: int64 source and target slots, as many of each");
+  const int64_t layers = cache.size(0), slots = cache.size(1), heads = cache.size(2), capacity = cache.size(3),
+                dim = cache.size(4);
+  TORCH_CHECK(length >= 0 && length <= capacity, "copy_cache_slots_: length within the capacity");
+  const torch::Tensor src = source.contiguous(), dst = target.contiguous();
+  const int64_t* from = src.data_ptr<int64_t>();
+  const int64_t* to = dst.data_ptr<int64_t>();
+  for (int64_t i = 0; i < src.numel(); ++i)
+    TORCH_CHECK(from[i] >= 0 && from[i] < slots && to[i] >= 0 && to[i] < slots, "copy_cache_slots_: slot out of range");
+  const int64_t bytes = length * dim * static_cast<int64_t>(cache.element_size());
+  char* base = static_cast<char*>(cache.data_ptr());
+  const int64_t head_stride = capacity * dim * cache.element_size(), slot_stride = heads * head_stride,
+                layer_stride = slots * slot_stride;
+  for (int64_t l = 0; l < layers; ++l)
+    for (int64_t i = 0; i < src.numel(); ++i)
+      for (int64_t h = 0; h < heads; ++h)
+        std::memcpy(base + l * layer_stride + to[i] * slot_stride + h * head_stride,
+                    base + l * layer_stride + from[i] * slot_stride + h * head_stride, bytes);
+}
+
 void register_attention(pybind11::module& m) {
+  m.def("copy_cache_slots_", &copy_cache_slots_,
+        "(cache (2 * layers, slots, heads, capacity, head_dim), source, target (n,) slots, length): positions "
+        "0..length-1 of each source slot copied to its target slot, in place (targets distinct from sources)",
+        pybind11::arg("cache"), pybind11::arg("source"), pybind11::arg("target"), pybind11::arg("length"));
   m.def("cached_attention_", &cached_attention_,
         "(q, k, v (rows, heads * head_dim), keys, values (slots, heads, capacity, head_dim), slot (rows,) or None, "
         "length, scale) -> (rows, heads * head_dim); writes k, v at position length first",

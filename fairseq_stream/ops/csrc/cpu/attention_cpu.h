@@ -29,4 +29,8 @@ torch::Tensor window_attention_(const torch::Tensor& q, const torch::Tensor& k, 
 torch::Tensor sentence_attention(const torch::Tensor& qkv, const std::vector<int64_t>& starts, int64_t heads,
                                  double scale, int64_t dense_from);
 
+// Positions 0..length-1 of each source slot of `cache` (2 * layers, slots, heads, capacity, head_dim) copied
+// to its target slot, in place: a beam's second child of a row takes its parent's keys and values.
+void copy_cache_slots_(torch::Tensor cache, const torch::Tensor& source, const torch::Tensor& target, int64_t length);
+
 void register_attention(pybind11::module& m);
