@@ -25,23 +25,19 @@ issue's targets as ratios (torch wall / fused wall): never below 1.0, and
         [--repeats 3] [--limit N] [--runner lean|fairseq] [--device cpu|cuda] [--json FILE]
 """
 
-import os
+import preamble  # first: the import paths, then the threads before torch starts its pools
 
-# One thread for every library, set before torch and numpy start their pools.
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+preamble.set_threads(1, keep_given=True)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
 import sentencepiece as spm  # noqa: E402
 import torch  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench_output_layer import cpu_name  # noqa: E402
 from bench_search import bleu, load, make_batches, synchronize  # noqa: E402

@@ -12,10 +12,9 @@ MODEL_DIR holds data-bin/ and the checkpoints (what scripts/train_multi30k.sh or
 scripts/train_toy.sh write).
 """
 
-import os
+import preamble  # first: the import paths, then the threads before torch starts its pools
 
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = "1"
+preamble.set_threads(1)
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
@@ -23,9 +22,6 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench_output_layer import cpu_name  # noqa: E402
 from bench_search import load, make_batches  # noqa: E402

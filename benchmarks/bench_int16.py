@@ -28,14 +28,14 @@ whose best hypothesis has fairseq fp32's tokens. Rounds are interleaved
         --refs /work/shared/data/multi30k/test_2016_flickr.en [--limit N] [--repeats 1] [--json FILE]
 """
 
-import os
+import preamble  # first: the import paths, then the threads before torch starts its pools
 
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ[_var] = "1"
+preamble.set_threads(1)
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -44,9 +44,6 @@ import time  # noqa: E402
 import sacrebleu  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 import torch  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench_output_layer import cpu_name  # noqa: E402
 from bench_search import load, make_batches  # noqa: E402

@@ -17,18 +17,16 @@ least ``--min-time`` seconds, after a warm-up call (``bench_output_layer.timer``
     OMP_NUM_THREADS=1 python benchmarks/bench_int16_kernel.py [--rows 1 5 50 250] [--json FILE]
 """
 
+import preamble  # noqa: F401  (first: the import paths)
+
 import argparse
 import json
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from bench_output_layer import cpu_name, timer  # noqa: E402
-from fairseq_stream.ops import int16_linear as L  # noqa: E402
+from bench_output_layer import cpu_name, timer
+from fairseq_stream.ops import int16_linear as L
 
 SHAPES = [(1024, 256, "LSTM cell, 4H x H (H=256)"), (10000, 256, "output layer, V x 256"),
           (3072, 1024, "GRU cell, 3H x H (H=1024)")]

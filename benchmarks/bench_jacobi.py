@@ -43,6 +43,8 @@ Without ``--refs`` (or without ``MODEL_DIR/spm/spm.model``, as for the toy
 checkpoints of ``scripts/toy_cache.py``) BLEU is left out.
 """
 
+import preamble  # first: the import paths (main sets the threads before it imports torch)
+
 import argparse
 import copy
 import json
@@ -51,8 +53,6 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # (variant, block, draft, call cost, candidates[, calibrate]): None is the device's default (JacobiDecoder);
 # "always" a call cost so high that every row drafts everything and no batch runs greedy's step (the window
@@ -111,8 +111,7 @@ def main():
         unknown = set(args.settings) - {setting_name(*s) for s in settings}
         if unknown:
             parser.error("unknown settings: {}".format(", ".join(sorted(unknown))))
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
+    preamble.set_threads(args.threads)
 
     import sentencepiece as spm
     import torch

@@ -25,19 +25,17 @@ calls to last ``--min-time`` seconds (at least one call), taken after a warm-up 
 On ``--device cuda`` the times are CUDA-event times around synchronized loops.
 """
 
+import preamble  # noqa: F401  (first: the import paths)
+
 import argparse
 import json
 import math
-import os
 import platform
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from fairseq_stream.ops import output_layer as ol  # noqa: E402
+from fairseq_stream.ops import output_layer as ol
 
 TARGETS = {1: 2.0, 10: 2.0, 100: 1.5}  # n -> least speedup over log_softmax + topk (CPU, 1 thread)
 

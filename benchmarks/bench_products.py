@@ -20,15 +20,14 @@ layer's), the part of a batch-1 step that the skinny product changes.
         [--rows 1 2 3 4 5 6 8] [--rounds 7] [--threads 1] [--json FILE]
 """
 
+import preamble  # first: the import paths (main sets the threads before it imports torch)
+
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 PRODUCTS = ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2")
 
@@ -51,8 +50,7 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json")
     args = parser.parse_args()
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
+    preamble.set_threads(args.threads)
 
     import torch
     import torch.nn.functional as F

@@ -12,27 +12,26 @@ transformer/); ``--refs`` is the raw reference file (e.g.
 ``../shared/data/multi30k/test_2016_flickr.en``).
 """
 
+import preamble  # noqa: F401  (first: the import paths)
+
 import argparse
 import contextlib
 import json
 import os
 import statistics
-import sys
 import time
 
 import sacrebleu
 import sentencepiece as spm
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fairseq_stream  # noqa: F401  (safe checkpoint loading)
+from fairseq import checkpoint_utils, utils
+from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
-import fairseq_stream  # noqa: E402,F401  (safe checkpoint loading)
-from fairseq import checkpoint_utils, utils  # noqa: E402
-from fairseq.sequence_generator import EnsembleModel, SequenceGenerator  # noqa: E402
-
-from fairseq_stream.decoder import BeamDecoder  # noqa: E402
-from fairseq_stream.search.pruning import Pruning  # noqa: E402
-from fairseq_stream.stats import DecodeStats  # noqa: E402
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.search.pruning import Pruning
+from fairseq_stream.stats import DecodeStats
 
 
 class RowCounter:

@@ -48,16 +48,13 @@ is added per call) and wall clock is synchronized; CTranslate2 runs on cuda
 where its wheel has CUDA, else it is skipped with a message.
 """
 
-import os
+import preamble  # first: the import paths, then the threads before torch starts its pools
 
-# One thread for every library, set before torch, numpy or ctranslate2 start
-# their thread pools: the issue's numbers are single-threaded, and CTranslate2
-# (OpenMP) would otherwise take every core, as would MKL inside torch.
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ[_var] = "1"
+preamble.set_threads(1)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -65,9 +62,6 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 import torch  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import ctranslate2_peer  # noqa: E402
 from bench_search import add_input_arguments, bleu, load, make_batches, synchronize  # noqa: E402

@@ -20,6 +20,8 @@ Plots (``--plots``): median decoder-step time against current prefix length
 and VAR-STREAM (ε = 1/6).
 """
 
+import preamble  # noqa: F401  (first: the import paths)
+
 import argparse
 import json
 import os
@@ -31,15 +33,12 @@ from fractions import Fraction
 import sentencepiece as spm
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_search import RowCounter, add_input_arguments, bleu, load, make_batches, synchronize
+from fairseq.sequence_generator import SequenceGenerator
 
-from bench_search import RowCounter, add_input_arguments, bleu, load, make_batches, synchronize  # noqa: E402
-from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
-
-from fairseq_stream.decoder import BeamDecoder  # noqa: E402
-from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, StreamPool  # noqa: E402
-from fairseq_stream.search.pruning import Pruning  # noqa: E402
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, StreamPool
+from fairseq_stream.search.pruning import Pruning
 
 
 def decode_batch(generator, models, batches):

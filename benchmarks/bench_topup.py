@@ -47,22 +47,19 @@ the run (the paper's Figure 2) for mini, maxi and top-up at the largest beam.
         [--limit 1000] [--beams 1 5] [--repeats 3] [--threads 1] [--plot DIR] [--json FILE]
 """
 
-import os
+import preamble  # first: the import paths, then the threads before torch starts its pools
 
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+preamble.set_threads(1, keep_given=True)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
 import sentencepiece as spm  # noqa: E402
 import torch  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench_search import load  # noqa: E402
 

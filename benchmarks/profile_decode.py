@@ -8,23 +8,20 @@ device spent in kernels (torch.profiler): whether the device or the host is
 the bottleneck.
 """
 
+import preamble  # noqa: F401  (first: the import paths)
+
 import argparse
 import cProfile
-import os
 import pstats
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_search import load, make_batches, synchronize
+from bench_stream import decode_batch, decode_stream
 
-from bench_search import load, make_batches, synchronize  # noqa: E402
-from bench_stream import decode_batch, decode_stream  # noqa: E402
-
-from fairseq_stream.decoder import BeamDecoder  # noqa: E402
-from fairseq_stream.search.pruning import Pruning  # noqa: E402
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.search.pruning import Pruning
 
 METHODS = {  # name -> stream arguments (None: batch)
     "var-batch": None,
