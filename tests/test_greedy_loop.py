@@ -56,3 +56,50 @@ def test_it_applies_only_to_one_sentence_of_compiled_float32_models(loaded, exac
     one = sorted_batches(task, 1, 1)[0]
     assert dec.runner.greedy_decode(one["net_input"], bos=2, max_len=5, min_len=1, pad=1, eos=2, unk=3,
                                     unk_penalty=0.0) is None
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+@pytest.mark.parametrize("name", ["transformer", "ensemble"])
+def test_decoder_gives_the_python_loops_hypotheses_one_sentence_at_a_time(loaded, monkeypatch, name, quantize):
+    from fairseq_stream.runners.lean import LeanRunner
+
+    models, task = loaded(name)
+    reference = python_loop(models, task, quantize)
+    ours = python_loop(models, task, quantize)
+    ours.greedy_loop = True
+    calls, counted = [], LeanRunner.greedy_decode
+    monkeypatch.setattr(LeanRunner, "greedy_decode", lambda *a, **k: calls.append(1) or counted(*a, **k))
+    for sample in sorted_batches(task, 1, 40, subset="valid"):
+        with torch.no_grad():
+            expected, got = reference.generate(models, sample), ours.generate(models, sample)
+        assert len(got) == 1 and len(got[0]) == 1
+        for key in ("tokens", "positional_scores", "score"):
+            assert torch.equal(got[0][0][key], expected[0][0][key]), key
+    assert len(calls) == 40
+    assert (ours.stats.timesteps, ours.stats.expansions) == (reference.stats.timesteps, reference.stats.expansions)
+
+
+def test_fairseq_generate_one_sentence_at_a_time_prints_the_python_loops_lines(toy, capsys, monkeypatch):
+    from conftest import generate_in_process
+    from fairseq_stream.runners.lean import LeanRunner
+
+    argv = [toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream", "--gen-subset", "test",
+            "--search", "greedy", "--cpu", "--batch-size", "1", "--quantize", "int8"]
+    generate_in_process(argv)
+    compiled = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-", "D-")]
+    monkeypatch.setattr(LeanRunner, "greedy_decode", lambda *a, **k: None)
+    generate_in_process(argv)
+    python = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-", "D-")]
+    assert compiled == python and len(compiled) == 3 * 37
+
+
+def test_an_empty_source_keeps_the_python_loop(loaded):
+    models, task = loaded("transformer")
+    dec = python_loop(models, task)
+    dec.greedy_loop = True
+    eos = task.target_dictionary.eos()
+    sample = {"net_input": {"src_tokens": torch.tensor([[eos]]), "src_lengths": torch.tensor([1])}}
+    with torch.no_grad():
+        assert dec._greedy_in_one_call(sample["net_input"], None) is None
+        (hyps,) = dec.generate(models, sample)
+    assert hyps[0]["tokens"].tolist() == [eos]
