@@ -16,6 +16,7 @@ the beam decoder); the API builds its own streaming pool around
 :func:`build_decoder`'s decoder.
 """
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -23,6 +24,8 @@ from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.runners.rnn import RnnOptions
 from fairseq_stream.search.common import check_search_options, search_name
 from fairseq_stream.search.pruning import Pruning
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -165,12 +168,25 @@ def build_decoder(spec: DecoderSpec, task, models):
         runner=spec.runner, output_layer=spec.output_layer, keep_reference=s.keep_reference,
         rnn_options=spec.rnn, quantize=spec.quantize,
     )
+    if spec.quantize != "none":
+        _release_float_weights(decoder.runner, spec.quantize)
     if s.wrap is not None:
         decoder = s.wrap(decoder)
     # The outermost decoder's counters are the run's (Jacobi's add their own to greedy's); the reporter
     # writes them at exit, which keeps it alive.
     StatsReporter(spec.search, decoder.stats, spec.stats_file)
     return decoder
+
+
+def _release_float_weights(runner, quantize: str):
+    """Free the float weights the quantized products replace: the decoder built here owns the models
+    (fairseq-generate's, the API's), and with a WMT'19 ensemble they are most of the process's memory."""
+    if not hasattr(runner, "release_float_weights"):
+        return
+    freed = runner.release_float_weights()
+    if freed:
+        logger.info("fairseq-stream: --quantize %s: released %.0f MB of float weights the quantized products "
+                    "replace (kept in float: embeddings, positions, layer norms, biases)", quantize, freed / 2 ** 20)
 
 
 def build_generator(spec: DecoderSpec, task, models, gen_cfg=None):

@@ -119,3 +119,23 @@ def test_api_takes_quantize(toy):
     assert sorted(t.index for t in int8) == list(range(6)) and all(t.text for t in int8)
     with pytest.raises(FairseqStreamError, match="--quantize must be one of"):
         Translator([str(toy.transformer)], quantize="int4", **kwargs)
+
+
+def test_the_float_weights_the_quantized_products_replace_are_released(loaded):
+    """build_decoder owns its models: their float projections go, the output stays the same."""
+    import copy
+
+    from fairseq_stream.build import build_decoder, spec_from_options
+
+    models, task = loaded("transformer")
+    own = [copy.deepcopy(models[0])]
+    spec, _ = spec_from_options("var-batch", 5, {"quantize": "int8"})
+    dec = build_decoder(spec, task, own)
+    sizes = {name: p.numel() for name, p in own[0].named_parameters()}
+    assert sizes["decoder.layers.0.fc1.weight"] == 0 and sizes["encoder.layers.0.self_attn.q_proj.weight"] == 0
+    assert own[0].decoder.embed_tokens.weight.numel() > 0 and sizes["decoder.layers.0.fc1.bias"] > 0
+    batches = sorted_batches(task, 8, 16)
+    kept = quantized_decoder(models, task, "var-batch")
+    assert differences(decode(kept, models, batches, None), decode(dec, own, batches, None), tolerance=0) == []
+    with pytest.raises(FairseqStreamError, match="released by an earlier --quantize decoder"):
+        build_decoder(spec, task, own)
