@@ -59,7 +59,7 @@ def test_help_lists_the_presets(capsys):
 # The GPU presets only set --batch-size (plain fairseq beam search without a method preset), and the CPU
 # precision presets (cpu-int8, cpu-int16) are added to a search preset (tests/test_quantized_decoding.py).
 # A typed --beam 5 keeps the k=50 presets quick on the toy model.
-@pytest.mark.parametrize("name", [n for n in presets.names() if not n.startswith(("gpu", "cpu-"))])
+@pytest.mark.parametrize("name", presets.method_names())
 def test_every_shipped_preset_decodes_every_sentence(toy, capsys, name):
     generate_in_process([toy.data_bin, "--path", toy.transformer, "--gen-subset", "test", "--batch-size", "8",
                          "--cpu", "--user-dir", plugin_dir(), "--preset", name, "--beam", "5"])

@@ -83,8 +83,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def methods() -> List[str]:
-    """The presets that are decoding methods (the gpu* presets only set a batch size)."""
-    return [n for n in presets.names() if not n.startswith("gpu")]
+    """The presets that are decoding methods (add-ons such as gpu32gb-k5 or cpu-int8 go after ``--``)."""
+    return presets.method_names()
 
 
 def split_argv(argv: List[str]):

@@ -32,6 +32,15 @@ def names() -> List[str]:
     return sorted(f[: -len(SUFFIX)] for f in os.listdir(HERE) if f.endswith(SUFFIX))
 
 
+# Presets that add to a method rather than being one: the GPU batch sizes, the CPU precisions.
+ADD_ON_PREFIXES = ("gpu", "cpu-")
+
+
+def method_names() -> List[str]:
+    """The shipped presets that are decoding methods (not an add-on such as ``gpu32gb-k5`` or ``cpu-int8``)."""
+    return [n for n in names() if not n.startswith(ADD_ON_PREFIXES)]
+
+
 def is_path(value: str) -> bool:
     """Whether a ``--preset`` value is a file path (it has a ``/`` or ends in ``.args``) rather than a name."""
     return "/" in value or os.sep in value or value.endswith(SUFFIX)
