@@ -108,14 +108,17 @@ class CT2Peer:
         device: ``cpu`` or ``cuda``.
         src_dict, tgt_dict: the fairseq task's dictionaries (the converter
             copied their symbols, in order, into the model's vocabulary).
+        compute_type: CTranslate2's ``compute_type`` (``float32``, ``int8``,
+            ``int16`` ...): the converted float32 weights are quantized at load.
     """
 
-    def __init__(self, model_dir, device, src_dict, tgt_dict):
+    def __init__(self, model_dir, device, src_dict, tgt_dict, compute_type="float32"):
         import ctranslate2
 
         # One thread, as our side (intra: threads per batch; inter: batches in parallel).
-        self.translator = ctranslate2.Translator(model_dir, device=device, compute_type="float32",
+        self.translator = ctranslate2.Translator(model_dir, device=device, compute_type=compute_type,
                                                  intra_threads=1, inter_threads=1)
+        self.compute_type = compute_type
         self.device = device
         self.src_dict, self.tgt_dict = src_dict, tgt_dict
 
