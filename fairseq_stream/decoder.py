@@ -22,6 +22,7 @@ Finalization rules (``--finalize``):
   length-normalized score (so ``--lenpen`` ranks as in fairseq).
 """
 
+import copy
 import logging
 import math
 import struct
@@ -145,6 +146,15 @@ class BeamDecoder:
         # One sentence at beam 1 runs in one compiled call where it can (_greedy_in_one_call); False keeps
         # the Python loop (the reference the tests compare it with).
         self.greedy_loop = True
+
+    def with_lengths(self, max_len_a: float, max_len_b: int, min_len: int) -> "BeamDecoder":
+        """A copy sharing the runner and its weights, with other length rules and counters of its own
+        (Jacobi's calibration times decodes of a forced length with it)."""
+        probe = copy.copy(self)
+        probe.max_len_a, probe.max_len_b, probe.min_len = max_len_a, max_len_b, min_len
+        probe.shortest_max_len = probe._shortest_max_len()
+        probe.stats = DecodeStats()
+        return probe
 
     def cuda(self):
         self.runner.cuda()

@@ -297,16 +297,7 @@ def _synthetic_sample(greedy, rows: int, device, seed: int) -> dict:
 
 def _forced_length(greedy, length: int):
     """A copy of ``greedy`` (sharing its runner and weights) whose every output has ``length`` tokens before EOS."""
-    import copy
-
-    from fairseq_stream.stats import DecodeStats
-
-    probe = copy.copy(greedy)
-    probe.max_len_a, probe.max_len_b, probe.min_len = 0, length, length
-    probe.shortest_max_len = probe._shortest_max_len()
-    probe.stats = DecodeStats()
-    probe.reporter = None  # JacobiDecoder would point the run's reporter at the probe's stats
-    return probe
+    return greedy.with_lengths(0, length, length)
 
 
 @dataclass
