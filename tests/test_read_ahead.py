@@ -151,7 +151,10 @@ def test_on_cuda_the_producer_runs_on_its_own_stream():
     with ReadAhead(produced(), 2, device=device) as ahead:
         for i, (stream, value) in enumerate(ahead):
             assert stream != consumer
-            assert float(value) == float(i)
+            # A value read before the producer's kernel finished would be 0 or garbage. Not == i: the
+            # H100's cuBLAS (torch 2.11, CUDA 13) gave 7.0000005 for i = 7, which the product's
+            # integers do not explain; its rounding is cuBLAS's business, the stream order is ours.
+            assert abs(float(value) - i) < 1e-3
 
 
 def test_on_cuda_the_encoder_thread_changes_no_translation(toy, lines):

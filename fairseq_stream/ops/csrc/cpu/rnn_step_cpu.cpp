@@ -20,7 +20,6 @@
 #include "vector_math_cpu.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>

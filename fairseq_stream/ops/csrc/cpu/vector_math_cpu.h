@@ -2,11 +2,19 @@
 // (rnn_step_cpu.cpp, attention_cpu.cpp).
 #pragma once
 
-#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace {
+
+// The float whose bits are `bits` (std::bit_cast is C++20; torch < 2.13's extensions build as C++17,
+// and a memcpy of 4 bytes compiles to the same register move).
+inline float float_of_bits(int32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 // Cephes expf: x = n ln2 + r with |r| <= ln2 / 2, a degree-6 polynomial in r, 2^n from the
 // exponent bits. Straight-line code with no calls, so loops over it vectorize (setup.py compiles
@@ -24,7 +32,7 @@ inline float exp_approx(float x) {
   p = p * r + 5.0000001201e-1f;
   const float y = p * r2 + r + 1.0f;
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  return y * std::bit_cast<float>(bits);
+  return y * float_of_bits(bits);
 }
 
 inline float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }

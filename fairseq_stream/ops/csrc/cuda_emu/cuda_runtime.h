@@ -12,8 +12,8 @@
 
 #include <ucontext.h>
 
-#include <bit>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -102,8 +102,17 @@ inline int atomicAdd(int* address, int value) {
   *address = value + old;
   return old;
 }
-inline float __int_as_float(int bits) { return std::bit_cast<float>(bits); }
-inline double __longlong_as_double(long long bits) { return std::bit_cast<double>(bits); }
+// memcpy, not std::bit_cast: C++17, as torch < 2.13 builds extensions.
+inline float __int_as_float(int bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline double __longlong_as_double(long long bits) {
+  double d;
+  std::memcpy(&d, &bits, sizeof d);
+  return d;
+}
 using std::fabs;
 using std::isinf;
 using std::min;
