@@ -687,8 +687,12 @@ class BeamDecoder:
         return out
 
     def normalized(self, finals: List[float], lens: List[int]) -> List[float]:
-        """This search's hypothesis scores from cumulative ones (:func:`fairseq_stream.hypotheses.normalized`)."""
-        return hyp.normalized(finals, lens, self.score_dtype, self.normalize_scores, self.len_penalty)
+        """This search's hypothesis scores from cumulative ones (:func:`fairseq_stream.hypotheses.normalized`),
+        divided as fairseq divides them on the models' device."""
+        from fairseq_stream.runners.base import module_device
+
+        reciprocal = module_device(self.runner.model).type == "cuda"
+        return hyp.normalized(finals, lens, self.score_dtype, self.normalize_scores, self.len_penalty, reciprocal)
 
     def empty_hypothesis(self, device) -> Dict[str, Tensor]:
         """The hypothesis of an empty source."""

@@ -30,17 +30,23 @@ def empty_hypothesis(eos: int, device) -> Dict[str, Tensor]:
 
 
 def normalized(finals: List[float], lens: List[int], score_dtype: torch.dtype, normalize: bool,
-               len_penalty: float) -> List[float]:
+               len_penalty: float, reciprocal: bool = False) -> List[float]:
     """fairseq's hypothesis scores from cumulative ones, on the host.
 
     In the score type, divided per length as fairseq's ``eos_scores /=
-    (step + 1) ** len_penalty`` on the CPU, so scores and their ranking
-    match bitwise (a float32 division by a scalar is a float32 division).
+    (step + 1) ** len_penalty`` divides on its device, so that scores and
+    their ranking match bitwise: on the CPU a float32 division by the scalar
+    rounded to float32; on CUDA (``reciprocal``) torch multiplies by the
+    scalar's reciprocal instead, ``a * (1 / float32(b))`` (its
+    BinaryDivTrueKernel.cu: "may lose one bit of precision"), which moved
+    a score of --search fixed one ulp from fairseq's beam on 12 of 37 toy
+    sentences on an H100 (2026-11-27).
     """
     dtype = np.float64 if score_dtype == torch.float64 else np.float32
     values = np.asarray(finals, dtype=np.float64).astype(dtype)
     if normalize:
-        values = values / np.asarray([n ** len_penalty for n in lens], dtype=np.float64).astype(dtype)
+        lengths = np.asarray([n ** len_penalty for n in lens], dtype=np.float64).astype(dtype)
+        values = values * (dtype(1.0) / lengths) if reciprocal else values / lengths
     return values.tolist()
 
 
