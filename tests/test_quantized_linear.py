@@ -40,6 +40,25 @@ def test_kernel_equals_the_reference_on_random_weights(kernel, rows, in_features
     assert ((y.double() - exact).abs() <= Q.int8_error_bound(x, w, p)).all()
 
 
+@pytest.mark.skipif(not Q.onednn_exact(), reason="oneDNN's int8 GEMM is not exact (or not used) on this CPU")
+@pytest.mark.parametrize("rows, in_features, out_features", [(1, 7, 5), (13, 255, 129), (70, 512, 300)])
+def test_onednn_product_equals_the_reference(rows, in_features, out_features):
+    g = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(out_features, in_features, generator=g), torch.randn(out_features, generator=g)
+    x = torch.randn(rows, in_features, generator=g)
+    x[0] = 0.0
+    assert torch.equal(Q.linear(w, b, "int8", "onednn")(x), Q.reference_int8(x, Q.pack_int8(w, b)))
+
+
+def test_calls_of_many_rows_give_each_row_the_bits_of_a_call_of_one():
+    """Where oneDNN takes the many-row calls (512 inputs, from 64 rows), a row's result is still its own."""
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(96, 512, generator=g), torch.randn(80, 512, generator=g)
+    q = Q.linear(w, None, "int8")
+    together = q(x)
+    assert all(torch.equal(q(x[r:r + 1]), together[r:r + 1]) for r in (0, 41, 79))
+
+
 def test_every_kernel_equals_the_reference_on_the_toy_transformer(loaded):
     """Every matrix of a trained fairseq transformer, with inputs of its own scale, through QuantizedLinear."""
     models, _ = loaded("transformer")

@@ -14,8 +14,11 @@ its largest weight is +-127; row ``m`` of ``x`` by ``s_a[m] = 127 / max_k
 CTranslate2's int8 does. Kernels: AVX-512 VNNI (``vpdpbusd``, with the
 row's values shifted to unsigned bytes and the shift's known excess, 128
 times each weight row's sum, taken off), AVX2 (the weights widened to int16,
-``vpmaddwd``) and portable loops; every kernel computes the same integer
-sums.
+``vpmaddwd``) and portable loops; and for calls of many rows with long
+weight rows, oneDNN's int8 GEMM (``torch._int_mm``), where a check at first
+use finds it exact on this CPU (AMX or VNNI; :func:`onednn_from_rows` says
+when). Every kernel computes the same integer sums, so a row's result is the
+same bits whatever rows share its call and whichever kernel ran it.
 
 **No overflow, int8.** Every partial sum of the int32 accumulator is at most
 ``255 * 127 * in_features`` in magnitude on the VNNI kernel (``127 * 127 *
@@ -48,6 +51,7 @@ CHOICES = ("int8", "int16")
 INT8_MAX = 127
 COLS = 16  # output columns per packed panel
 QUAD = 4  # input positions per packed int8 group (one vpdpbusd lane)
+NEVER = 2 ** 62  # onednn_from_rows for shapes where oneDNN never pays
 # 255 * 127 * in_features < 2^31 (the VNNI kernel's unsigned operand).
 INT8_MAX_IN_FEATURES = (2 ** 31 - 1) // (255 * 127)
 
@@ -103,6 +107,31 @@ def missing_reason() -> str:
     return "" if _extension() is not None else "the compiled CPU extension is not built"
 
 
+def onednn_exact() -> bool:
+    """Whether oneDNN's int8 GEMM (``torch._int_mm``) sums exactly on this CPU (AMX or VNNI), checked once."""
+    ext = _extension()
+    return ext is not None and bool(ext.int8_onednn_exact())
+
+
+def onednn_from_rows(in_features: int) -> int:
+    """From how many rows a call of an int8 product with ``in_features`` inputs goes to oneDNN.
+
+    oneDNN blocks the sum over the inputs for the cache; ours streams a
+    tile's whole rows, which pays at few rows (the weight read once for up to
+    12 rows, no 9 us call overhead) and for short rows. Measured on one
+    thread of the Xeon, whole products with quantization, 2026-11-27: at 256
+    inputs (Multi30k's projections and output layer) ours is faster or level
+    at every row count from 256 rows on and for 8,000 outputs at every count;
+    at 512 inputs oneDNN is 1.3-1.7x faster from 64 rows; at 1,024 and 4,096
+    inputs (WMT'19's) 1.0-1.9x from 128 rows.
+    """
+    if in_features >= 1024:
+        return 128
+    if in_features >= 512:
+        return 64
+    return NEVER
+
+
 def kernels(kind: str = "int8") -> List[str]:
     """The compiled kernels of ``kind`` this CPU runs, the best last; [] unbuilt."""
     if kind == "int16":
@@ -127,8 +156,12 @@ def linear(weight: Tensor, bias: Optional[Tensor], kind: str, kernel_name: str =
         raise RuntimeError("--quantize needs the compiled CPU kernels: {}".format(missing_reason()))
     if kind == "int8":
         p = pack_int8(weight, bias)
+        # oneDNN's GEMM takes calls of many rows where it sums exactly (AMX or VNNI): it keeps the weight a
+        # second time, transposed (int8: half a float32 copy for both).
+        onednn = onednn_exact() and (kernel_name == "onednn" or onednn_from_rows(p.in_features) < NEVER)
+        weight_kn = int8_weight(p).t().contiguous() if onednn else None
         return ext.QuantizedLinear(8, p.packed, p.weight_inv, p.excess, 0, p.bias, p.in_features,
-                                   p.out_features, kernel_name)
+                                   p.out_features, kernel_name, weight_kn, onednn_from_rows(p.in_features))
     if kind == "int16":
         p = int16_linear.pack(weight, bias)
         return ext.QuantizedLinear(16, p.packed, p.weight_inv, None, p.a_max, p.bias, p.in_features,

@@ -128,8 +128,9 @@ def _quantized_runner(kind, members, temperature, options, quantize, rnn_reason)
                                  "{}".format(quantize, rnn_reason if kind == "rnn" else reason))
     from fairseq_stream.ops import quantized_linear
 
-    say_once("fairseq-stream: using the lean runner (%d model%s, %s products: %s kernel)", len(members),
-             "" if len(members) == 1 else "s", quantize, quantized_linear.kernel(quantize))
+    onednn = ", oneDNN's for many rows" if quantize == "int8" and quantized_linear.onednn_exact() else ""
+    say_once("fairseq-stream: using the lean runner (%d model%s, %s products: %s kernel%s)", len(members),
+             "" if len(members) == 1 else "s", quantize, quantized_linear.kernel(quantize), onednn)
     return LeanRunner(members, temperature=temperature, quantize=quantize)
 
 

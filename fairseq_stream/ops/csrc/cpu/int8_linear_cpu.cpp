@@ -242,46 +242,119 @@ const Kernel& find_kernel(const std::string& name) {
   return fs_quant::find_kernel(available_kernels(), name, "int8_linear");
 }
 
+// The largest |x[i]| of a row. Sixteen running maxima, not one: GCC vectorizes this loop (a chain of
+// std::max on one accumulator stays scalar), and max is exact in any order.
+float row_peak(const float* row, int64_t k) {
+  float lane[16] = {0.f};
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16)
+    for (int j = 0; j < 16; ++j) lane[j] = std::max(lane[j], std::fabs(row[i + j]));
+  float peak = 0.f;
+  for (int j = 0; j < 16; ++j) peak = std::max(peak, lane[j]);
+  for (; i < k; ++i) peak = std::max(peak, std::fabs(row[i]));
+  return peak;
+}
+
+// q[i] = round(row[i] * s) (to nearest, ties to even: the default rounding mode, as torch.round), for
+// i < k, and 0 up to `padded`. A loop GCC vectorizes (-fno-trapping-math lets nearbyint become vroundps).
+void round_row(const float* row, int64_t k, int64_t padded, float s, int32_t* q) {
+  for (int64_t i = 0; i < k; ++i) q[i] = static_cast<int32_t>(std::nearbyint(row[i] * s));
+  for (int64_t i = k; i < padded; ++i) q[i] = 0;
+}
+
 // Rows of x quantized to [-127, 127] (q = round(x * scale), scale = 127 / max |x|, 1 for an all-zero
 // row) and laid out tile by tile as the format wants them: tile t (rows t * tile_rows ..) starts at
 // element t * tile_rows * quads; within it, quad p of row r is element p * R + r.
 template <typename T>
 void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t quads, int64_t tile_rows, Format format,
                    T* xq, float* scale) {
-  constexpr int kPerElement = 4;
+  const int64_t padded = quads * kQuad;
+  std::vector<int32_t> q(padded);
+  // The row's values as the format stores them, 4 to an element: bytes (q, or q + 128 unsigned for
+  // VNNI) or int16 (AVX2). Each pass is a plain loop GCC vectorizes; the last one moves whole elements.
+  std::vector<T> packed(quads);
+  uint8_t* bytes = reinterpret_cast<uint8_t*>(packed.data());
+  int16_t* wide = reinterpret_cast<int16_t*>(packed.data());
+  const int32_t shift = format == Format::kShifted8 ? 128 : 0;
   for (int64_t m = 0; m < rows; ++m) {
     const float* row = x + m * k;
-    float peak = 0.f;
-    for (int64_t i = 0; i < k; ++i) peak = std::max(peak, std::fabs(row[i]));
+    const float peak = row_peak(row, k);
     const float s = peak > 0.f ? fs_quant::kInt8Max / peak : 1.f;
     scale[m] = s;
+    round_row(row, k, padded, s, q.data());
+    if (format == Format::kWide16)
+      for (int64_t i = 0; i < padded; ++i) wide[i] = static_cast<int16_t>(q[i]);
+    else
+      for (int64_t i = 0; i < padded; ++i) bytes[i] = static_cast<uint8_t>(q[i] + shift);
     const int64_t m0 = m - m % tile_rows, r = m - m0, R = std::min(tile_rows, rows - m0);
     T* tile = xq + m0 * quads;
-    for (int64_t p = 0; p < quads; ++p) {
-      int32_t q[kPerElement];
-      for (int j = 0; j < kPerElement; ++j) {
-        const int64_t i = p * kQuad + j;
-        q[j] = i < k ? static_cast<int32_t>(std::nearbyint(row[i] * s)) : 0;
-      }
-      T element = 0;
-      if (format == Format::kWide16) {
-        int16_t wide[kPerElement];
-        for (int j = 0; j < kPerElement; ++j) wide[j] = static_cast<int16_t>(q[j]);
-        std::memcpy(&element, wide, sizeof(wide));
-      } else {
-        uint8_t bytes[kPerElement];
-        for (int j = 0; j < kPerElement; ++j)
-          bytes[j] = static_cast<uint8_t>(format == Format::kShifted8 ? q[j] + 128 : q[j]);
-        std::memcpy(&element, bytes, sizeof(bytes));
-      }
-      tile[p * R + r] = element;
-    }
+    for (int64_t p = 0; p < quads; ++p) tile[p * R + r] = packed[p];
   }
 }
 
 }  // namespace
 
 std::vector<std::string> int8_kernels() { return fs_quant::kernel_names(available_kernels()); }
+
+bool int8_onednn_exact() {
+  // oneDNN (torch's at::_int_mm) sums int8 products exactly where it has AMX or VNNI; an AVX2-only path
+  // could use vpmaddubsw, whose int16 pair sums saturate. So its result on the one input that would
+  // saturate (every byte product at its largest magnitude, of both signs) must be the exact one, on a
+  // CPU that has VNNI or AMX, before it is used.
+  static const bool exact = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512vnni")) return false;
+    try {
+      const int64_t k = 512;
+      auto x = at::full({2, k}, 127, at::kChar);
+      x[1].fill_(-128);
+      auto w = at::full({k, 3}, 127, at::kChar);
+      w.select(1, 1).fill_(-127);
+      w.select(1, 2).fill_(-128);
+      const auto got = at::_int_mm(x, w).to(at::kLong);
+      const auto want = at::matmul(x.to(at::kLong), w.to(at::kLong));
+      return at::equal(got, want);
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return exact;
+}
+
+torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn, const torch::Tensor& weight_inv,
+                                 const std::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() == 2,
+              "int8_linear: x must be a 2-d float32 CPU tensor");
+  TORCH_CHECK(int8_onednn_exact(), "int8_linear: oneDNN's int8 product is not exact on this CPU (or not built)");
+  TORCH_CHECK(weight_kn.scalar_type() == torch::kChar && weight_kn.dim() == 2 && weight_kn.size(0) == x.size(1) &&
+                  weight_kn.size(1) == weight_inv.numel(),
+              "int8_linear: weight_kn must be the quantized weight transposed, (in, out) int8");
+  x = x.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1), out_features = weight_kn.size(1);
+  auto out = torch::empty({rows, out_features}, x.options());
+  if (rows == 0) return out;
+  // The rows quantized exactly as the own kernels quantize them (signed, row-major).
+  auto xq = torch::empty({rows, k}, x.options().dtype(torch::kChar));
+  std::vector<float> scale(rows);
+  std::vector<int32_t> q(k);
+  const float* xs = x.data_ptr<float>();
+  int8_t* qs = xq.data_ptr<int8_t>();
+  for (int64_t m = 0; m < rows; ++m) {
+    const float peak = row_peak(xs + m * k, k);
+    scale[m] = peak > 0.f ? fs_quant::kInt8Max / peak : 1.f;
+    round_row(xs + m * k, k, k, scale[m], q.data());
+    for (int64_t i = 0; i < k; ++i) qs[m * k + i] = static_cast<int8_t>(q[i]);
+  }
+  const auto acc = at::_int_mm(xq, weight_kn.contiguous());
+  const int32_t* a = acc.data_ptr<int32_t>();
+  const float* inv_w = weight_inv.contiguous().data_ptr<float>();
+  const float* b = bias ? bias->data_ptr<float>() : nullptr;
+  float* y = out.data_ptr<float>();
+  for (int64_t m = 0; m < rows; ++m)
+    fs_quant::dequantize(a + m * out_features, out_features, fs_quant::inverse(scale[m]), inv_w, b,
+                         y + m * out_features);
+  return out;
+}
 
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, torch::Tensor excess,
                           std::optional<torch::Tensor> bias, const std::string& kernel) {

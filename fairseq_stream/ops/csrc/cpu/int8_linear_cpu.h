@@ -14,3 +14,11 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor w
 
 // The int8 kernels this CPU runs, the best (the "auto" one) last.
 std::vector<std::string> int8_kernels();
+
+// Whether oneDNN's int8 GEMM (at::_int_mm) is exact on this CPU (AMX or VNNI, checked once on the input
+// that would saturate a vpmaddubsw path): the "onednn" product then takes calls of many rows.
+bool int8_onednn_exact();
+
+// The same product with the integer sums by oneDNN: weight_kn the quantized weight transposed (in, out).
+torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn, const torch::Tensor& weight_inv,
+                                 const std::optional<torch::Tensor>& bias);

@@ -17,8 +17,11 @@ Tensor QuantizedLinear::operator()(const Tensor& x) const {
   auto shape = x.sizes().vec();
   shape.back() = out_features;
   const Tensor rows = x.reshape({-1, in_features});
-  const Tensor y = bits == 8 ? int8_linear(rows, packed, weight_inv, excess, bias, kernel)
-                             : int16_linear(rows, packed, weight_inv, a_max, bias, kernel);
+  const bool onednn = bits == 8 && weight_kn &&
+                      (kernel == "onednn" || (kernel == "auto" && rows.size(0) >= onednn_from_rows));
+  const Tensor y = onednn      ? int8_linear_onednn(rows, *weight_kn, weight_inv, bias)
+                   : bits == 8 ? int8_linear(rows, packed, weight_inv, excess, bias, kernel)
+                               : int16_linear(rows, packed, weight_inv, a_max, bias, kernel);
   return y.view(shape);
 }
 
@@ -27,17 +30,22 @@ void register_quantized_linear(pybind11::module& m) {
   py::class_<QuantizedLinear>(m, "QuantizedLinear",
                               "x W^T + b on a weight quantized to int8 or int16 (see ops/quantized_linear.py)")
       .def(py::init([](int64_t bits, Tensor packed, Tensor weight_inv, std::optional<Tensor> excess, int64_t a_max,
-                       std::optional<Tensor> bias, int64_t in_features, int64_t out_features, std::string kernel) {
+                       std::optional<Tensor> bias, int64_t in_features, int64_t out_features, std::string kernel,
+                       std::optional<Tensor> weight_kn, int64_t onednn_from_rows) {
              TORCH_CHECK(bits == 8 || bits == 16, "QuantizedLinear: bits 8 or 16");
              TORCH_CHECK(bits == 16 || excess, "QuantizedLinear: int8 needs its excess");
              TORCH_CHECK(weight_inv.numel() == out_features, "QuantizedLinear: one scale per output row");
+             TORCH_CHECK(kernel != "onednn" || weight_kn, "QuantizedLinear: kernel onednn needs weight_kn");
              return QuantizedLinear{bits, packed.contiguous(), weight_inv.contiguous(),
                                     excess ? excess->contiguous() : Tensor(), a_max,
                                     bias ? std::optional<Tensor>(bias->contiguous()) : std::nullopt, in_features,
-                                    out_features, kernel};
+                                    out_features, kernel,
+                                    weight_kn ? std::optional<Tensor>(weight_kn->contiguous()) : std::nullopt,
+                                    onednn_from_rows};
            }),
            py::arg("bits"), py::arg("packed"), py::arg("weight_inv"), py::arg("excess"), py::arg("a_max"),
-           py::arg("bias"), py::arg("in_features"), py::arg("out_features"), py::arg("kernel") = "auto")
+           py::arg("bias"), py::arg("in_features"), py::arg("out_features"), py::arg("kernel") = "auto",
+           py::arg("weight_kn") = py::none(), py::arg("onednn_from_rows") = 0)
       .def_readonly("bits", &QuantizedLinear::bits)
       .def_readonly("packed", &QuantizedLinear::packed)
       .def_readonly("weight_inv", &QuantizedLinear::weight_inv)
@@ -52,4 +60,6 @@ void register_quantized_linear(pybind11::module& m) {
         py::arg("x"), py::arg("packed"), py::arg("weight_inv"), py::arg("excess"), py::arg("bias") = py::none(),
         py::arg("kernel") = "auto");
   m.def("int8_kernels", &int8_kernels, "the int8 kernels this CPU runs, the best (the 'auto' one) last");
+  m.def("int8_onednn_exact", &int8_onednn_exact,
+        "whether oneDNN's int8 GEMM (at::_int_mm) sums exactly on this CPU (AMX or VNNI, checked once)");
 }

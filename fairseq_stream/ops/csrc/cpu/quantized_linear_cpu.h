@@ -15,7 +15,9 @@ struct __attribute__((visibility("hidden"))) QuantizedLinear {
   int64_t a_max;                 // int16: the largest |q| a row of x is scaled to
   std::optional<torch::Tensor> bias;
   int64_t in_features, out_features;
-  std::string kernel;            // "auto" or one of the kernels' names
+  std::string kernel;            // "auto", one of the kernels' names, or "onednn" (int8)
+  std::optional<torch::Tensor> weight_kn;  // int8 with oneDNN: the quantized weight transposed, (in, out)
+  int64_t onednn_from_rows;      // "auto": calls of at least this many rows go to oneDNN (with weight_kn)
 
   // x (..., in_features) float32 -> (..., out_features) float32.
   torch::Tensor operator()(const torch::Tensor& x) const;
