@@ -17,9 +17,10 @@ with δ=1.5, M=5; CTranslate2 runs greedy and beam k):
   <= 0.75 its beam k); int16 >= 99% identical and BLEU within 0.1 of our
   float32; int8 BLEU within 0.3 and more sentences identical to our float32
   than CTranslate2 int8 keeps to its own float32;
-* memory: the process's resident size grown by building each of our
-  decoders (the arranged weights: MKL-packed float copies, or the quantized
-  ones), and which kernel ran.
+* memory: the weights each of our decoders holds (its arranged copies:
+  MKL-packed float, or quantized) and the model's float parameters it still
+  reads (all of them in float32; embeddings, positions, norms and biases
+  quantized: the CLI and the API release the rest), and which kernel ran.
 
     python benchmarks/bench_quantize.py runs/m30k --refs DATA/test_2016_flickr.en \\
         [--batch-size 64] [--limit N] [--repeats 3] [--searches greedy fixed var-batch] [--json FILE]
@@ -58,10 +59,40 @@ INT16_IDENTICAL, INT16_BLEU = 0.99, 0.1
 INT8_BLEU = 0.3
 
 
-def resident_mb():
-    """The process's resident memory (MB), from /proc (Linux)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+def product_bytes(product):
+    """What a lean product holds besides the model's own parameters: an MKL-packed float copy, or the
+    quantized weight (with its scales, and oneDNN's transposed copy where it is used)."""
+    held = [getattr(product, name, None) for name in ("packed", "weight_inv", "weight_kn")]
+    held = [t for t in held if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in held)
+
+
+def weight_mb(runner):
+    """(MB of arranged weights, MB of the model's float parameters the runner still reads), per runner.
+
+    A quantized runner reads the float embeddings, positions, norms and biases;
+    the CLI and the API release the float matrices it replaces
+    (``LeanRunner.release_float_weights``). A float32 runner reads every
+    parameter, beside its MKL-packed copies.
+    """
+    from fairseq_stream.runners.lean import _quantized_modules
+
+    arranged = 0
+    for lean in runner.lean:
+        products = [lean.output, lean.project_in, lean.project_out]
+        for layer in lean.layers:
+            products += [layer.qkv, layer.self_out, layer.cross_q, layer.cross_kv, layer.cross_out, layer.fc1,
+                         layer.fc2]
+        arranged += sum(product_bytes(p) for p in products if p is not None)
+        if lean.encoder is not None and lean.encoder.compiled is not None:
+            arranged += sum(product_bytes(p) for layer in getattr(lean.encoder, "products", []) for p in layer)
+    params = {id(p): p for m in runner.model.models for p in m.parameters()}
+    floats = sum(p.numel() * p.element_size() for p in params.values())
+    if runner.quantize is not None:
+        replaced = {id(m.weight): m.weight for model, lean in zip(runner.model.models, runner.lean)
+                    for m in _quantized_modules(model, lean)}
+        floats -= sum(w.numel() * w.element_size() for w in replaced.values())
+    return arranged / 2 ** 20, floats / 2 ** 20
 
 
 def search_options(search, k):
@@ -76,11 +107,10 @@ def search_options(search, k):
 def our_method(models, task, batches, search, k, precision, memory):
     """Our lean runner at ``precision``; ``memory[label]`` gets the resident MB its weights added."""
     options, beam = search_options(search, k)
-    before = resident_mb()
     dec = BeamDecoder(models, task.target_dictionary, runner="lean", output_layer="auto",
                       quantize="none" if precision == "float32" else precision, **options)
     label = "ours {}".format(precision)
-    memory.setdefault(label, resident_mb() - before)
+    memory.setdefault(label, weight_mb(dec.runner))
 
     def run():
         out = {}
@@ -206,8 +236,9 @@ def main():
               n, args.batch_size, cpu_info.cpu_model(), cpu_info.simd_level(), args.repeats,
               time.strftime("%Y-%m-%d"), quantized_linear.kernel("int8"), quantized_linear.kernel("int16"),
               ct2_note), flush=True)
-    print("resident memory added by building each of our decoders: " + ", ".join(
-        "{} {:.0f} MB".format(label, mb) for label, mb in memory.items()), flush=True)
+    print("weights each of our decoders holds (arranged copies + the model's float parameters it still "
+          "reads): " + ", ".join("{} {:.1f} + {:.1f} MB".format(label, *mb) for label, mb in memory.items()),
+          flush=True)
     execute(methods, argparse.Namespace(device="cpu", repeats=args.repeats))
     rows = report(methods, task, sp, refs, d)
     met = targets(rows, args.searches)

@@ -111,6 +111,7 @@ class LeanEncoder:
                     [layer.fc2])],
                 norms=[norm_of(layer.self_attn_layer_norm), norm_of(layer.final_layer_norm)],
                 scaling=attention.scaling, activation=layer.activation_fn, heads=attention.num_heads))
+        self.products = [layer["products"] for layer in layers]  # each layer's, for an account of its weights
         self.compiled = lean_step.compile_encoder_layers(layers)  # None: fairseq's encoder only
 
     def applies(self, src_tokens: Tensor) -> bool:

@@ -150,6 +150,7 @@ void register_prepacked_linear(pybind11::module& m) {
       .def_readonly("out_features", &PrepackedLinear::out_features)
       .def_readonly("in_features", &PrepackedLinear::in_features)
       .def_readonly("weight", &PrepackedLinear::weight)
+      .def_readonly("packed", &PrepackedLinear::packed, "MKL's packed copy of the weight (its memory)")
       .def_readonly("bias", &PrepackedLinear::bias)
       .def("__call__", &PrepackedLinear::operator())
       .def("mkl_product", &PrepackedLinear::mkl_product,
