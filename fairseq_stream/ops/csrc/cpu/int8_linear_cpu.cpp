@@ -382,16 +382,19 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor w
   auto out = torch::empty({rows, out_features}, x.options());
   if (rows == 0) return out;
   const Shape& shape = kern.for_rows(rows);
+  // The rows split into tiles of nearly equal size: 13 rows as 7 + 6, not 12 + 1, whose lone row would
+  // read the weight a second time with too few independent sums to hide vpdpbusd's latency.
+  const int64_t tiles = (rows + shape.rows - 1) / shape.rows, tile_rows = (rows + tiles - 1) / tiles;
   // int64 elements for every format (the AVX2 one needs 8 bytes; the others use the first half of the
   // buffer as int32).
   std::vector<int64_t> xq_storage(rows * quads);
   std::vector<float> scale(rows);
   void* xq = xq_storage.data();
   if (kern.format == Format::kWide16)
-    quantize_rows(x.data_ptr<float>(), rows, k, quads, shape.rows, kern.format, static_cast<int64_t*>(xq),
+    quantize_rows(x.data_ptr<float>(), rows, k, quads, tile_rows, kern.format, static_cast<int64_t*>(xq),
                   scale.data());
   else
-    quantize_rows(x.data_ptr<float>(), rows, k, quads, shape.rows, kern.format, static_cast<int32_t*>(xq),
+    quantize_rows(x.data_ptr<float>(), rows, k, quads, tile_rows, kern.format, static_cast<int32_t*>(xq),
                   scale.data());
   const int64_t element = kern.format == Format::kWide16 ? 8 : 4;
   const int8_t* w = packed.data_ptr<int8_t>();
@@ -403,8 +406,8 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor w
     for (int64_t group = first; group < last; ++group) {
       const int64_t p0 = group * shape.panels;
       const int panels = static_cast<int>(std::min<int64_t>(shape.panels, n_panels - p0));
-      for (int64_t m0 = 0; m0 < rows; m0 += shape.rows) {
-        const int r = static_cast<int>(std::min<int64_t>(shape.rows, rows - m0));
+      for (int64_t m0 = 0; m0 < rows; m0 += tile_rows) {
+        const int r = static_cast<int>(std::min<int64_t>(tile_rows, rows - m0));
         shape.table[(r - 1) * shape.panels + panels - 1](static_cast<const char*>(xq) + m0 * quads * element,
                                                           quads, w, p0, acc);
         const int64_t n0 = p0 * kCols, count = std::min<int64_t>(panels * kCols, out_features - n0);
