@@ -247,6 +247,19 @@ def table_what_you_get(results, doc):
         "int16",
     ])
 
+    q = {(r["search"], r["method"]): r for r in results.data("quantize_batch64")["rows"]}
+    f32, i8, ct8 = q[("var-batch", "ours float32")], q[("var-batch", "ours int8")], q[("var-batch", "CTranslate2 int8")]
+    rows.append([
+        "[Quantized decoding](docs/quantize.md) `--quantize int8`",
+        "var-batch k=5: **{}** our float32 ({} s against {} s), {} CTranslate2 int8's beam 5 time; {:.1f}% of "
+        "sentences as in float32, BLEU {:.2f} against {:.2f}".format(
+            x(f32["wall_s"] / i8["wall_s"]), s(i8["wall_s"]), s(f32["wall_s"]), x(i8["wall_s"] / ct8["wall_s"]),
+            100 * i8["identical_to_float32"], i8["bleu"], f32["bleu"]),
+        results.machine("quantize_batch64", short=True),
+        link(results, "quantize_batch64", doc),
+        "quantize_batch64",
+    ])
+
     bulk = results.data("bulk")["ranks"]
     rows.append([
         "[Bulk translation](docs/bulk.md) `fairseq-stream-bulk`",
@@ -365,6 +378,40 @@ def table_lean_runner(results, doc):
     out = table(["batch", "search", "sentences", "BLEU", "lean runner s", "fairseq's generator s",
                  "speedup vs fairseq", "CTranslate2 fp32 s", "our time / CTranslate2's"], rows)
     return out + [""] + provenance(results, doc, "step_batch64", "step_batch1")
+
+
+def table_quantize(results, doc):
+    rows = []
+    for key in ("quantize_batch64", "quantize_batch1"):
+        data = results.data(key)
+        found = {(r["search"], r["method"]): r for r in data["rows"]}
+        for r in data["rows"]:
+            peer = {"ours float32": "CTranslate2 float32", "ours int8": "CTranslate2 int8"}.get(r["method"])
+            versus = found.get((r["search"], peer)) if peer else None
+            rows.append([str(data["batch_size"]), "{} k={}".format(r["search"], r["k"]) if r["k"] > 1 else r["search"],
+                         r["method"], "{:.2f}".format(r["bleu"]), s(r["wall_s"]),
+                         "{:.1f}%".format(100 * r["identical_to_float32"]),
+                         x(r["wall_s"] / versus["wall_s"]) if versus else ""])
+    out = table(["batch", "search", "method", "BLEU", "seconds", "identical to its side's float32",
+                 "time / CTranslate2's at the same precision"], rows)
+    return out + [""] + provenance(results, doc, "quantize_batch64", "quantize_batch1")
+
+
+def table_quantize_standin(results, doc):
+    runs = {}
+    for r in results.data("quantize_standin"):
+        args = r["generate_args"]
+        precision = args[args.index("--quantize") + 1] if "--quantize" in args else "float32"
+        runner = "lean" if "--quantize" in args or "--runner" in args else "fairseq"
+        runs.setdefault((runner, precision), []).append(r["decode_s"])
+    base = sum(runs[("lean", "float32")]) / len(runs[("lean", "float32")])
+    rows = []
+    for (runner, precision), times in sorted(runs.items(), key=lambda kv: -sum(kv[1]) / len(kv[1])):
+        mean = sum(times) / len(times)
+        rows.append(["{} runner, {}".format(runner, precision), " / ".join("{:.1f}".format(t) for t in times),
+                     "{:.1f}".format(mean), x(base / mean)])
+    out = table(["method", "decoding s (runs)", "mean s", "speedup vs our float32"], rows)
+    return out + [""] + provenance(results, doc, "quantize_standin")
 
 
 def table_output_layer(results, doc):
@@ -518,6 +565,8 @@ TABLES = {
     "bulk": table_bulk,
     "newstest-m30k": table_newstest_m30k,
     "newstest-standin": table_newstest_standin,
+    "quantize": table_quantize,
+    "quantize-standin": table_quantize_standin,
 }
 
 

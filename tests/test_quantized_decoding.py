@@ -139,3 +139,14 @@ def test_the_float_weights_the_quantized_products_replace_are_released(loaded):
     assert differences(decode(kept, models, batches, None), decode(dec, own, batches, None), tolerance=0) == []
     with pytest.raises(FairseqStreamError, match="released by an earlier --quantize decoder"):
         build_decoder(spec, task, own)
+
+
+def test_topup_prints_what_batch_prints_in_int8(toy, capsys):
+    """Top-up changes when rows run, and int8 rows do not depend on their company: the same lines."""
+    common = [toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream", "--gen-subset", "test",
+              "--batch-size", "8", "--search", "fixed", "--beam", "5", "--quantize", "int8", "--cpu"]
+    generate_in_process(common)
+    batch = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-")]
+    generate_in_process(common + ["--generator", "topup"])
+    topup = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-")]
+    assert sorted(topup) == sorted(batch) and len(batch) == 2 * 37
