@@ -143,9 +143,9 @@ class BeamDecoder:
         self.output_layer = check_output_layer(output_layer)
         self.no_repeat_ngram_size = no_repeat_ngram_size
         self.output_backend = self._output_backend()
-        # One sentence at beam 1 runs in one compiled call where it can (_greedy_in_one_call); False keeps
-        # the Python loop (the reference the tests compare it with).
-        self.greedy_loop = True
+        # One sentence runs its whole search in one compiled call where it can (_one_sentence_in_one_call);
+        # False keeps the Python loop (the reference the tests compare it with).
+        self.compiled_loop = True
 
     def with_lengths(self, max_len_a: float, max_len_b: int, min_len: int) -> "BeamDecoder":
         """A copy sharing the runner and its weights, with other length rules and counters of its own
@@ -194,7 +194,7 @@ class BeamDecoder:
         self.check_call(prefix_tokens, constraints)
         start = time.perf_counter()
         with decoding():
-            results = self._greedy_in_one_call(sample["net_input"], bos_token)
+            results = self._one_sentence_in_one_call(sample["net_input"], bos_token)
             if results is None:
                 cohort = self.open(sample["net_input"], bos_token=bos_token)
                 results = {}
@@ -203,34 +203,41 @@ class BeamDecoder:
         self.stats.add_sentences(len(results), time.perf_counter() - start)
         return [released(results[i]) for i in range(len(results))]
 
-    def _greedy_in_one_call(self, net_input, bos_token) -> Optional[Dict[int, List[Dict[str, Tensor]]]]:
-        """One sentence decoded at beam 1 by the runner's compiled loop (``greedy_decode``), or None.
+    def _one_sentence_in_one_call(self, net_input, bos_token) -> Optional[Dict[int, List[Dict[str, Tensor]]]]:
+        """One sentence's search by the runner's compiled loop (``greedy_decode``, ``beam_decode``), or None.
 
-        The hypothesis the Python loop makes, bitwise (tests/test_greedy_loop.py):
-        the loop's words and cumulative scores, positional scores as their
-        differences and the score normalized, as ``_hypotheses`` and
-        ``_score_finalized`` make them. None (the Python loop runs) for more
-        than one sentence, an empty source, pruning, the n-gram blocker, the
-        reference output layer, per-step statistics, or a runner without the loop.
+        The hypotheses the Python loop makes, bitwise (tests/test_search_loop.py):
+        the loop's words and cumulative scores, made into hypotheses, scored
+        and ordered by ``_hypotheses``' and ``_score_finalized``'s arithmetic.
+        None (the Python loop runs) for more than one sentence, an empty
+        source, pruning or ``--finalize stay``, the n-gram blocker, the
+        reference output layer, per-step statistics, or a runner without the loops.
         """
         src = net_input["src_tokens"]
-        if not (self.greedy_loop and self.beam_size == 1 and self.finalize == "fairseq" and not self.pruning.active
-                and self.output_backend == "cpu" and self.repeat_ngram_blocker is None and not self.stats.keep_steps
-                and self.score_dtype == torch.float32 and src.size(0) == 1 and hasattr(self.runner, "greedy_decode")
+        if not (self.compiled_loop and self.dense and self.finalize == "fairseq" and self.output_backend == "cpu"
+                and self.repeat_ngram_blocker is None and not self.stats.keep_steps
+                and self.score_dtype == torch.float32 and src.size(0) == 1 and hasattr(self.runner, "beam_decode")
                 and bool((src.ne(self.eos) & src.ne(self.pad)).any())):
             return None
-        out = self.runner.greedy_decode(
-            net_input, bos=self.eos if bos_token is None else bos_token, max_len=int(self.max_lengths(src)[0]),
-            min_len=self.min_len, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty)
-        if out is None:
+        rules = dict(bos=self.eos if bos_token is None else bos_token, max_len=int(self.max_lengths(src)[0]),
+                     min_len=self.min_len, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty)
+        if self.beam_size == 1:
+            out = self.runner.greedy_decode(net_input, **rules)
+            finalized = None if out is None else [out]
+        else:
+            finalized = self.runner.beam_decode(net_input, k=self.beam_size, n=self.candidates_per_row, **rules)
+        if finalized is None:
             return None
-        words, cumulative = out
-        positional = cumulative.clone()
-        positional[1:] = positional[1:] - positional[:-1]
-        (score,) = self.normalized([float(cumulative[-1])], [words.numel()])
-        for length in range(1, words.numel() + 1):
-            self.stats.add_step(length, 1, 0.0)
-        return {0: [hyp.hypothesis(words, positional, torch.tensor(score, dtype=self.score_dtype))]}
+        hyps = []
+        for words, cumulative in finalized:
+            positional = cumulative.clone()
+            positional[1:] = positional[1:] - positional[:-1]
+            hyps.append(dict(hyp.hypothesis(words, positional), _final=cumulative[-1]))
+        (hyps, values), = self._score_finalized([hyps])
+        steps = max(h["tokens"].numel() for h in hyps)
+        for length in range(1, steps + 1):
+            self.stats.add_step(length, self.beam_size, 0.0)
+        return {0: hyp.best_first(hyps, values)}
 
     @staticmethod
     def check_call(prefix_tokens, constraints):

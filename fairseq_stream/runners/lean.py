@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.ops import attention, greedy_loop, lean_step
+from fairseq_stream.ops import attention, lean_step, search_loop
 from fairseq_stream.ops.packing import pack_by_sentence
 from fairseq_stream.runners.lean_model import EncoderKeys, LeanModel
 from fairseq_stream.runners.own_step import OwnStepRunner
@@ -275,26 +275,44 @@ class LeanRunner(OwnStepRunner):
         """
         return self._forward([s for st in states for s in st.segments], last_tokens.view(-1), logits), None
 
-    @torch.no_grad()
-    def greedy_decode(self, net_input, *, bos: int, max_len: int, min_len: int, pad: int, eos: int,
-                      unk: Optional[int], unk_penalty: float):
-        """One sentence decoded greedily in one compiled call (:mod:`fairseq_stream.ops.greedy_loop`).
-
-        Returns (words (steps,), cumulative scores (steps,) float32), EOS
-        last, bitwise what the decoder's Python loop computes for the
-        sentence at beam 1; None where the compiled loop does not apply (the
-        Python step's paths, more than one sentence).
-        """
-        src = net_input["src_tokens"]
-        if (src.size(0) != 1 or not (self.compiled_step and self.compiled_attention)
-                or any(m.greedy_loop is None for m in self.lean)):
+    def _one_sentence_encoders(self, net_input):
+        """Each model's encoder keys for the compiled search loops, or None where they do not apply (the
+        Python step's paths, more than one sentence)."""
+        if (net_input["src_tokens"].size(0) != 1 or not (self.compiled_step and self.compiled_attention)
+                or any(m.search_loop is None for m in self.lean)):
             return None
         encoders = [m.encode(net_input, self.packed_encoder) for m in self.lean]
-        if not attention.compiled_applies(encoders[0].keys[0]):
+        return encoders if attention.compiled_applies(encoders[0].keys[0]) else None
+
+    @torch.no_grad()
+    def greedy_decode(self, net_input, **rules):
+        """One sentence decoded greedily in one compiled call (:func:`fairseq_stream.ops.search_loop.greedy`).
+
+        ``rules``: ``bos, max_len, min_len, pad, eos, unk, unk_penalty``.
+        Returns (words (steps,), cumulative scores (steps,) float32), EOS
+        last, bitwise what the decoder's Python loop computes for the
+        sentence at beam 1; None where the compiled loop does not apply.
+        """
+        encoders = self._one_sentence_encoders(net_input)
+        if encoders is None:
             return None
-        return greedy_loop.decode([m.greedy_loop for m in self.lean], encoders, bos=bos, max_len=max_len,
-                                  min_len=min_len, pad=pad, eos=eos, unk=unk, unk_penalty=unk_penalty,
-                                  temperature=self.temperature)
+        loops = [m.search_loop for m in self.lean]
+        return search_loop.greedy(loops, encoders, temperature=self.temperature, **rules)
+
+    @torch.no_grad()
+    def beam_decode(self, net_input, **rules):
+        """One sentence's beam search in one compiled call (:func:`fairseq_stream.ops.search_loop.beam`).
+
+        ``rules``: ``k, n, bos, max_len, min_len, pad, eos, unk,
+        unk_penalty``. Returns the finalized hypotheses as (words, cumulative
+        scores) pairs in finalization order, bitwise the decoder's Python
+        loop's under fairseq's finalization; None where it does not apply.
+        """
+        encoders = self._one_sentence_encoders(net_input)
+        if encoders is None:
+            return None
+        loops = [m.search_loop for m in self.lean]
+        return search_loop.beam(loops, encoders, temperature=self.temperature, **rules)
 
     def release_float_weights(self) -> int:
         """Free the float weights that only quantized products read (``--quantize``); the bytes freed.

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_stream.ops import greedy_loop, lean_step
+from fairseq_stream.ops import lean_step, search_loop
 from fairseq_stream.runners import lean_encoder
 from fairseq_stream.runners.lean_weights import apply_norm, joined_linear, norm_of
 
@@ -92,7 +92,7 @@ class LeanModel:
         # Compiled for the CPU only: elsewhere its joined weights would be a copy nothing reads.
         if lean_encoder.unsupported_reason(model.encoder) is None and model.encoder.embed_tokens.weight.is_cpu:
             self.encoder = lean_encoder.LeanEncoder(model.encoder, self._position_table(model.encoder), quantize)
-        self.greedy_loop = greedy_loop.describe(self)  # None: the Python loop only
+        self.search_loop = search_loop.describe(self)  # None: the decoder's Python loop only
 
     @staticmethod
     def _position_table(coder):

@@ -405,6 +405,20 @@ void reorder_beam(Tensor tokens, Tensor scores, const Tensor& flat_parent, const
 
 }  // namespace
 
+std::vector<Tensor> fairseq_select_step(const Tensor& cand, const std::optional<Tensor>& local,
+                                        const std::optional<Tensor>& word_of, int64_t per_slot, int64_t k,
+                                        int64_t eos, int64_t step, const Tensor& done_len,
+                                        const Tensor& best_finished, const Tensor& max_lens, const Tensor& empty,
+                                        const Tensor& ids) {
+  return fairseq_select(cand, local, word_of, per_slot, k, eos, step, done_len, best_finished, max_lens, empty, ids,
+                        -1.0, -1.0, -1.0, -1);
+}
+
+void reorder_beam_histories(Tensor tokens, Tensor scores, const Tensor& flat_parent, const Tensor& extended,
+                            const Tensor& new_token, const Tensor& new_score, int64_t step) {
+  reorder_beam(tokens, scores, flat_parent, extended, new_token, new_score, step);
+}
+
 void register_beam_step(pybind11::module& m) {
   m.def("fairseq_select", &fairseq_select,
         "(cand (S, W), local (S, W) or None, word_of (S, W) or None, per_slot, k, eos, step, done_len (S, k), "

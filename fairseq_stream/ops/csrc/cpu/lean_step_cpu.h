@@ -1,6 +1,6 @@
 // The lean runner's decoder and encoder layers (lean_step_cpu.cpp): their weights as the compiled
 // calls take them, and one step of one model's decoder layers, bound into the same extension module
-// as the fused output layer. The greedy loop (greedy_loop_cpu.cpp) runs them too.
+// as the fused output layer. The search loops (search_loop_cpu.cpp) run them too.
 #pragma once
 
 #include <torch/extension.h>

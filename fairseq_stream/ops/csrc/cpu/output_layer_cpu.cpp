@@ -30,7 +30,7 @@
 #include "attention_cpu.h"
 #include "beam_step_cpu.h"
 #include "int16_linear_cpu.h"
-#include "greedy_loop_cpu.h"
+#include "search_loop_cpu.h"
 #include "lean_step_cpu.h"
 #include "output_layer_cpu.h"
 #include "prepacked_linear_cpu.h"
@@ -734,5 +734,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_attention(m);
   register_lean_step(m);
   register_quantized_linear(m);
-  register_greedy_loop(m);
+  register_search_loop(m);
 }

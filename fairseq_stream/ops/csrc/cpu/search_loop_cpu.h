@@ -1,4 +1,4 @@
-// Greedy decoding of one sentence on the lean runner in one call (greedy_loop_cpu.cpp).
+// One sentence's greedy or beam search on the lean runner in one call (search_loop_cpu.cpp).
 #pragma once
 
 #include <torch/extension.h>
@@ -38,4 +38,13 @@ std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
                                   int64_t min_len, int64_t pad, int64_t eos, int64_t unk, double unk_penalty,
                                   double temperature);
 
-void register_greedy_loop(pybind11::module& m);
+// The finalized hypotheses of one sentence's beam search with fairseq's finalization (--search fixed, k >= 2,
+// n candidates a row), in finalization order: [words, cumulative scores (float32)] flat, and their lengths.
+std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
+                                const std::vector<std::vector<Tensor>>& enc_keys,
+                                const std::vector<std::vector<Tensor>>& enc_values,
+                                const std::vector<std::optional<Tensor>>& masks, int64_t k, int64_t n, int64_t bos,
+                                int64_t max_len, int64_t min_len, int64_t pad, int64_t eos, int64_t unk,
+                                double unk_penalty, double temperature);
+
+void register_search_loop(pybind11::module& m);

@@ -1,21 +1,21 @@
-"""The compiled greedy loop (one sentence, the whole loop in C++) against the decoder's Python loop: bitwise."""
+"""The compiled search loops (one sentence, the whole loop in C++) against the decoder's Python loop: bitwise."""
 
 import pytest
 import torch
 
 from conftest import sorted_batches
 from fairseq_stream.decoder import BeamDecoder
-from fairseq_stream.ops import greedy_loop
+from fairseq_stream.ops import search_loop
 
-pytestmark = pytest.mark.skipif(greedy_loop._extension() is None, reason="the compiled CPU extension is not built")
+pytestmark = pytest.mark.skipif(search_loop._extension() is None, reason="the compiled CPU extension is not built")
 
 torch.set_num_threads(1)
 
 
-def python_loop(models, task, quantize="none", **rules):
-    dec = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", output_layer="auto",
+def python_loop(models, task, quantize="none", beam=1, **rules):
+    dec = BeamDecoder(models, task.target_dictionary, beam_size=beam, runner="lean", output_layer="auto",
                       keep_reference=False, quantize=quantize, **rules)
-    dec.greedy_loop = False  # the Python loop, the reference
+    dec.compiled_loop = False  # the Python loop, the reference
     return dec
 
 
@@ -51,31 +51,37 @@ def test_it_applies_only_to_one_sentence_of_compiled_float32_models(loaded, exac
     assert dec.runner.greedy_decode(two["net_input"], bos=2, max_len=5, min_len=1, pad=1, eos=2, unk=3,
                                     unk_penalty=0.0) is None
     models64, _ = exact("transformer")
-    assert python_loop(models64, task).runner.lean[0].greedy_loop is None
+    assert python_loop(models64, task).runner.lean[0].search_loop is None
     dec.runner.compiled_step = False
     one = sorted_batches(task, 1, 1)[0]
     assert dec.runner.greedy_decode(one["net_input"], bos=2, max_len=5, min_len=1, pad=1, eos=2, unk=3,
                                     unk_penalty=0.0) is None
 
 
+@pytest.mark.parametrize("beam, rules", [(1, {}), (5, {}), (3, dict(min_len=4, max_len_a=0, max_len_b=6, unk_penalty=1.5,
+                                                                     temperature=0.8, len_penalty=1.3))],
+                         ids=["greedy", "beam5", "beam3-rules"])
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 @pytest.mark.parametrize("name", ["transformer", "ensemble"])
-def test_decoder_gives_the_python_loops_hypotheses_one_sentence_at_a_time(loaded, monkeypatch, name, quantize):
+def test_decoder_gives_the_python_loops_hypotheses_one_sentence_at_a_time(loaded, monkeypatch, name, quantize, beam,
+                                                                         rules):
     from fairseq_stream.runners.lean import LeanRunner
 
     models, task = loaded(name)
-    reference = python_loop(models, task, quantize)
-    ours = python_loop(models, task, quantize)
-    ours.greedy_loop = True
-    calls, counted = [], LeanRunner.greedy_decode
-    monkeypatch.setattr(LeanRunner, "greedy_decode", lambda *a, **k: calls.append(1) or counted(*a, **k))
-    for sample in sorted_batches(task, 1, 40, subset="valid"):
+    reference = python_loop(models, task, quantize, beam, **rules)
+    ours = python_loop(models, task, quantize, beam, **rules)
+    ours.compiled_loop = True
+    loop = "greedy_decode" if beam == 1 else "beam_decode"
+    calls, counted = [], getattr(LeanRunner, loop)
+    monkeypatch.setattr(LeanRunner, loop, lambda *a, **k: calls.append(1) or counted(*a, **k))
+    for sample in sorted_batches(task, 1, 30, subset="valid"):
         with torch.no_grad():
             expected, got = reference.generate(models, sample), ours.generate(models, sample)
-        assert len(got) == 1 and len(got[0]) == 1
-        for key in ("tokens", "positional_scores", "score"):
-            assert torch.equal(got[0][0][key], expected[0][0][key]), key
-    assert len(calls) == 40
+        assert len(got) == 1 and len(got[0]) == len(expected[0])
+        for mine, theirs in zip(got[0], expected[0]):
+            for key in ("tokens", "positional_scores", "score"):
+                assert torch.equal(mine[key], theirs[key]), key
+    assert len(calls) == 30
     assert (ours.stats.timesteps, ours.stats.expansions) == (reference.stats.timesteps, reference.stats.expansions)
 
 
@@ -83,23 +89,26 @@ def test_fairseq_generate_one_sentence_at_a_time_prints_the_python_loops_lines(t
     from conftest import generate_in_process
     from fairseq_stream.runners.lean import LeanRunner
 
-    argv = [toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream", "--gen-subset", "test",
-            "--search", "greedy", "--cpu", "--batch-size", "1", "--quantize", "int8"]
-    generate_in_process(argv)
-    compiled = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-", "D-")]
-    monkeypatch.setattr(LeanRunner, "greedy_decode", lambda *a, **k: None)
-    generate_in_process(argv)
-    python = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-", "D-")]
-    assert compiled == python and len(compiled) == 3 * 37
+    for search in (["--search", "greedy", "--quantize", "int8"], ["--search", "fixed", "--beam", "4", "--nbest", "2",
+                                                                    "--runner", "lean"]):
+        argv = [toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream", "--gen-subset", "test",
+                "--cpu", "--batch-size", "1"] + search
+        generate_in_process(argv)
+        compiled = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-", "D-")]
+        with monkeypatch.context() as patched:
+            patched.setattr(LeanRunner, "_one_sentence_encoders", lambda *a, **k: None)
+            generate_in_process(argv)
+        python = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-", "D-")]
+        assert compiled == python and len(compiled) >= 3 * 37
 
 
 def test_an_empty_source_keeps_the_python_loop(loaded):
     models, task = loaded("transformer")
     dec = python_loop(models, task)
-    dec.greedy_loop = True
+    dec.compiled_loop = True
     eos = task.target_dictionary.eos()
     sample = {"net_input": {"src_tokens": torch.tensor([[eos]]), "src_lengths": torch.tensor([1])}}
     with torch.no_grad():
-        assert dec._greedy_in_one_call(sample["net_input"], None) is None
+        assert dec._one_sentence_in_one_call(sample["net_input"], None) is None
         (hyps,) = dec.generate(models, sample)
     assert hyps[0]["tokens"].tolist() == [eos]
