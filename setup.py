@@ -1,6 +1,6 @@
 """Install fairseq-stream: ``pip install --no-build-isolation -e .`` after torch.
 
-    pip install torch==2.13.0 numpy==2.4.6 cython
+    pip install torch==2.13.0 numpy==2.4.6 cython ninja   # ninja: the kernels compile on every core
     pip install --no-build-isolation -e .          # or without -e
 
 The compiled kernels (fairseq_stream._ops_cpu, and _ops_cuda where the

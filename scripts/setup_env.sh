@@ -41,8 +41,9 @@ step() {
 echo "fairseq-stream: setting up $VENV (first time: torch, then fairseq-fixed built from source, ~4 min)"
 step python3 -m venv "$VENV"
 step "$VENV/bin/pip" install --upgrade pip wheel setuptools
-# torch first and pinned: a looser requirement would pull a multi-GB CUDA build.
-step "$VENV/bin/pip" install torch==2.13.0 numpy==2.4.6 cython
+# torch first and pinned: a looser requirement would pull a multi-GB CUDA build. ninja lets torch's
+# BuildExtension compile the kernels' 14 files on every core (without it, one after another: minutes).
+step "$VENV/bin/pip" install torch==2.13.0 numpy==2.4.6 cython ninja==1.13.2
 # fairseq-fixed compiles against the torch and numpy above (no build isolation).
 step "$VENV/bin/pip" install --no-build-isolation -e '.[test]'
 # setup.py stops on a kernel that fails to build; this catches one that was built but does not load
