@@ -255,6 +255,12 @@ float row_peak(const float* row, int64_t k) {
   return peak;
 }
 
+// A row's scale: 127 / max |x| (1 for an all-zero row), as quantized_linear.reference_int8 has it.
+float row_scale(const float* row, int64_t k) {
+  const float peak = row_peak(row, k);
+  return peak > 0.f ? fs_quant::kInt8Max / peak : 1.f;
+}
+
 // q[i] = round(row[i] * s) (to nearest, ties to even: the default rounding mode, as torch.round), for
 // i < k, and 0 up to `padded`. A loop GCC vectorizes (-fno-trapping-math lets nearbyint become vroundps).
 void round_row(const float* row, int64_t k, int64_t padded, float s, int32_t* q) {
@@ -278,10 +284,8 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t quads, int64
   const int32_t shift = format == Format::kShifted8 ? 128 : 0;
   for (int64_t m = 0; m < rows; ++m) {
     const float* row = x + m * k;
-    const float peak = row_peak(row, k);
-    const float s = peak > 0.f ? fs_quant::kInt8Max / peak : 1.f;
-    scale[m] = s;
-    round_row(row, k, padded, s, q.data());
+    scale[m] = row_scale(row, k);
+    round_row(row, k, padded, scale[m], q.data());
     if (format == Format::kWide16)
       for (int64_t i = 0; i < padded; ++i) wide[i] = static_cast<int16_t>(q[i]);
     else
@@ -340,8 +344,7 @@ torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn
   const float* xs = x.data_ptr<float>();
   int8_t* qs = xq.data_ptr<int8_t>();
   for (int64_t m = 0; m < rows; ++m) {
-    const float peak = row_peak(xs + m * k, k);
-    scale[m] = peak > 0.f ? fs_quant::kInt8Max / peak : 1.f;
+    scale[m] = row_scale(xs + m * k, k);
     round_row(xs + m * k, k, k, scale[m], q.data());
     for (int64_t i = 0; i < k; ++i) qs[m * k + i] = static_cast<int8_t>(q[i]);
   }

@@ -49,74 +49,33 @@ Tensor LeanDecoderModel::logits(Tensor x) const {
   return output(x);
 }
 
-std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
-                                  const std::vector<std::vector<Tensor>>& enc_keys,
-                                  const std::vector<std::vector<Tensor>>& enc_values,
-                                  const std::vector<std::optional<Tensor>>& masks, int64_t bos, int64_t max_len,
-                                  int64_t min_len, int64_t pad, int64_t eos, int64_t unk, double unk_penalty,
-                                  double temperature) {
-  const size_t M = models.size();
-  TORCH_CHECK(M > 0 && enc_keys.size() == M && enc_values.size() == M && masks.size() == M,
-              "greedy_decode: one model, its encoder keys, values and mask each");
-  TORCH_CHECK(max_len >= 0, "greedy_decode: max_len >= 0");
-  const auto options = models[0].embed.options();
-  std::vector<Tensor> caches;
-  for (const auto& m : models) {
-    // Every position the sentence can reach, allocated once (the Python runner doubles from 32): an
-    // attention reads only the positions written, so the capacity changes no result.
-    caches.push_back(at::empty({2 * static_cast<int64_t>(m.layers.size()), 1, m.heads, max_len + 1, m.head_dim},
-                               options));
-  }
-  const Tensor row_sentence = at::zeros({1}, options.dtype(at::kLong));
-  const std::vector<int64_t> starts{0, 1};
-  const std::vector<std::optional<Tensor>> no_slot{std::nullopt};
-  const std::optional<Tensor> force = at::ones({1}, options.dtype(at::kBool));
-  std::vector<int64_t> tokens;
-  std::vector<float> cumulative;
-  Tensor token = at::full({1}, bos, options.dtype(at::kLong));
-  float total = 0.f;
-  for (int64_t step = 0; step <= max_len; ++step) {
-    std::vector<Tensor> logits;
-    for (size_t i = 0; i < M; ++i) {
-      const LeanDecoderModel& m = models[i];
-      Tensor x = m.embed_at(token, m.padding_idx + step + 1);
-      x = lean_layers(x, m.layers, {caches[i]}, no_slot, {step}, starts, {enc_keys[i]}, {enc_values[i]},
-                      {masks[i]}, {row_sentence});
-      logits.push_back(m.logits(x).contiguous());
-    }
-    const auto out = topk_log_softmax(logits, {}, 1, pad, eos, unk, unk_penalty, temperature, step < min_len,
-                                      std::nullopt, step >= max_len ? force : std::nullopt, std::nullopt);
-    const int64_t word = out[1].item<int64_t>();
-    // The decoder's candidate score: the word's log-probability plus the prefix's (float32 additions).
-    total = step == 0 ? out[0].item<float>() : total + out[0].item<float>();
-    tokens.push_back(word);
-    cumulative.push_back(total);
-    if (word == eos) break;
-    token.fill_(word);
-  }
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  Tensor words = at::empty({n}, options.dtype(at::kLong));
-  Tensor scores = at::empty({n}, options.dtype(at::kFloat));
-  std::copy(tokens.begin(), tokens.end(), words.data_ptr<int64_t>());
-  std::copy(cumulative.begin(), cumulative.end(), scores.data_ptr<float>());
-  return {words, scores};
-}
-
 namespace {
 
-// The decoder step of every model over the beam's k rows at `step`: each model's logits (k, V).
-std::vector<Tensor> beam_logits(const std::vector<LeanDecoderModel>& models, const std::vector<Tensor>& caches,
+// Each model's self-attention cache for `rows` rows, every position the sentence can reach allocated
+// once (the Python runner doubles from 32): an attention reads only the positions written, so the
+// capacity changes no result.
+std::vector<Tensor> new_caches(const std::vector<LeanDecoderModel>& models, int64_t rows, int64_t max_len) {
+  std::vector<Tensor> caches;
+  for (const auto& m : models)
+    caches.push_back(at::empty({2 * static_cast<int64_t>(m.layers.size()), rows, m.heads, max_len + 1, m.head_dim},
+                               m.embed.options()));
+  return caches;
+}
+
+// The decoder step of every model over the rows' last tokens at `step` (the caches hold the rows'
+// prefixes): each model's logits (rows, V).
+std::vector<Tensor> step_logits(const std::vector<LeanDecoderModel>& models, const std::vector<Tensor>& caches,
                                 const std::vector<std::vector<Tensor>>& enc_keys,
                                 const std::vector<std::vector<Tensor>>& enc_values,
                                 const std::vector<std::optional<Tensor>>& masks, const Tensor& last,
                                 const Tensor& row_sentence, int64_t step) {
-  const int64_t k = last.size(0);
+  const int64_t rows = last.size(0);
   const std::vector<std::optional<Tensor>> no_slot{std::nullopt};
   std::vector<Tensor> logits;
   for (size_t i = 0; i < models.size(); ++i) {
     const LeanDecoderModel& m = models[i];
     Tensor x = m.embed_at(last, m.padding_idx + step + 1);
-    x = lean_layers(x, m.layers, {caches[i]}, no_slot, {step}, {0, k}, {enc_keys[i]}, {enc_values[i]}, {masks[i]},
+    x = lean_layers(x, m.layers, {caches[i]}, no_slot, {step}, {0, rows}, {enc_keys[i]}, {enc_values[i]}, {masks[i]},
                     {row_sentence});
     logits.push_back(m.logits(x).contiguous());
   }
@@ -166,6 +125,45 @@ void follow_parents(Tensor& cache, const int64_t* parent, int64_t k, int64_t len
 
 }  // namespace
 
+std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
+                                  const std::vector<std::vector<Tensor>>& enc_keys,
+                                  const std::vector<std::vector<Tensor>>& enc_values,
+                                  const std::vector<std::optional<Tensor>>& masks, int64_t bos, int64_t max_len,
+                                  int64_t min_len, int64_t pad, int64_t eos, int64_t unk, double unk_penalty,
+                                  double temperature) {
+  const size_t M = models.size();
+  TORCH_CHECK(M > 0 && enc_keys.size() == M && enc_values.size() == M && masks.size() == M,
+              "greedy_decode: one model, its encoder keys, values and mask each");
+  TORCH_CHECK(max_len >= 0, "greedy_decode: max_len >= 0");
+  const auto options = models[0].embed.options();
+  std::vector<Tensor> caches = new_caches(models, 1, max_len);
+  const Tensor row_sentence = at::zeros({1}, options.dtype(at::kLong));
+  const std::optional<Tensor> force = at::ones({1}, options.dtype(at::kBool));
+  std::vector<int64_t> tokens;
+  std::vector<float> cumulative;
+  Tensor token = at::full({1}, bos, options.dtype(at::kLong));
+  float total = 0.f;
+  for (int64_t step = 0; step <= max_len; ++step) {
+    const std::vector<Tensor> logits = step_logits(models, caches, enc_keys, enc_values, masks, token, row_sentence,
+                                                   step);
+    const auto out = topk_log_softmax(logits, {}, 1, pad, eos, unk, unk_penalty, temperature, step < min_len,
+                                      std::nullopt, step >= max_len ? force : std::nullopt, std::nullopt);
+    const int64_t word = out[1].item<int64_t>();
+    // The decoder's candidate score: the word's log-probability plus the prefix's (float32 additions).
+    total = step == 0 ? out[0].item<float>() : total + out[0].item<float>();
+    tokens.push_back(word);
+    cumulative.push_back(total);
+    if (word == eos) break;
+    token.fill_(word);
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  Tensor words = at::empty({n}, options.dtype(at::kLong));
+  Tensor scores = at::empty({n}, options.dtype(at::kFloat));
+  std::copy(tokens.begin(), tokens.end(), words.data_ptr<int64_t>());
+  std::copy(cumulative.begin(), cumulative.end(), scores.data_ptr<float>());
+  return {words, scores};
+}
+
 std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
                                 const std::vector<std::vector<Tensor>>& enc_keys,
                                 const std::vector<std::vector<Tensor>>& enc_values,
@@ -178,10 +176,7 @@ std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
   TORCH_CHECK(k >= 2 && n >= k && max_len >= 0, "beam_decode: k >= 2, n >= k, max_len >= 0");
   const auto options = models[0].embed.options();
   const auto lng = options.dtype(at::kLong);
-  std::vector<Tensor> caches;
-  for (const auto& m : models)
-    caches.push_back(at::empty({2 * static_cast<int64_t>(m.layers.size()), k, m.heads, max_len + 1, m.head_dim},
-                               options));
+  std::vector<Tensor> caches = new_caches(models, k, max_len);
   // The decoder's cohort of one sentence (BeamDecoder.open): histories, finalized lengths, best finished.
   Tensor tokens = at::full({k, max_len + 2}, pad, lng);
   tokens.select(1, 0).fill_(bos);
@@ -192,7 +187,7 @@ std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
   std::vector<Tensor> kept_tokens, kept_cumulative;
   for (int64_t step = 0;; ++step) {
     std::vector<Tensor> logits =
-        beam_logits(models, caches, enc_keys, enc_values, masks, tokens.select(1, step), row_sentence, step);
+        step_logits(models, caches, enc_keys, enc_values, masks, tokens.select(1, step), row_sentence, step);
     if (step == 0)
       for (auto& x : logits) x = x.narrow(0, 0, 1);
     const int64_t rows = logits[0].size(0);
