@@ -138,18 +138,37 @@ def int16_linear(x: Tensor, p: PackedLinear, kernel: str = "auto") -> Tensor:
 
 def reference(x: Tensor, p: PackedLinear) -> Tensor:
     """The kernel's arithmetic in torch (int64 sums, the same roundings): identical floats."""
+    return integer_reference(x, p.a_max, quantized_weight(p), p.weight_inv, p.bias)
+
+
+def integer_reference(x: Tensor, a_max: int, weight: Tensor, weight_inv: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """The quantized kernels' arithmetic in torch, for a weight already quantized (any integer type).
+
+    Each row of ``x`` scaled to ``a_max`` by its largest magnitude and
+    rounded, the sums in int64 (the kernels' int32 sums, which never
+    overflow, are the same integers), each output dequantized as ``(float(acc)
+    * inv_a) * inv_w + b`` in float32. The int16 kernels' (``a_max`` from the
+    scale rule) and the int8 ones' (``a_max`` = 127,
+    :mod:`fairseq_stream.ops.quantized_linear`).
+    """
     x = x.float()
     peak = x.abs().amax(dim=1)
-    scale = torch.where(peak > 0, torch.tensor(float(p.a_max)) / peak, torch.ones_like(peak))
+    scale = torch.where(peak > 0, torch.tensor(float(a_max)) / peak, torch.ones_like(peak))
     qx = torch.round(x * scale[:, None]).to(torch.int64)
-    acc = qx @ quantized_weight(p).to(torch.int64).t()
+    acc = qx @ weight.to(torch.int64).t()
     inv_a = (1.0 / scale.double()).float()
-    y = (acc.float() * inv_a[:, None]) * p.weight_inv[None, :]
-    return y + p.bias if p.bias is not None else y
+    y = (acc.float() * inv_a[:, None]) * weight_inv[None, :]
+    return y + bias if bias is not None else y
 
 
-def error_bound(x: Tensor, weight: Tensor, p: PackedLinear) -> Tensor:
-    """Per output, how far :func:`int16_linear` may be from ``x @ weight.T`` in exact arithmetic."""
+def error_bound(x: Tensor, weight: Tensor, p) -> Tensor:
+    """Per output, how far :func:`int16_linear` may be from ``x @ weight.T`` in exact arithmetic.
+
+    ``p``: a :class:`PackedLinear`, or any packed weight with its ``a_max``,
+    ``weight_scale``, ``in_features`` and ``bias`` (the int8 one of
+    :mod:`fairseq_stream.ops.quantized_linear`): rounding moves each
+    quantized value by at most half a step on either side.
+    """
     x, w = x.double(), weight.double()
     peak = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-300)
     s_a = p.a_max / peak

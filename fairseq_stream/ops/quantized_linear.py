@@ -67,6 +67,7 @@ class Int8Packed:
     in_features: int
     out_features: int
     bias: Optional[Tensor]
+    a_max: int = INT8_MAX  # the largest |q_x| a row of x is scaled to
 
 
 def pack_int8(weight: Tensor, bias: Optional[Tensor] = None) -> Int8Packed:
@@ -158,10 +159,11 @@ def linear(weight: Tensor, bias: Optional[Tensor], kind: str, kernel_name: str =
         p = pack_int8(weight, bias)
         # oneDNN's GEMM takes calls of many rows where it sums exactly (AMX or VNNI): it keeps the weight a
         # second time, transposed (int8: half a float32 copy for both).
-        onednn = onednn_exact() and (kernel_name == "onednn" or onednn_from_rows(p.in_features) < NEVER)
+        from_rows = onednn_from_rows(p.in_features)
+        onednn = onednn_exact() and (kernel_name == "onednn" or from_rows < NEVER)
         weight_kn = int8_weight(p).t().contiguous() if onednn else None
         return ext.QuantizedLinear(8, p.packed, p.weight_inv, p.excess, 0, p.bias, p.in_features,
-                                   p.out_features, kernel_name, weight_kn, onednn_from_rows(p.in_features))
+                                   p.out_features, kernel_name, weight_kn, from_rows)
     if kind == "int16":
         p = int16_linear.pack(weight, bias)
         return ext.QuantizedLinear(16, p.packed, p.weight_inv, None, p.a_max, p.bias, p.in_features,
@@ -171,28 +173,11 @@ def linear(weight: Tensor, bias: Optional[Tensor], kind: str, kernel_name: str =
 
 def reference_int8(x: Tensor, p: Int8Packed) -> Tensor:
     """The int8 kernels' arithmetic in torch (int64 sums, the same roundings): identical floats."""
-    x = x.float()
-    peak = x.abs().amax(dim=1)
-    scale = torch.where(peak > 0, torch.tensor(float(INT8_MAX)) / peak, torch.ones_like(peak))
-    qx = torch.round(x * scale[:, None]).to(torch.int64)
-    acc = qx @ int8_weight(p).to(torch.int64).t()
-    inv_a = (1.0 / scale.double()).float()
-    y = (acc.float() * inv_a[:, None]) * p.weight_inv[None, :]
-    return y + p.bias if p.bias is not None else y
+    return int16_linear.integer_reference(x, p.a_max, int8_weight(p), p.weight_inv, p.bias)
 
 
 def int8_error_bound(x: Tensor, weight: Tensor, p: Int8Packed) -> Tensor:
-    """Per output, how far the int8 product may be from ``x @ weight.T`` in exact arithmetic.
-
-    Rounding moves each quantized value by at most half a step: ``|y -
-    y_exact| <= ||x||_1 / (2 s_w[n]) + ||W[n]||_1 / (2 s_a) + in / (4 s_a
-    s_w[n])``, plus float32 rounding (as :func:`int16_linear.error_bound`).
-    """
-    x, w = x.double(), weight.double()
-    peak = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-300)
-    s_a = INT8_MAX / peak
-    s_w = p.weight_scale[None, :]
-    quantization = (x.abs().sum(dim=1, keepdim=True) / (2 * s_w) + w.abs().sum(dim=1)[None, :] / (2 * s_a)
-                    + p.in_features / (4 * s_a * s_w))
-    magnitude = (x.abs() @ w.abs().t()) + quantization + (p.bias.abs().double() if p.bias is not None else 0)
-    return quantization + 6 * magnitude * 2.0 ** -24
+    """Per output, how far the int8 product may be from ``x @ weight.T`` in exact arithmetic: the bound of
+    :func:`fairseq_stream.ops.int16_linear.error_bound`, whose reasoning holds for any ``a_max`` and per-row
+    weight scales."""
+    return int16_linear.error_bound(x, weight, p)
