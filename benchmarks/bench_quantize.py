@@ -75,7 +75,7 @@ def weight_mb(runner):
     (``LeanRunner.release_float_weights``). A float32 runner reads every
     parameter, beside its MKL-packed copies.
     """
-    from fairseq_stream.runners.lean import _quantized_modules
+    from fairseq_stream.runners.lean import quantized_modules
 
     arranged = 0
     for lean in runner.lean:
@@ -90,7 +90,7 @@ def weight_mb(runner):
     floats = sum(p.numel() * p.element_size() for p in params.values())
     if runner.quantize is not None:
         replaced = {id(m.weight): m.weight for model, lean in zip(runner.model.models, runner.lean)
-                    for m in _quantized_modules(model, lean)}
+                    for m in quantized_modules(model, lean, runner.packed_encoder)}
         floats -= sum(w.numel() * w.element_size() for w in replaced.values())
     return arranged / 2 ** 20, floats / 2 ** 20
 

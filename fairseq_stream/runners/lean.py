@@ -110,14 +110,19 @@ def check_quantizable(model):
                                  "these are {} on {}".format(str(dtype).replace("torch.", ""), device.type))
 
 
-def _quantized_modules(model, lean):
-    """The ``nn.Linear`` modules of ``model`` whose weights only ``lean``'s quantized products read."""
+def quantized_modules(model, lean, lean_encoder: bool = True):
+    """The ``nn.Linear`` modules of ``model`` whose weights only ``lean``'s quantized products read.
+
+    The encoder's count only where the lean encoder runs (``lean_encoder``:
+    the runner's ``packed_encoder``, and the encoder compiled); elsewhere
+    fairseq's encoder reads them.
+    """
     decoder = model.decoder
     modules = [decoder.project_in_dim, decoder.project_out_dim]
     if decoder.output_projection.weight.data_ptr() != decoder.embed_tokens.weight.data_ptr():
         modules.append(decoder.output_projection)
     layers = list(decoder.layers)
-    if lean.encoder is not None:
+    if lean_encoder and lean.encoder is not None and lean.encoder.compiled is not None:
         layers += [model.encoder.layers[i] for i in range(len(model.encoder.layers))]
     for layer in layers:
         attentions = [layer.self_attn] + ([layer.encoder_attn] if getattr(layer, "encoder_attn", None) else [])
@@ -293,11 +298,7 @@ class LeanRunner(OwnStepRunner):
         last, bitwise what the decoder's Python loop computes for the
         sentence at beam 1; None where the compiled loop does not apply.
         """
-        encoders = self._one_sentence_encoders(net_input)
-        if encoders is None:
-            return None
-        loops = [m.search_loop for m in self.lean]
-        return search_loop.greedy(loops, encoders, temperature=self.temperature, **rules)
+        return self._in_one_call(search_loop.greedy, net_input, rules)
 
     @torch.no_grad()
     def beam_decode(self, net_input, **rules):
@@ -308,11 +309,13 @@ class LeanRunner(OwnStepRunner):
         scores) pairs in finalization order, bitwise the decoder's Python
         loop's under fairseq's finalization; None where it does not apply.
         """
+        return self._in_one_call(search_loop.beam, net_input, rules)
+
+    def _in_one_call(self, loop, net_input, rules):
         encoders = self._one_sentence_encoders(net_input)
         if encoders is None:
             return None
-        loops = [m.search_loop for m in self.lean]
-        return search_loop.beam(loops, encoders, temperature=self.temperature, **rules)
+        return loop([m.search_loop for m in self.lean], encoders, temperature=self.temperature, **rules)
 
     def release_float_weights(self) -> int:
         """Free the float weights that only quantized products read (``--quantize``); the bytes freed.
@@ -329,7 +332,7 @@ class LeanRunner(OwnStepRunner):
             return 0
         freed = 0
         for model, lean in zip(self.model.models, self.lean):
-            for module in _quantized_modules(model, lean):
+            for module in quantized_modules(model, lean, self.packed_encoder):
                 freed += module.weight.numel() * module.weight.element_size()
                 module.weight.data = module.weight.data.new_empty(0)
         return freed
