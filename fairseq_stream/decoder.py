@@ -143,7 +143,7 @@ class BeamDecoder:
         self.output_layer = check_output_layer(output_layer)
         self.no_repeat_ngram_size = no_repeat_ngram_size
         self.output_backend = self._output_backend()
-        # One sentence runs its whole search in one compiled call where it can (_one_sentence_in_one_call);
+        # The search runs in one compiled call where it can (_search_in_one_call: greedy, or one sentence's beam);
         # False keeps the Python loop (the reference the tests compare it with).
         self.compiled_loop = True
 
@@ -194,7 +194,7 @@ class BeamDecoder:
         self.check_call(prefix_tokens, constraints)
         start = time.perf_counter()
         with decoding():
-            results = self._one_sentence_in_one_call(sample["net_input"], bos_token)
+            results = self._search_in_one_call(sample["net_input"], bos_token)
             if results is None:
                 cohort = self.open(sample["net_input"], bos_token=bos_token)
                 results = {}
@@ -203,41 +203,54 @@ class BeamDecoder:
         self.stats.add_sentences(len(results), time.perf_counter() - start)
         return [released(results[i]) for i in range(len(results))]
 
-    def _one_sentence_in_one_call(self, net_input, bos_token) -> Optional[Dict[int, List[Dict[str, Tensor]]]]:
-        """One sentence's search by the runner's compiled loop (``greedy_decode``, ``beam_decode``), or None.
+    def _search_in_one_call(self, net_input, bos_token) -> Optional[Dict[int, List[Dict[str, Tensor]]]]:
+        """The search by the runner's compiled loop (``greedy_decode`` for a batch, ``beam_decode`` for one
+        sentence), or None.
 
         The hypotheses the Python loop makes, bitwise (tests/test_search_loop.py):
         the loop's words and cumulative scores, made into hypotheses, scored
         and ordered by ``_hypotheses``' and ``_score_finalized``'s arithmetic.
-        None (the Python loop runs) for more than one sentence, an empty
-        source, pruning or ``--finalize stay``, the n-gram blocker, the
-        reference output layer, per-step statistics, or a runner without the loops.
+        None (the Python loop runs) for a beam over more than one sentence,
+        an empty source, pruning or ``--finalize stay``, the n-gram blocker,
+        the reference output layer, per-step statistics, or a runner without
+        the loops.
         """
         src = net_input["src_tokens"]
         if not (self.compiled_loop and self.dense and self.finalize == "fairseq" and self.output_backend == "cpu"
                 and self.repeat_ngram_blocker is None and not self.stats.keep_steps
-                and self.score_dtype == torch.float32 and src.size(0) == 1 and hasattr(self.runner, "beam_decode")
-                and bool((src.ne(self.eos) & src.ne(self.pad)).any())):
+                and self.score_dtype == torch.float32 and (src.size(0) == 1 or self.beam_size == 1)
+                and hasattr(self.runner, "beam_decode") and src.size(0) > 0
+                and bool((src.ne(self.eos) & src.ne(self.pad)).any(dim=1).all())):
             return None
-        rules = dict(bos=self.eos if bos_token is None else bos_token, max_len=int(self.max_lengths(src)[0]),
-                     min_len=self.min_len, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty)
+        rules = dict(bos=self.eos if bos_token is None else bos_token, min_len=self.min_len, pad=self.pad,
+                     eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty)
+        max_lens = self.max_lengths(src).tolist()
         if self.beam_size == 1:
-            out = self.runner.greedy_decode(net_input, **rules)
-            finalized = None if out is None else [out]
+            found = self.runner.greedy_decode(net_input, max_lens=max_lens, **rules)
+            per_sentence = None if found is None else [[words_and_sums] for words_and_sums in found]
         else:
-            finalized = self.runner.beam_decode(net_input, k=self.beam_size, n=self.candidates_per_row, **rules)
-        if finalized is None:
+            found = self.runner.beam_decode(net_input, k=self.beam_size, n=self.candidates_per_row,
+                                            max_len=max_lens[0], **rules)
+            per_sentence = None if found is None else [found]
+        if per_sentence is None:
             return None
-        hyps = []
-        for words, cumulative in finalized:
-            positional = cumulative.clone()
-            positional[1:] = positional[1:] - positional[:-1]
-            hyps.append(dict(hyp.hypothesis(words, positional), _final=cumulative[-1]))
-        (hyps, values), = self._score_finalized([hyps])
-        steps = max(h["tokens"].numel() for h in hyps)
-        for length in range(1, steps + 1):
-            self.stats.add_step(length, self.beam_size, 0.0)
-        return {0: hyp.best_first(hyps, values)}
+        scored = self._score_finalized([[self._finalized_hypothesis(words, sums) for words, sums in finalized]
+                                        for finalized in per_sentence])
+        self._count_steps([max(h["tokens"].numel() for h in hyps) for hyps, _ in scored])
+        return {s: hyp.best_first(hyps, values) for s, (hyps, values) in enumerate(scored)}
+
+    @staticmethod
+    def _finalized_hypothesis(words: Tensor, cumulative: Tensor) -> Dict[str, Tensor]:
+        """A hypothesis from a compiled loop's words and running sums, as ``_finalize_fairseq`` makes it."""
+        positional = cumulative.clone()
+        positional[1:] = positional[1:] - positional[:-1]
+        return dict(hyp.hypothesis(words, positional), _final=cumulative[-1])
+
+    def _count_steps(self, lengths: List[int]):
+        """The statistics of the Python loop's steps for sentences that ran ``lengths`` steps: at step t
+        every sentence still running holds its k rows."""
+        for length in range(1, max(lengths) + 1):
+            self.stats.add_step(length, self.beam_size * sum(n >= length for n in lengths), 0.0)
 
     @staticmethod
     def check_call(prefix_tokens, constraints):

@@ -32,6 +32,7 @@ def test_compiled_step_same_bits_as_the_python_step(loaded, monkeypatch, name, s
     for compiled in (False, True):
         dec = quantized_decoder(models, task, search, quantize)
         dec.runner.compiled_step = compiled
+        dec.compiled_loop = False  # the step in the Python loop; tests/test_search_loop.py checks the compiled loop
         results.append(decode(dec, models, batches, None))
         assert bool(calls) == compiled
     assert differences(results[0], results[1], tolerance=0) == []

@@ -1,4 +1,5 @@
-"""The compiled search loops (one sentence, the whole loop in C++) against the decoder's Python loop: bitwise."""
+"""The compiled search loops (greedy for a batch, the beam for one sentence; the whole loop in C++) against the
+decoder's Python loop: bitwise."""
 
 import pytest
 import torch
@@ -20,51 +21,62 @@ def python_loop(models, task, quantize="none", beam=1, **rules):
 
 
 def compiled_words_and_positional_scores(dec, sample):
+    """Each sentence's (words, positional scores) from the runner's compiled greedy loop."""
     src = sample["net_input"]["src_tokens"]
-    words, cumulative = dec.runner.greedy_decode(
-        sample["net_input"], bos=dec.eos, max_len=int(dec.max_lengths(src)[0]), min_len=dec.min_len, pad=dec.pad,
+    found = dec.runner.greedy_decode(
+        sample["net_input"], bos=dec.eos, max_lens=dec.max_lengths(src).tolist(), min_len=dec.min_len, pad=dec.pad,
         eos=dec.eos, unk=dec.unk, unk_penalty=dec.unk_penalty)
-    positional = cumulative.clone()
-    positional[1:] = positional[1:] - positional[:-1]
-    return words, positional
+    out = []
+    for words, cumulative in found:
+        positional = cumulative.clone()
+        positional[1:] = positional[1:] - positional[:-1]
+        out.append((words, positional))
+    return out
 
 
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 @pytest.mark.parametrize("name", ["transformer", "ensemble"])
-@pytest.mark.parametrize("rules", [{}, dict(min_len=6, max_len_a=0, max_len_b=7, unk_penalty=2.0, temperature=0.7)],
-                         ids=["plain", "rules"])
-def test_runner_loop_gives_the_python_loops_words_and_scores(loaded, name, quantize, rules):
+@pytest.mark.parametrize("rules", [{}, dict(min_len=6, max_len_a=0, max_len_b=7, unk_penalty=2.0, temperature=0.7),
+                                   dict(max_len_a=0.5, max_len_b=2), dict(min_len=20, max_len_a=2, max_len_b=20)],
+                         ids=["plain", "rules", "per-sentence-max-len", "past-the-first-cache"])
+@pytest.mark.parametrize("batch", [1, 12])
+def test_runner_loop_gives_the_python_loops_words_and_scores(loaded, name, quantize, rules, batch):
     models, task = loaded(name)
     dec = python_loop(models, task, quantize, **rules)
-    for sample in sorted_batches(task, 1, 40, subset="valid"):
+    for sample in sorted_batches(task, batch, 40, subset="valid"):
         with torch.no_grad():
-            expected = dec.generate(models, sample)[0][0]
-        words, positional = compiled_words_and_positional_scores(dec, sample)
-        assert torch.equal(words, expected["tokens"])
-        assert torch.equal(positional, expected["positional_scores"])
+            expected = dec.generate(models, sample)
+        got = compiled_words_and_positional_scores(dec, sample)
+        assert len(got) == len(expected)
+        for (words, positional), hyps in zip(got, expected):
+            assert torch.equal(words, hyps[0]["tokens"])
+            assert torch.equal(positional, hyps[0]["positional_scores"])
 
 
-def test_it_applies_only_to_one_sentence_of_compiled_float32_models(loaded, exact):
+def test_it_applies_to_compiled_float32_models_and_the_beam_to_one_sentence(loaded, exact):
     models, task = loaded("transformer")
     dec = python_loop(models, task)
     two = sorted_batches(task, 2, 4)[0]
-    assert dec.runner.greedy_decode(two["net_input"], bos=2, max_len=5, min_len=1, pad=1, eos=2, unk=3,
-                                    unk_penalty=0.0) is None
+    assert dec.runner.beam_decode(two["net_input"], k=2, n=4, bos=2, max_len=5, min_len=1, pad=1, eos=2, unk=3,
+                                  unk_penalty=0.0) is None
+    assert len(dec.runner.greedy_decode(two["net_input"], bos=2, max_lens=[5, 5], min_len=1, pad=1, eos=2, unk=3,
+                                        unk_penalty=0.0)) == 2
     models64, _ = exact("transformer")
     assert python_loop(models64, task).runner.lean[0].search_loop is None
     dec.runner.compiled_step = False
     one = sorted_batches(task, 1, 1)[0]
-    assert dec.runner.greedy_decode(one["net_input"], bos=2, max_len=5, min_len=1, pad=1, eos=2, unk=3,
+    assert dec.runner.greedy_decode(one["net_input"], bos=2, max_lens=[5], min_len=1, pad=1, eos=2, unk=3,
                                     unk_penalty=0.0) is None
 
 
-@pytest.mark.parametrize("beam, rules", [(1, {}), (5, {}), (3, dict(min_len=4, max_len_a=0, max_len_b=6, unk_penalty=1.5,
-                                                                     temperature=0.8, len_penalty=1.3))],
-                         ids=["greedy", "beam5", "beam3-rules"])
+@pytest.mark.parametrize("beam, rules, batch", [
+    (1, {}, 1), (5, {}, 1), (3, dict(min_len=4, max_len_a=0, max_len_b=6, unk_penalty=1.5, temperature=0.8,
+                                     len_penalty=1.3), 1),
+    (1, {}, 8), (1, dict(min_len=3, max_len_a=0.6, max_len_b=1, unk_penalty=1.5, len_penalty=0.7), 8)],
+    ids=["greedy", "beam5", "beam3-rules", "greedy-batch", "greedy-batch-rules"])
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 @pytest.mark.parametrize("name", ["transformer", "ensemble"])
-def test_decoder_gives_the_python_loops_hypotheses_one_sentence_at_a_time(loaded, monkeypatch, name, quantize, beam,
-                                                                         rules):
+def test_decoder_gives_the_python_loops_hypotheses(loaded, monkeypatch, name, quantize, beam, rules, batch):
     from fairseq_stream.runners.lean import LeanRunner
 
     models, task = loaded(name)
@@ -74,14 +86,17 @@ def test_decoder_gives_the_python_loops_hypotheses_one_sentence_at_a_time(loaded
     loop = "greedy_decode" if beam == 1 else "beam_decode"
     calls, counted = [], getattr(LeanRunner, loop)
     monkeypatch.setattr(LeanRunner, loop, lambda *a, **k: calls.append(1) or counted(*a, **k))
-    for sample in sorted_batches(task, 1, 30, subset="valid"):
+    batches = sorted_batches(task, batch, 30, subset="valid")
+    for sample in batches:
         with torch.no_grad():
             expected, got = reference.generate(models, sample), ours.generate(models, sample)
-        assert len(got) == 1 and len(got[0]) == len(expected[0])
-        for mine, theirs in zip(got[0], expected[0]):
-            for key in ("tokens", "positional_scores", "score"):
-                assert torch.equal(mine[key], theirs[key]), key
-    assert len(calls) == 30
+        assert len(got) == len(expected) == sample["id"].numel()
+        for mine_n, theirs_n in zip(got, expected):
+            assert len(mine_n) == len(theirs_n)
+            for mine, theirs in zip(mine_n, theirs_n):
+                for key in ("tokens", "positional_scores", "score"):
+                    assert torch.equal(mine[key], theirs[key]), key
+    assert len(calls) == len(batches)
     assert (ours.stats.timesteps, ours.stats.expansions) == (reference.stats.timesteps, reference.stats.expansions)
 
 
@@ -96,7 +111,7 @@ def test_fairseq_generate_one_sentence_at_a_time_prints_the_python_loops_lines(t
         generate_in_process(argv)
         compiled = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-", "D-")]
         with monkeypatch.context() as patched:
-            patched.setattr(LeanRunner, "_one_sentence_encoders", lambda *a, **k: None)
+            patched.setattr(LeanRunner, "_loop_encoders", lambda *a, **k: None)
             generate_in_process(argv)
         python = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-", "D-")]
         assert compiled == python and len(compiled) >= 3 * 37
@@ -106,9 +121,14 @@ def test_an_empty_source_keeps_the_python_loop(loaded):
     models, task = loaded("transformer")
     dec = python_loop(models, task)
     dec.compiled_loop = True
-    eos = task.target_dictionary.eos()
+    d = task.target_dictionary
+    eos, pad, word = d.eos(), d.pad(), d.nspecial  # the first real word
     sample = {"net_input": {"src_tokens": torch.tensor([[eos]]), "src_lengths": torch.tensor([1])}}
+    batch = {"net_input": {"src_tokens": torch.tensor([[word, eos], [pad, eos]]), "src_lengths": torch.tensor([2, 1])}}
     with torch.no_grad():
-        assert dec._one_sentence_in_one_call(sample["net_input"], None) is None
+        assert dec._search_in_one_call(sample["net_input"], None) is None
+        assert dec._search_in_one_call(batch["net_input"], None) is None
         (hyps,) = dec.generate(models, sample)
+        both = dec.generate(models, batch)
     assert hyps[0]["tokens"].tolist() == [eos]
+    assert len(both) == 2 and both[1][0]["tokens"].tolist() == [eos]

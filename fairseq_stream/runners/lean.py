@@ -280,10 +280,10 @@ class LeanRunner(OwnStepRunner):
         """
         return self._forward([s for st in states for s in st.segments], last_tokens.view(-1), logits), None
 
-    def _one_sentence_encoders(self, net_input):
+    def _loop_encoders(self, net_input, batch: bool):
         """Each model's encoder keys for the compiled search loops, or None where they do not apply (the
-        Python step's paths, more than one sentence)."""
-        if (net_input["src_tokens"].size(0) != 1 or not (self.compiled_step and self.compiled_attention)
+        Python step's paths; more than one sentence where not ``batch``)."""
+        if ((net_input["src_tokens"].size(0) != 1 and not batch) or not (self.compiled_step and self.compiled_attention)
                 or any(m.search_loop is None for m in self.lean)):
             return None
         encoders = [m.encode(net_input, self.packed_encoder) for m in self.lean]
@@ -291,14 +291,15 @@ class LeanRunner(OwnStepRunner):
 
     @torch.no_grad()
     def greedy_decode(self, net_input, **rules):
-        """One sentence decoded greedily in one compiled call (:func:`fairseq_stream.ops.search_loop.greedy`).
+        """A batch decoded greedily in one compiled call (:func:`fairseq_stream.ops.search_loop.greedy`).
 
-        ``rules``: ``bos, max_len, min_len, pad, eos, unk, unk_penalty``.
-        Returns (words (steps,), cumulative scores (steps,) float32), EOS
-        last, bitwise what the decoder's Python loop computes for the
-        sentence at beam 1; None where the compiled loop does not apply.
+        ``rules``: ``bos, max_lens`` (one per sentence), ``min_len, pad, eos,
+        unk, unk_penalty``. Returns each sentence's (words, cumulative scores
+        float32), EOS last, bitwise what the decoder's Python loop computes
+        for the batch at beam 1; None where the compiled loop does not apply.
         """
-        return self._in_one_call(search_loop.greedy, net_input, rules)
+        encoders = self._loop_encoders(net_input, batch=True)
+        return None if encoders is None else self._in_one_call(search_loop.greedy, encoders, rules)
 
     @torch.no_grad()
     def beam_decode(self, net_input, **rules):
@@ -309,12 +310,10 @@ class LeanRunner(OwnStepRunner):
         scores) pairs in finalization order, bitwise the decoder's Python
         loop's under fairseq's finalization; None where it does not apply.
         """
-        return self._in_one_call(search_loop.beam, net_input, rules)
+        encoders = self._loop_encoders(net_input, batch=False)
+        return None if encoders is None else self._in_one_call(search_loop.beam, encoders, rules)
 
-    def _in_one_call(self, loop, net_input, rules):
-        encoders = self._one_sentence_encoders(net_input)
-        if encoders is None:
-            return None
+    def _in_one_call(self, loop, encoders, rules):
         return loop([m.search_loop for m in self.lean], encoders, temperature=self.temperature, **rules)
 
     def release_float_weights(self) -> int:

@@ -12,9 +12,11 @@
 
 #include "search_loop_cpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <vector>
 
@@ -68,14 +70,13 @@ std::vector<Tensor> step_logits(const std::vector<LeanDecoderModel>& models, con
                                 const std::vector<std::vector<Tensor>>& enc_keys,
                                 const std::vector<std::vector<Tensor>>& enc_values,
                                 const std::vector<std::optional<Tensor>>& masks, const Tensor& last,
-                                const Tensor& row_sentence, int64_t step) {
+                                const Tensor& row_sentence, int64_t step, const std::optional<Tensor>& slot) {
   const int64_t rows = last.size(0);
-  const std::vector<std::optional<Tensor>> no_slot{std::nullopt};
   std::vector<Tensor> logits;
   for (size_t i = 0; i < models.size(); ++i) {
     const LeanDecoderModel& m = models[i];
     Tensor x = m.embed_at(last, m.padding_idx + step + 1);
-    x = lean_layers(x, m.layers, {caches[i]}, no_slot, {step}, {0, rows}, {enc_keys[i]}, {enc_values[i]}, {masks[i]},
+    x = lean_layers(x, m.layers, {caches[i]}, {slot}, {step}, {0, rows}, {enc_keys[i]}, {enc_values[i]}, {masks[i]},
                     {row_sentence});
     logits.push_back(m.logits(x).contiguous());
   }
@@ -125,43 +126,95 @@ void follow_parents(Tensor& cache, const int64_t* parent, int64_t k, int64_t len
 
 }  // namespace
 
+namespace {
+
+// Positions a new cache holds (the Python runner's INITIAL_CAPACITY): a batch's caches are sized for the
+// steps it runs, doubling as they grow, not for the longest output any of its sentences may reach.
+constexpr int64_t kInitialPositions = 32;
+
+// `caches` with room for `positions` positions, rows 0..rows-1 holding slots `slot` (written positions
+// 0..length-1 only), as the Python runner's _resized: the copy also drops the slots of ended sentences.
+void grow_caches(std::vector<Tensor>& caches, const Tensor& slot, int64_t positions, int64_t length) {
+  for (auto& cache : caches) {
+    Tensor grown = at::empty({cache.size(0), slot.size(0), cache.size(2), positions, cache.size(4)}, cache.options());
+    grown.narrow(3, 0, length).copy_(cache.index_select(1, slot).narrow(3, 0, length));
+    cache = grown;
+  }
+}
+
+}  // namespace
+
 std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
                                   const std::vector<std::vector<Tensor>>& enc_keys,
                                   const std::vector<std::vector<Tensor>>& enc_values,
-                                  const std::vector<std::optional<Tensor>>& masks, int64_t bos, int64_t max_len,
-                                  int64_t min_len, int64_t pad, int64_t eos, int64_t unk, double unk_penalty,
-                                  double temperature) {
+                                  const std::vector<std::optional<Tensor>>& masks, int64_t bos,
+                                  const std::vector<int64_t>& max_lens, int64_t min_len, int64_t pad, int64_t eos,
+                                  int64_t unk, double unk_penalty, double temperature) {
   const size_t M = models.size();
   TORCH_CHECK(M > 0 && enc_keys.size() == M && enc_values.size() == M && masks.size() == M,
               "greedy_decode: one model, its encoder keys, values and mask each");
-  TORCH_CHECK(max_len >= 0, "greedy_decode: max_len >= 0");
+  const int64_t S = static_cast<int64_t>(max_lens.size());
+  TORCH_CHECK(S > 0 && *std::min_element(max_lens.begin(), max_lens.end()) >= 0,
+              "greedy_decode: a max_len >= 0 per sentence");
+  const int64_t longest = *std::max_element(max_lens.begin(), max_lens.end());
   const auto options = models[0].embed.options();
-  std::vector<Tensor> caches = new_caches(models, 1, max_len);
-  const Tensor row_sentence = at::zeros({1}, options.dtype(at::kLong));
-  const std::optional<Tensor> force = at::ones({1}, options.dtype(at::kBool));
-  std::vector<int64_t> tokens;
-  std::vector<float> cumulative;
-  Tensor token = at::full({1}, bos, options.dtype(at::kLong));
-  float total = 0.f;
-  for (int64_t step = 0; step <= max_len; ++step) {
-    const std::vector<Tensor> logits = step_logits(models, caches, enc_keys, enc_values, masks, token, row_sentence,
-                                                   step);
+  const auto lng = options.dtype(at::kLong);
+  int64_t positions = std::min(longest + 1, kInitialPositions);
+  std::vector<Tensor> caches = new_caches(models, S, positions - 1);
+  // Row r runs sentence live[r] from cache slot slot[r]: an ending sentence's row leaves (the Python loop drops
+  // it before the next step), the others keep their order and their slots.
+  std::vector<int64_t> live(S);
+  std::iota(live.begin(), live.end(), 0);
+  Tensor slot = at::arange(S, lng), row_sentence = slot.clone();
+  Tensor last = at::full({S}, bos, lng);
+  std::vector<std::vector<int64_t>> words(S);
+  std::vector<std::vector<float>> sums(S);
+  for (int64_t step = 0; !live.empty(); ++step) {
+    const int64_t rows = static_cast<int64_t>(live.size());
+    if (step >= positions) {
+      positions = std::min(2 * positions, longest + 1);
+      grow_caches(caches, slot, positions, step);
+      slot = at::arange(rows, lng);
+    }
+    std::optional<Tensor> force;
+    for (int64_t r = 0; r < rows && !force; ++r)
+      if (step >= max_lens[live[r]]) force = at::empty({rows}, options.dtype(at::kBool));
+    if (force)
+      for (int64_t r = 0; r < rows; ++r) force->data_ptr<bool>()[r] = step >= max_lens[live[r]];
+    const std::vector<Tensor> logits =
+        step_logits(models, caches, enc_keys, enc_values, masks, last, row_sentence, step, slot);
     const auto out = topk_log_softmax(logits, {}, 1, pad, eos, unk, unk_penalty, temperature, step < min_len,
-                                      std::nullopt, step >= max_len ? force : std::nullopt, std::nullopt);
-    const int64_t word = out[1].item<int64_t>();
-    // The decoder's candidate score: the word's log-probability plus the prefix's (float32 additions).
-    total = step == 0 ? out[0].item<float>() : total + out[0].item<float>();
-    tokens.push_back(word);
-    cumulative.push_back(total);
-    if (word == eos) break;
-    token.fill_(word);
+                                      std::nullopt, force, std::nullopt);
+    const float* value = out[0].data_ptr<float>();
+    const int64_t* word = out[1].data_ptr<int64_t>();
+    std::vector<int64_t> kept;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t s = live[r];
+      // The decoder's candidate score: the word's log-probability plus the prefix's (float32 additions).
+      sums[s].push_back(step == 0 ? value[r] : sums[s].back() + value[r]);
+      words[s].push_back(word[r]);
+      if (word[r] != eos) kept.push_back(r);
+    }
+    if (static_cast<int64_t>(kept.size()) == rows) {
+      last = out[1].view({rows});
+      continue;
+    }
+    const Tensor keep = at::tensor(kept, lng);
+    slot = slot.index_select(0, keep);
+    row_sentence = row_sentence.index_select(0, keep);
+    last = out[1].view({rows}).index_select(0, keep);
+    std::vector<int64_t> next;
+    for (int64_t r : kept) next.push_back(live[r]);
+    live.swap(next);
   }
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  Tensor words = at::empty({n}, options.dtype(at::kLong));
-  Tensor scores = at::empty({n}, options.dtype(at::kFloat));
-  std::copy(tokens.begin(), tokens.end(), words.data_ptr<int64_t>());
-  std::copy(cumulative.begin(), cumulative.end(), scores.data_ptr<float>());
-  return {words, scores};
+  std::vector<int64_t> flat_words, lengths;
+  std::vector<float> flat_sums;
+  for (int64_t s = 0; s < S; ++s) {
+    flat_words.insert(flat_words.end(), words[s].begin(), words[s].end());
+    flat_sums.insert(flat_sums.end(), sums[s].begin(), sums[s].end());
+    lengths.push_back(static_cast<int64_t>(words[s].size()));
+  }
+  return {at::tensor(flat_words, lng), at::tensor(flat_sums, options.dtype(at::kFloat)), at::tensor(lengths, lng)};
 }
 
 std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
@@ -187,7 +240,8 @@ std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
   std::vector<Tensor> kept_tokens, kept_cumulative;
   for (int64_t step = 0;; ++step) {
     std::vector<Tensor> logits =
-        step_logits(models, caches, enc_keys, enc_values, masks, tokens.select(1, step), row_sentence, step);
+        step_logits(models, caches, enc_keys, enc_values, masks, tokens.select(1, step), row_sentence, step,
+                    std::nullopt);
     if (step == 0)
       for (auto& x : logits) x = x.narrow(0, 0, 1);
     const int64_t rows = logits[0].size(0);
@@ -243,10 +297,11 @@ void register_search_loop(pybind11::module& m) {
            py::arg("embed_norm"), py::arg("layers"), py::arg("final_norm"), py::arg("project_out"),
            py::arg("output"), py::arg("padding_idx"), py::arg("heads"), py::arg("head_dim"));
   m.def("greedy_decode", &greedy_decode,
-        "(models, per model: encoder keys [layers], values [layers], mask or None; bos, max_len, min_len, pad, "
-        "eos, unk (-1: none), unk_penalty, temperature) -> [words (steps,), cumulative scores (steps,) float32]",
+        "(models, per model: encoder keys [layers], values [layers], mask or None; bos, max_lens (one per "
+        "sentence), min_len, pad, eos, unk (-1: none), unk_penalty, temperature) -> [words, cumulative scores "
+        "(float32), lengths]: each sentence's words (EOS last), flat in sentence order",
         py::arg("models"), py::arg("enc_keys"), py::arg("enc_values"), py::arg("masks"), py::arg("bos"),
-        py::arg("max_len"), py::arg("min_len"), py::arg("pad"), py::arg("eos"), py::arg("unk"),
+        py::arg("max_lens"), py::arg("min_len"), py::arg("pad"), py::arg("eos"), py::arg("unk"),
         py::arg("unk_penalty"), py::arg("temperature"), py::call_guard<py::gil_scoped_release>());
   m.def("beam_decode", &beam_decode,
         "(models, per model: encoder keys [layers], values [layers], mask or None; k, n (candidates a row), bos, "

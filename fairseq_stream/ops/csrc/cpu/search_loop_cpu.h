@@ -1,4 +1,4 @@
-// One sentence's greedy or beam search on the lean runner in one call (search_loop_cpu.cpp).
+// A batch's greedy search or one sentence's beam search on the lean runner in one call (search_loop_cpu.cpp).
 #pragma once
 
 #include <torch/extension.h>
@@ -29,14 +29,16 @@ struct __attribute__((visibility("hidden"))) LeanDecoderModel {
   Tensor logits(Tensor x) const;
 };
 
-// [words (steps,) int64, cumulative scores (steps,) float32]: the words chosen step by step (the last
-// is EOS) and the running sums of their log-probabilities, as the Python loop keeps them.
+// Greedy search of a batch (one sentence per entry of max_lens): [words int64, cumulative scores float32,
+// lengths]: each sentence's words chosen step by step (the last is EOS) and the running sums of their
+// log-probabilities, as the Python loop keeps them, flat in sentence order. A sentence's row leaves the
+// batch at the step after its EOS, as in the Python loop, so every step runs the rows the Python loop runs.
 std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
                                   const std::vector<std::vector<Tensor>>& enc_keys,
                                   const std::vector<std::vector<Tensor>>& enc_values,
-                                  const std::vector<std::optional<Tensor>>& masks, int64_t bos, int64_t max_len,
-                                  int64_t min_len, int64_t pad, int64_t eos, int64_t unk, double unk_penalty,
-                                  double temperature);
+                                  const std::vector<std::optional<Tensor>>& masks, int64_t bos,
+                                  const std::vector<int64_t>& max_lens, int64_t min_len, int64_t pad, int64_t eos,
+                                  int64_t unk, double unk_penalty, double temperature);
 
 // The finalized hypotheses of one sentence's beam search with fairseq's finalization (--search fixed, k >= 2,
 // n candidates a row), in finalization order: [words, cumulative scores (float32)] flat, and their lengths.
