@@ -143,7 +143,7 @@ class BeamDecoder:
         self.output_layer = check_output_layer(output_layer)
         self.no_repeat_ngram_size = no_repeat_ngram_size
         self.output_backend = self._output_backend()
-        # The search runs in one compiled call where it can (_search_in_one_call: greedy, or one sentence's beam);
+        # The search runs in one compiled call where it can (_search_in_one_call);
         # False keeps the Python loop (the reference the tests compare it with).
         self.compiled_loop = True
 
@@ -204,39 +204,33 @@ class BeamDecoder:
         return [released(results[i]) for i in range(len(results))]
 
     def _search_in_one_call(self, net_input, bos_token) -> Optional[Dict[int, List[Dict[str, Tensor]]]]:
-        """The search by the runner's compiled loop (``greedy_decode`` for a batch, ``beam_decode`` for one
-        sentence), or None.
+        """The search by the runner's compiled loop (``greedy_decode``, ``beam_decode``), or None.
 
         The hypotheses the Python loop makes, bitwise (tests/test_search_loop.py):
         the loop's words and cumulative scores, made into hypotheses, scored
         and ordered by ``_hypotheses``' and ``_score_finalized``'s arithmetic.
-        None (the Python loop runs) for a beam over more than one sentence,
-        an empty source, pruning or ``--finalize stay``, the n-gram blocker,
-        the reference output layer, per-step statistics, or a runner without
-        the loops.
+        None (the Python loop runs) for an empty source, pruning or
+        ``--finalize stay``, the n-gram blocker, the reference output layer,
+        per-step statistics, or a runner without the loops.
         """
         src = net_input["src_tokens"]
         if not (self.compiled_loop and self.dense and self.finalize == "fairseq" and self.output_backend == "cpu"
                 and self.repeat_ngram_blocker is None and not self.stats.keep_steps
-                and self.score_dtype == torch.float32 and (src.size(0) == 1 or self.beam_size == 1)
-                and hasattr(self.runner, "beam_decode") and src.size(0) > 0
+                and self.score_dtype == torch.float32 and hasattr(self.runner, "beam_decode") and src.size(0) > 0
                 and bool((src.ne(self.eos) & src.ne(self.pad)).any(dim=1).all())):
             return None
-        rules = dict(bos=self.eos if bos_token is None else bos_token, min_len=self.min_len, pad=self.pad,
-                     eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty)
-        max_lens = self.max_lengths(src).tolist()
+        rules = dict(bos=self.eos if bos_token is None else bos_token, max_lens=self.max_lengths(src).tolist(),
+                     min_len=self.min_len, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty)
         if self.beam_size == 1:
-            found = self.runner.greedy_decode(net_input, max_lens=max_lens, **rules)
-            per_sentence = None if found is None else [[words_and_sums] for words_and_sums in found]
+            found = self.runner.greedy_decode(net_input, **rules)
         else:
-            found = self.runner.beam_decode(net_input, k=self.beam_size, n=self.candidates_per_row,
-                                            max_len=max_lens[0], **rules)
-            per_sentence = None if found is None else [found]
-        if per_sentence is None:
+            found = self.runner.beam_decode(net_input, k=self.beam_size, n=self.candidates_per_row, **rules)
+        if found is None:
             return None
+        per_sentence, steps = found
         scored = self._score_finalized([[self._finalized_hypothesis(words, sums) for words, sums in finalized]
                                         for finalized in per_sentence])
-        self._count_steps([max(h["tokens"].numel() for h in hyps) for hyps, _ in scored])
+        self._count_steps(steps)
         return {s: hyp.best_first(hyps, values) for s, (hyps, values) in enumerate(scored)}
 
     @staticmethod

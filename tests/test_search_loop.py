@@ -23,11 +23,12 @@ def python_loop(models, task, quantize="none", beam=1, **rules):
 def compiled_words_and_positional_scores(dec, sample):
     """Each sentence's (words, positional scores) from the runner's compiled greedy loop."""
     src = sample["net_input"]["src_tokens"]
-    found = dec.runner.greedy_decode(
+    found, steps = dec.runner.greedy_decode(
         sample["net_input"], bos=dec.eos, max_lens=dec.max_lengths(src).tolist(), min_len=dec.min_len, pad=dec.pad,
         eos=dec.eos, unk=dec.unk, unk_penalty=dec.unk_penalty)
+    assert steps == [len(words) for (words, _), in found]
     out = []
-    for words, cumulative in found:
+    for (words, cumulative), in found:
         positional = cumulative.clone()
         positional[1:] = positional[1:] - positional[:-1]
         out.append((words, positional))
@@ -53,14 +54,16 @@ def test_runner_loop_gives_the_python_loops_words_and_scores(loaded, name, quant
             assert torch.equal(positional, hyps[0]["positional_scores"])
 
 
-def test_it_applies_to_compiled_float32_models_and_the_beam_to_one_sentence(loaded, exact):
+def test_it_applies_to_compiled_float32_models(loaded, exact):
     models, task = loaded("transformer")
     dec = python_loop(models, task)
     two = sorted_batches(task, 2, 4)[0]
-    assert dec.runner.beam_decode(two["net_input"], k=2, n=4, bos=2, max_len=5, min_len=1, pad=1, eos=2, unk=3,
-                                  unk_penalty=0.0) is None
-    assert len(dec.runner.greedy_decode(two["net_input"], bos=2, max_lens=[5, 5], min_len=1, pad=1, eos=2, unk=3,
-                                        unk_penalty=0.0)) == 2
+    found, steps = dec.runner.beam_decode(two["net_input"], k=2, n=4, bos=2, max_lens=[5, 5], min_len=1, pad=1, eos=2,
+                                          unk=3, unk_penalty=0.0)
+    assert len(found) == len(steps) == 2 and all(1 <= len(hyps) <= 2 for hyps in found)
+    found, steps = dec.runner.greedy_decode(two["net_input"], bos=2, max_lens=[5, 5], min_len=1, pad=1, eos=2, unk=3,
+                                            unk_penalty=0.0)
+    assert len(found) == len(steps) == 2
     models64, _ = exact("transformer")
     assert python_loop(models64, task).runner.lean[0].search_loop is None
     dec.runner.compiled_step = False
@@ -72,8 +75,11 @@ def test_it_applies_to_compiled_float32_models_and_the_beam_to_one_sentence(load
 @pytest.mark.parametrize("beam, rules, batch", [
     (1, {}, 1), (5, {}, 1), (3, dict(min_len=4, max_len_a=0, max_len_b=6, unk_penalty=1.5, temperature=0.8,
                                      len_penalty=1.3), 1),
-    (1, {}, 8), (1, dict(min_len=3, max_len_a=0.6, max_len_b=1, unk_penalty=1.5, len_penalty=0.7), 8)],
-    ids=["greedy", "beam5", "beam3-rules", "greedy-batch", "greedy-batch-rules"])
+    (1, {}, 8), (1, dict(min_len=3, max_len_a=0.6, max_len_b=1, unk_penalty=1.5, len_penalty=0.7), 8),
+    (5, {}, 8), (4, dict(min_len=3, max_len_a=0.6, max_len_b=1, unk_penalty=1.5, len_penalty=0.7), 8),
+    (3, dict(min_len=20, max_len_a=2, max_len_b=20), 12)],
+    ids=["greedy", "beam5", "beam3-rules", "greedy-batch", "greedy-batch-rules", "beam5-batch", "beam4-batch-rules",
+         "beam3-batch-past-the-first-cache"])
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 @pytest.mark.parametrize("name", ["transformer", "ensemble"])
 def test_decoder_gives_the_python_loops_hypotheses(loaded, monkeypatch, name, quantize, beam, rules, batch):
@@ -100,14 +106,16 @@ def test_decoder_gives_the_python_loops_hypotheses(loaded, monkeypatch, name, qu
     assert (ours.stats.timesteps, ours.stats.expansions) == (reference.stats.timesteps, reference.stats.expansions)
 
 
-def test_fairseq_generate_one_sentence_at_a_time_prints_the_python_loops_lines(toy, capsys, monkeypatch):
+def test_fairseq_generate_prints_the_python_loops_lines(toy, capsys, monkeypatch):
     from conftest import generate_in_process
     from fairseq_stream.runners.lean import LeanRunner
 
-    for search in (["--search", "greedy", "--quantize", "int8"], ["--search", "fixed", "--beam", "4", "--nbest", "2",
-                                                                    "--runner", "lean"]):
+    for search in (["--search", "greedy", "--quantize", "int8", "--batch-size", "1"],
+                   ["--search", "fixed", "--beam", "4", "--nbest", "2", "--runner", "lean", "--batch-size", "1"],
+                   ["--search", "greedy", "--batch-size", "16"],
+                   ["--search", "fixed", "--beam", "5", "--nbest", "3", "--quantize", "int8", "--batch-size", "16"]):
         argv = [toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream", "--gen-subset", "test",
-                "--cpu", "--batch-size", "1"] + search
+                "--cpu"] + search
         generate_in_process(argv)
         compiled = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-", "D-")]
         with monkeypatch.context() as patched:

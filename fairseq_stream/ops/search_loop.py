@@ -1,4 +1,4 @@
-"""A batch's greedy search or one sentence's beam search on the lean runner, the whole loop in one compiled call (CPU).
+"""A batch's greedy or beam search on the lean runner, the whole loop in one compiled call (CPU).
 
 One sentence at a time (``--batch-size 1``, the latency case), a step of the
 Multi30k transformer is little arithmetic: about 0.1 ms of products in int8
@@ -19,11 +19,12 @@ forces it, ``--unkpen``, ``--temperature``); then
   loop costs more than the row;
 * :func:`beam`: fairseq's finalization (``--search fixed``), the compiled
   selection of :mod:`fairseq_stream.ops.beam_step` and the histories' and
-  caches' move to the next beam, until the sentence ends; it returns the
-  finalized hypotheses, which the decoder scores and orders as its own.
+  caches' move to the next beam, until every sentence ends, a sentence's
+  rows leaving at the step after it ends; it returns the finalized
+  hypotheses, which the decoder scores and orders as its own.
 
-The same ops and kernels in the same order as the Python loop for one
-sentence, so words and scores are bitwise the Python loop's
+The same ops and kernels in the same order, over the same rows, as the
+Python loop, so words and scores are bitwise the Python loop's
 (tests/test_search_loop.py). They apply where every model's layers are
 compiled (:func:`describe` is not None) and the models are float32 on the CPU.
 """
@@ -35,6 +36,10 @@ from torch import Tensor
 
 from fairseq_stream.ops import lean_step
 from fairseq_stream.ops.output_layer import compiled_module
+
+
+# Each sentence's hypotheses [(words, cumulative scores)], and the steps each sentence ran.
+Found = Tuple[List[List[Tuple[Tensor, Tensor]]], List[int]]
 
 
 def _extension():
@@ -70,8 +75,9 @@ def _encoders(encoders: List):
 
 
 def greedy(models: List, encoders: List, *, bos: int, max_lens: List[int], min_len: int, pad: int, eos: int,
-           unk: Optional[int], unk_penalty: float, temperature: float) -> List[Tuple[Tensor, Tensor]]:
-    """Each sentence's greedy words (EOS last) and the running sums of their log-probabilities (float32).
+           unk: Optional[int], unk_penalty: float, temperature: float) -> Found:
+    """A batch's greedy search: each sentence's one hypothesis (words, EOS last, and the running sums of
+    their log-probabilities in float32), and the steps each ran.
 
     ``models``: :func:`describe` of each model; ``encoders``: each model's
     ``EncoderKeys`` for the batch; ``max_lens``: each sentence's maximum length.
@@ -80,19 +86,25 @@ def greedy(models: List, encoders: List, *, bos: int, max_lens: List[int], min_l
         models, *_encoders(encoders), int(bos), [int(m) for m in max_lens], int(min_len), int(pad), int(eos),
         -1 if unk is None else int(unk), float(unk_penalty), float(temperature))
     sizes = lengths.tolist()
-    return list(zip(words.split(sizes), cumulative.split(sizes)))
+    return [[found] for found in zip(words.split(sizes), cumulative.split(sizes))], sizes
 
 
-def beam(models: List, encoders: List, *, k: int, n: int, bos: int, max_len: int, min_len: int, pad: int, eos: int,
-         unk: Optional[int], unk_penalty: float, temperature: float) -> List[Tuple[Tensor, Tensor]]:
-    """One sentence's beam search of width ``k`` (``n`` candidates a row) with fairseq's finalization.
+def beam(models: List, encoders: List, *, k: int, n: int, bos: int, max_lens: List[int], min_len: int, pad: int,
+         eos: int, unk: Optional[int], unk_penalty: float, temperature: float) -> Found:
+    """A batch's beam search of width ``k`` (``n`` candidates a row) with fairseq's finalization.
 
-    Returns the finalized hypotheses in the order they were finalized, at
-    most ``k``: each (words with EOS last, the running sums of their
-    log-probabilities in float32, the last its final cumulative score).
+    Returns each sentence's finalized hypotheses in the order they were
+    finalized, at most ``k``: each (words with EOS last, the running sums of
+    their log-probabilities in float32, the last its final cumulative
+    score); and the steps each sentence ran.
     """
-    words, cumulative, lengths = _extension().beam_decode(
-        models, *_encoders(encoders), int(k), int(n), int(bos), int(max_len), int(min_len), int(pad), int(eos),
-        -1 if unk is None else int(unk), float(unk_penalty), float(temperature))
+    words, cumulative, lengths, counts, steps = _extension().beam_decode(
+        models, *_encoders(encoders), int(k), int(n), int(bos), [int(m) for m in max_lens], int(min_len), int(pad),
+        int(eos), -1 if unk is None else int(unk), float(unk_penalty), float(temperature))
     sizes = lengths.tolist()
-    return list(zip(words.split(sizes), cumulative.split(sizes)))
+    hyps = list(zip(words.split(sizes), cumulative.split(sizes)))
+    per_sentence, at = [], 0
+    for count in counts.tolist():
+        per_sentence.append(hyps[at: at + count])
+        at += count
+    return per_sentence, steps.tolist()

@@ -280,11 +280,10 @@ class LeanRunner(OwnStepRunner):
         """
         return self._forward([s for st in states for s in st.segments], last_tokens.view(-1), logits), None
 
-    def _loop_encoders(self, net_input, batch: bool):
+    def _loop_encoders(self, net_input):
         """Each model's encoder keys for the compiled search loops, or None where they do not apply (the
-        Python step's paths; more than one sentence where not ``batch``)."""
-        if ((net_input["src_tokens"].size(0) != 1 and not batch) or not (self.compiled_step and self.compiled_attention)
-                or any(m.search_loop is None for m in self.lean)):
+        Python step's paths)."""
+        if not (self.compiled_step and self.compiled_attention) or any(m.search_loop is None for m in self.lean):
             return None
         encoders = [m.encode(net_input, self.packed_encoder) for m in self.lean]
         return encoders if attention.compiled_applies(encoders[0].keys[0]) else None
@@ -294,26 +293,29 @@ class LeanRunner(OwnStepRunner):
         """A batch decoded greedily in one compiled call (:func:`fairseq_stream.ops.search_loop.greedy`).
 
         ``rules``: ``bos, max_lens`` (one per sentence), ``min_len, pad, eos,
-        unk, unk_penalty``. Returns each sentence's (words, cumulative scores
-        float32), EOS last, bitwise what the decoder's Python loop computes
-        for the batch at beam 1; None where the compiled loop does not apply.
+        unk, unk_penalty``. Returns each sentence's [(words, cumulative scores
+        float32)], EOS last, and the steps each ran: bitwise what the
+        decoder's Python loop computes for the batch at beam 1; None where the
+        compiled loop does not apply.
         """
-        encoders = self._loop_encoders(net_input, batch=True)
-        return None if encoders is None else self._in_one_call(search_loop.greedy, encoders, rules)
+        return self._in_one_call(search_loop.greedy, net_input, rules)
 
     @torch.no_grad()
     def beam_decode(self, net_input, **rules):
-        """One sentence's beam search in one compiled call (:func:`fairseq_stream.ops.search_loop.beam`).
+        """A batch's beam search in one compiled call (:func:`fairseq_stream.ops.search_loop.beam`).
 
-        ``rules``: ``k, n, bos, max_len, min_len, pad, eos, unk,
-        unk_penalty``. Returns the finalized hypotheses as (words, cumulative
-        scores) pairs in finalization order, bitwise the decoder's Python
-        loop's under fairseq's finalization; None where it does not apply.
+        ``rules``: ``k, n, bos, max_lens, min_len, pad, eos, unk,
+        unk_penalty``. Returns each sentence's finalized hypotheses as
+        (words, cumulative scores) pairs in finalization order, and the steps
+        each ran: bitwise the decoder's Python loop's under fairseq's
+        finalization; None where it does not apply.
         """
-        encoders = self._loop_encoders(net_input, batch=False)
-        return None if encoders is None else self._in_one_call(search_loop.beam, encoders, rules)
+        return self._in_one_call(search_loop.beam, net_input, rules)
 
-    def _in_one_call(self, loop, encoders, rules):
+    def _in_one_call(self, loop, net_input, rules):
+        encoders = self._loop_encoders(net_input)
+        if encoders is None:
+            return None
         return loop([m.search_loop for m in self.lean], encoders, temperature=self.temperature, **rules)
 
     def release_float_weights(self) -> int:

@@ -14,12 +14,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <numeric>
 #include <optional>
 #include <vector>
 
+#include "attention_cpu.h"
 #include "beam_step_cpu.h"
 #include "lean_step_cpu.h"
 #include "output_layer_cpu.h"
@@ -83,45 +83,57 @@ std::vector<Tensor> step_logits(const std::vector<LeanDecoderModel>& models, con
   return logits;
 }
 
-// The selection's candidates as BeamDecoder._fused_candidates lays them out for one sentence: (1, k * n)
-// scores, log-probabilities and words. At step 0 every row holds the start and only row 0 is extended.
+// The selection's candidates as BeamDecoder._fused_candidates lays them out: (S, k * n) scores, log-probabilities
+// and words. At step 0 every row holds the start and only each sentence's first row was run (values: (S, n)).
 std::vector<Tensor> beam_candidates(const Tensor& values, const Tensor& indices, const Tensor& scores, int64_t k,
                                     int64_t step) {
   const int64_t n = values.size(1);
   if (step == 0) {
-    Tensor cand = at::full({k, n}, -std::numeric_limits<float>::infinity(), values.options());
-    Tensor local = at::zeros({k, n}, values.options());
-    Tensor word = at::zeros({k, n}, indices.options());
-    cand[0].copy_(values[0]);
-    local[0].copy_(values[0]);
-    word[0].copy_(indices[0]);
-    return {cand.view({1, k * n}), local.view({1, k * n}), word.view({1, k * n})};
+    const int64_t S = values.size(0);
+    Tensor cand = at::full({S, k, n}, -std::numeric_limits<float>::infinity(), values.options());
+    Tensor local = at::zeros({S, k, n}, values.options());
+    Tensor word = at::zeros({S, k, n}, indices.options());
+    cand.select(1, 0).copy_(values);
+    local.select(1, 0).copy_(values);
+    word.select(1, 0).copy_(indices);
+    return {cand.view({S, k * n}), local.view({S, k * n}), word.view({S, k * n})};
   }
+  const int64_t S = values.size(0) / k;
   const Tensor cand = values + scores.narrow(1, step - 1, 1);
-  return {cand.view({1, k * n}), values.view({1, k * n}), indices.view({1, k * n})};
+  return {cand.view({S, k * n}), values.view({S, k * n}), indices.view({S, k * n})};
 }
 
-// Rows r of the beam continue rows parent[r]: positions 0..length-1 of each cache row whose parent is another
-// row are copied from the parent (through a buffer: parents may be overwritten). Rows that continue
-// themselves, often most of a beam, are not touched (index_select moved every row, a tenth of a step).
-void follow_parents(Tensor& cache, const int64_t* parent, int64_t k, int64_t length) {
-  std::vector<int64_t> moved;
-  for (int64_t r = 0; r < k; ++r)
-    if (parent[r] != r) moved.push_back(r);
-  if (moved.empty() || length == 0) return;
-  const int64_t layers = cache.size(0), heads = cache.size(2), capacity = cache.size(3), dim = cache.size(4);
-  const int64_t block = length * dim;  // one head's written positions
-  float* base = cache.data_ptr<float>();
-  auto at = [&](int64_t l, int64_t row, int64_t h) { return base + ((l * k + row) * heads + h) * capacity * dim; };
-  std::vector<float> buffer(layers * moved.size() * heads * block);
-  float* out = buffer.data();
-  for (int64_t l = 0; l < layers; ++l)
-    for (int64_t r : moved)
-      for (int64_t h = 0; h < heads; ++h, out += block) std::memcpy(out, at(l, parent[r], h), block * sizeof(float));
-  const float* in = buffer.data();
-  for (int64_t l = 0; l < layers; ++l)
-    for (int64_t r : moved)
-      for (int64_t h = 0; h < heads; ++h, in += block) std::memcpy(at(l, r, h), in, block * sizeof(float));
+// Rows r of the next beam continue rows parent[r] (the rows that stay): each keeps its parent's cache slot; a
+// parent's second and later children get free slots with a copy of its positions 0..length-1 (the Python
+// runner's _reorder_segment). Slots no row keeps, those of ended sentences among them, become free. Returns
+// each row's slot. Rows never outnumber the slots: a beam's rows only ever shrink.
+std::vector<int64_t> follow_parents(std::vector<Tensor>& caches, const std::vector<int64_t>& slot,
+                                    const int64_t* parent, int64_t rows, int64_t length) {
+  const int64_t capacity = caches[0].size(1);
+  std::vector<char> used(capacity, 0);
+  std::vector<int64_t> next(rows), children;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t s = slot[parent[r]];
+    if (used[s]) {
+      children.push_back(r);
+      continue;
+    }
+    used[s] = 1;
+    next[r] = s;
+  }
+  if (children.empty()) return next;
+  std::vector<int64_t> source, target;
+  for (int64_t j = 0, c = 0; c < static_cast<int64_t>(children.size()); ++j) {
+    if (used[j]) continue;
+    source.push_back(slot[parent[children[c]]]);
+    target.push_back(j);
+    next[children[c]] = j;
+    ++c;
+  }
+  const auto lng = caches[0].options().dtype(at::kLong);
+  const Tensor from = at::tensor(source, lng), to = at::tensor(target, lng);
+  for (auto& cache : caches) copy_cache_slots_(cache, from, to, length);
+  return next;
 }
 
 }  // namespace
@@ -137,7 +149,7 @@ constexpr int64_t kInitialPositions = 32;
 void grow_caches(std::vector<Tensor>& caches, const Tensor& slot, int64_t positions, int64_t length) {
   for (auto& cache : caches) {
     Tensor grown = at::empty({cache.size(0), slot.size(0), cache.size(2), positions, cache.size(4)}, cache.options());
-    grown.narrow(3, 0, length).copy_(cache.index_select(1, slot).narrow(3, 0, length));
+    grown.narrow(3, 0, length).copy_(cache.narrow(3, 0, length).index_select(1, slot));
     cache = grown;
   }
 }
@@ -217,67 +229,165 @@ std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
   return {at::tensor(flat_words, lng), at::tensor(flat_sums, options.dtype(at::kFloat)), at::tensor(lengths, lng)};
 }
 
+namespace {
+
+// The beam search's state for the sentences still running (BeamDecoder's cohort): k rows a sentence.
+struct Beams {
+  std::vector<int64_t> sentence;  // the batch index of each running sentence
+  Tensor tokens, scores;          // histories (rows, max_len + 2), (rows, max_len + 1)
+  Tensor done_len, best_finished, max_lens, empty, ids, row_sentence;
+  std::vector<Tensor> caches;
+  std::vector<int64_t> slot;  // each row's cache slot
+  int64_t positions;
+};
+
+// The EOS hypotheses the selection finalized this step (_finalize_fairseq), at most k a sentence.
+void keep_finalized(const Beams& b, const std::vector<Tensor>& sel, int64_t k, int64_t step, int64_t eos,
+                    std::vector<std::vector<std::pair<Tensor, Tensor>>>& kept) {
+  const int64_t S = static_cast<int64_t>(b.sentence.size());
+  const int64_t* summary = sel[10].data_ptr<int64_t>();
+  const bool* eos_mask = sel[4].data_ptr<bool>();
+  const int64_t* top_slot = sel[5].data_ptr<int64_t>();
+  const float* top_score = sel[6].data_ptr<float>();
+  for (int64_t i = 0; i < S; ++i) {
+    auto& mine = kept[b.sentence[i]];
+    for (int64_t j = 0; j < k && summary[2 * S + i] > 0 && static_cast<int64_t>(mine.size()) < k; ++j) {
+      if (!eos_mask[i * k + j]) continue;
+      const int64_t row = i * k + top_slot[i * k + j];
+      Tensor words = b.tokens[row].narrow(0, 1, step + 1).clone();
+      words[step] = eos;
+      Tensor cumulative = b.scores[row].narrow(0, 0, step + 1).clone();
+      cumulative[step] = top_score[i * k + j];
+      mine.emplace_back(words, cumulative);
+    }
+  }
+}
+
+// The next beam (_next_beam): rows follow their parents; sentences that ended leave, with their rows.
+void next_beam(Beams& b, const std::vector<Tensor>& sel, int64_t k, int64_t step, const std::vector<int64_t>& ending) {
+  const Tensor &flat_parent = sel[11], extended = sel[3].view({-1}), token = sel[1].view({-1}),
+               score = sel[2].view({-1});
+  b.done_len = sel[7];
+  b.best_finished = sel[8];
+  if (ending.empty()) {
+    reorder_beam_histories(b.tokens, b.scores, flat_parent, extended, token, score, step);
+    b.slot = follow_parents(b.caches, b.slot, flat_parent.data_ptr<int64_t>(), flat_parent.numel(), step + 1);
+    return;
+  }
+  const int64_t S = static_cast<int64_t>(b.sentence.size());
+  std::vector<int64_t> keep, rows_keep, sentence;
+  for (int64_t i = 0, e = 0; i < S; ++i) {
+    if (e < static_cast<int64_t>(ending.size()) && ending[e] == i) {
+      ++e;
+      continue;
+    }
+    keep.push_back(i);
+    sentence.push_back(b.sentence[i]);
+    for (int64_t j = 0; j < k; ++j) rows_keep.push_back(i * k + j);
+  }
+  const auto lng = b.tokens.options().dtype(at::kLong);
+  const Tensor kept = at::tensor(keep, lng), kept_rows = at::tensor(rows_keep, lng);
+  const Tensor parent = flat_parent.index_select(0, kept_rows);
+  // Whole rows in one copy: the columns not written yet are padding in every row.
+  b.tokens = b.tokens.index_select(0, parent);
+  b.scores = b.scores.index_select(0, parent);
+  const Tensor ext = extended.index_select(0, kept_rows);
+  b.tokens.select(1, step + 1).copy_(at::where(ext, token.index_select(0, kept_rows), b.tokens.select(1, step + 1)));
+  b.scores.select(1, step).copy_(at::where(ext, score.index_select(0, kept_rows), b.scores.select(1, step)));
+  b.done_len = b.done_len.index_select(0, kept);
+  b.best_finished = b.best_finished.index_select(0, kept);
+  b.max_lens = b.max_lens.index_select(0, kept);
+  b.empty = b.empty.index_select(0, kept);
+  b.ids = b.ids.index_select(0, kept);
+  b.row_sentence = b.row_sentence.index_select(0, kept_rows);
+  b.sentence = sentence;
+  b.slot = follow_parents(b.caches, b.slot, parent.data_ptr<int64_t>(), parent.numel(), step + 1);
+  const int64_t rows = parent.numel();
+  if (b.caches[0].size(1) >= 2 * kInitialPositions && 2 * rows < b.caches[0].size(1)) {
+    // Most slots are free (sentences ended): keep the used ones only, in row order.
+    grow_caches(b.caches, at::tensor(b.slot, lng), b.positions, step + 1);
+    std::iota(b.slot.begin(), b.slot.end(), 0);
+  }
+}
+
+}  // namespace
+
 std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
                                 const std::vector<std::vector<Tensor>>& enc_keys,
                                 const std::vector<std::vector<Tensor>>& enc_values,
                                 const std::vector<std::optional<Tensor>>& masks, int64_t k, int64_t n, int64_t bos,
-                                int64_t max_len, int64_t min_len, int64_t pad, int64_t eos, int64_t unk,
-                                double unk_penalty, double temperature) {
+                                const std::vector<int64_t>& max_lens, int64_t min_len, int64_t pad, int64_t eos,
+                                int64_t unk, double unk_penalty, double temperature) {
   const size_t M = models.size();
   TORCH_CHECK(M > 0 && enc_keys.size() == M && enc_values.size() == M && masks.size() == M,
               "beam_decode: one model, its encoder keys, values and mask each");
-  TORCH_CHECK(k >= 2 && n >= k && max_len >= 0, "beam_decode: k >= 2, n >= k, max_len >= 0");
+  const int64_t S = static_cast<int64_t>(max_lens.size());
+  TORCH_CHECK(k >= 2 && n >= k && S > 0 && *std::min_element(max_lens.begin(), max_lens.end()) >= 0,
+              "beam_decode: k >= 2, n >= k, a max_len >= 0 per sentence");
+  const int64_t longest = *std::max_element(max_lens.begin(), max_lens.end());
   const auto options = models[0].embed.options();
   const auto lng = options.dtype(at::kLong);
-  std::vector<Tensor> caches = new_caches(models, k, max_len);
-  // The decoder's cohort of one sentence (BeamDecoder.open): histories, finalized lengths, best finished.
-  Tensor tokens = at::full({k, max_len + 2}, pad, lng);
-  tokens.select(1, 0).fill_(bos);
-  Tensor scores = at::zeros({k, max_len + 1}, options);
-  Tensor done_len = at::zeros({1, k}, lng), best_finished = at::full({1}, -INFINITY, options);
-  const Tensor max_lens = at::full({1}, max_len, lng), empty = at::zeros({1}, options.dtype(at::kBool));
-  const Tensor ids = at::zeros({1}, lng), row_sentence = at::zeros({k}, lng);
-  std::vector<Tensor> kept_tokens, kept_cumulative;
-  for (int64_t step = 0;; ++step) {
-    std::vector<Tensor> logits =
-        step_logits(models, caches, enc_keys, enc_values, masks, tokens.select(1, step), row_sentence, step,
-                    std::nullopt);
+  // The decoder's cohort (BeamDecoder.open): histories, finalized lengths, best finished, the rows' caches.
+  Beams b;
+  b.sentence.resize(S);
+  std::iota(b.sentence.begin(), b.sentence.end(), 0);
+  b.tokens = at::full({S * k, longest + 2}, pad, lng);
+  b.tokens.select(1, 0).fill_(bos);
+  b.scores = at::zeros({S * k, longest + 1}, options);
+  b.done_len = at::zeros({S, k}, lng);
+  b.best_finished = at::full({S}, -INFINITY, options);
+  b.max_lens = at::tensor(max_lens, lng);
+  b.empty = at::zeros({S}, options.dtype(at::kBool));
+  b.ids = at::arange(S, lng);
+  b.row_sentence = at::arange(S, lng).repeat_interleave(k);
+  b.positions = std::min(longest + 1, kInitialPositions);
+  b.caches = new_caches(models, S * k, b.positions - 1);
+  b.slot.resize(S * k);
+  std::iota(b.slot.begin(), b.slot.end(), 0);
+  std::vector<std::vector<std::pair<Tensor, Tensor>>> kept(S);
+  std::vector<int64_t> steps(S, 0);
+  for (int64_t step = 0; !b.sentence.empty(); ++step) {
+    const int64_t running = static_cast<int64_t>(b.sentence.size());
+    if (step >= b.positions) {
+      b.positions = std::min(2 * b.positions, longest + 1);
+      grow_caches(b.caches, at::tensor(b.slot, lng), b.positions, step);
+      std::iota(b.slot.begin(), b.slot.end(), 0);
+    }
+    std::vector<Tensor> logits = step_logits(models, b.caches, enc_keys, enc_values, masks, b.tokens.select(1, step),
+                                             b.row_sentence, step, at::tensor(b.slot, lng));
     if (step == 0)
-      for (auto& x : logits) x = x.narrow(0, 0, 1);
+      for (auto& x : logits) x = x.slice(0, 0, x.size(0), k).contiguous();  // each sentence's first row
     const int64_t rows = logits[0].size(0);
-    const std::optional<Tensor> force =
-        step >= max_len ? std::optional<Tensor>(at::ones({rows}, options.dtype(at::kBool))) : std::nullopt;
+    std::optional<Tensor> force;
+    if (at::le(b.max_lens, step).any().item<bool>())
+      force = at::le(b.max_lens, step).repeat_interleave(rows / running);
     const auto out = topk_log_softmax(logits, {}, n, pad, eos, unk, unk_penalty, temperature, step < min_len,
                                       std::nullopt, force, std::nullopt);
-    const auto cand = beam_candidates(out[0], out[1], scores, k, step);
-    const auto sel = fairseq_select_step(cand[0], cand[1], cand[2], n, k, eos, step, done_len, best_finished,
-                                         max_lens, empty, ids);
+    const auto cand = beam_candidates(out[0], out[1], b.scores, k, step);
+    const auto sel = fairseq_select_step(cand[0], cand[1], cand[2], n, k, eos, step, b.done_len, b.best_finished,
+                                         b.max_lens, b.empty, b.ids);
+    keep_finalized(b, sel, k, step, eos, kept);
     const int64_t* summary = sel[10].data_ptr<int64_t>();
-    if (summary[2] > 0) {
-      // _finalize_fairseq: each EOS hypothesis of the step, in the mask's order, at most k in all.
-      const bool* eos_mask = sel[4].data_ptr<bool>();
-      const int64_t* top_slot = sel[5].data_ptr<int64_t>();
-      const float* top_score = sel[6].data_ptr<float>();
-      for (int64_t j = 0; j < k && static_cast<int64_t>(kept_tokens.size()) < k; ++j) {
-        if (!eos_mask[j]) continue;
-        Tensor words = tokens[top_slot[j]].narrow(0, 1, step + 1).clone();
-        words[step] = eos;
-        Tensor cumulative = scores[top_slot[j]].narrow(0, 0, step + 1).clone();
-        cumulative[step] = top_score[j];
-        kept_tokens.push_back(words);
-        kept_cumulative.push_back(cumulative);
+    std::vector<int64_t> ending;
+    for (int64_t i = 0; i < running; ++i)
+      if (summary[i] & 1) {
+        ending.push_back(i);
+        steps[b.sentence[i]] = step + 1;
       }
-    }
-    done_len = sel[7];
-    best_finished = sel[8];
-    if (summary[0] & 1) break;
-    reorder_beam_histories(tokens, scores, sel[11], sel[3].view({-1}), sel[1].view({-1}), sel[2].view({-1}), step);
-    // The runner's rows follow their parents: positions 0..step of each cache.
-    for (auto& cache : caches) follow_parents(cache, sel[11].data_ptr<int64_t>(), k, step + 1);
+    if (static_cast<int64_t>(ending.size()) == running) break;
+    next_beam(b, sel, k, step, ending);
   }
-  std::vector<int64_t> lengths;
-  for (const auto& t : kept_tokens) lengths.push_back(t.numel());
-  return {at::cat(kept_tokens), at::cat(kept_cumulative), at::tensor(lengths, lng)};
+  std::vector<Tensor> words, sums;
+  std::vector<int64_t> lengths, counts;
+  for (int64_t s = 0; s < S; ++s) {
+    for (const auto& [w, c] : kept[s]) {
+      words.push_back(w);
+      sums.push_back(c);
+      lengths.push_back(w.numel());
+    }
+    counts.push_back(static_cast<int64_t>(kept[s].size()));
+  }
+  return {at::cat(words), at::cat(sums), at::tensor(lengths, lng), at::tensor(counts, lng), at::tensor(steps, lng)};
 }
 
 void register_search_loop(pybind11::module& m) {
@@ -305,9 +415,10 @@ void register_search_loop(pybind11::module& m) {
         py::arg("unk_penalty"), py::arg("temperature"), py::call_guard<py::gil_scoped_release>());
   m.def("beam_decode", &beam_decode,
         "(models, per model: encoder keys [layers], values [layers], mask or None; k, n (candidates a row), bos, "
-        "max_len, min_len, pad, eos, unk (-1: none), unk_penalty, temperature) -> [words, cumulative scores "
-        "(float32), lengths]: the finalized hypotheses in finalization order, flat",
+        "max_lens (one per sentence), min_len, pad, eos, unk (-1: none), unk_penalty, temperature) -> [words, "
+        "cumulative scores (float32), lengths, hypotheses per sentence, steps per sentence]: each sentence's "
+        "finalized hypotheses in finalization order, flat in sentence order",
         py::arg("models"), py::arg("enc_keys"), py::arg("enc_values"), py::arg("masks"), py::arg("k"), py::arg("n"),
-        py::arg("bos"), py::arg("max_len"), py::arg("min_len"), py::arg("pad"), py::arg("eos"), py::arg("unk"),
+        py::arg("bos"), py::arg("max_lens"), py::arg("min_len"), py::arg("pad"), py::arg("eos"), py::arg("unk"),
         py::arg("unk_penalty"), py::arg("temperature"), py::call_guard<py::gil_scoped_release>());
 }

@@ -1,4 +1,4 @@
-// A batch's greedy search or one sentence's beam search on the lean runner in one call (search_loop_cpu.cpp).
+// A batch's greedy or beam search on the lean runner in one call (search_loop_cpu.cpp).
 #pragma once
 
 #include <torch/extension.h>
@@ -40,13 +40,15 @@ std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
                                   const std::vector<int64_t>& max_lens, int64_t min_len, int64_t pad, int64_t eos,
                                   int64_t unk, double unk_penalty, double temperature);
 
-// The finalized hypotheses of one sentence's beam search with fairseq's finalization (--search fixed, k >= 2,
-// n candidates a row), in finalization order: [words, cumulative scores (float32)] flat, and their lengths.
+// Beam search of a batch (one sentence per entry of max_lens) with fairseq's finalization (--search fixed,
+// k >= 2, n candidates a row): [words, cumulative scores (float32), lengths] of each sentence's finalized
+// hypotheses in finalization order, flat in sentence order; how many each sentence has; how many steps each
+// ran. A sentence's rows leave the batch at the step after it ends, as in the Python loop.
 std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
                                 const std::vector<std::vector<Tensor>>& enc_keys,
                                 const std::vector<std::vector<Tensor>>& enc_values,
                                 const std::vector<std::optional<Tensor>>& masks, int64_t k, int64_t n, int64_t bos,
-                                int64_t max_len, int64_t min_len, int64_t pad, int64_t eos, int64_t unk,
-                                double unk_penalty, double temperature);
+                                const std::vector<int64_t>& max_lens, int64_t min_len, int64_t pad, int64_t eos,
+                                int64_t unk, double unk_penalty, double temperature);
 
 void register_search_loop(pybind11::module& m);
