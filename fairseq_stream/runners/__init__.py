@@ -59,6 +59,10 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
                  quantize: str = "none"):
     """The runner ``kind`` for ``models``.
 
+    Our runners (lean, rnn) keep freed memory in the process for reuse
+    (:mod:`fairseq_stream.malloc_policy`): each batch's caches reuse the
+    last one's pages instead of faulting fresh ones in.
+
     Args:
         kind: ``auto``, ``fairseq``, ``lean`` or ``rnn``.
         keep_fairseq: ``auto`` keeps the fairseq runner (``--search fixed
@@ -72,6 +76,16 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
             int16 for LSTMs; a model neither runs is a one-line error, never
             a silent float run.
     """
+    from fairseq_stream import malloc_policy
+    from fairseq_stream.runners.fairseq_runner import ModelRunner
+
+    runner = _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantize)
+    if not isinstance(runner, ModelRunner):
+        malloc_policy.keep_freed_memory()
+    return runner
+
+
+def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantize):
     from fairseq_stream.runners.fairseq_runner import ModelRunner
     from fairseq_stream.runners import rnn
 
