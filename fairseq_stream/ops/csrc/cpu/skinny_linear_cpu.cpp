@@ -78,6 +78,11 @@ __attribute__((target("avx512f"))) inline void block(const float* x, int64_t m0,
 #pragma GCC unroll 16
   for (int i = 0; i < kTile; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
+    // The same lines of the next tile's rows: W streams from L3 or memory (the step's weights do not fit
+    // L2), and the hardware prefetcher alone kept one thread at 27 GB/s on 16 interleaved rows. A
+    // prefetch never faults, past W's end included, and changes no arithmetic.
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + kTile * k + c * 16), _MM_HINT_T0);
 #pragma GCC unroll 16
     for (int b = 0; b < MB; ++b) {
       const __m512 xv = _mm512_loadu_ps(xr[b] + c * 16);
