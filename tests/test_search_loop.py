@@ -140,3 +140,62 @@ def test_an_empty_source_keeps_the_python_loop(loaded):
         both = dec.generate(models, batch)
     assert hyps[0]["tokens"].tolist() == [eos]
     assert len(both) == 2 and both[1][0]["tokens"].tolist() == [eos]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_signal_is_handled_between_steps_not_after_the_batch(loaded, monkeypatch, beam):
+    """Ctrl-C reaches Python while a compiled batch runs: a timer's handler set off 5 ms into the call runs
+    before the call returns (the loop checks for signals between steps), not after it."""
+    import signal
+    import time
+
+    models, task = loaded("transformer")
+    dec = python_loop(models, task, beam=beam, min_len=120, max_len_a=0, max_len_b=130)
+    dec.compiled_loop = True
+    name = "greedy_decode" if beam == 1 else "beam_decode"
+    module, times = search_loop._extension(), {}
+    compiled = getattr(module, name)
+
+    def timed(*args):
+        signal.setitimer(signal.ITIMER_REAL, 0.005)
+        times["in"] = time.perf_counter()
+        try:
+            return compiled(*args)
+        finally:
+            times["out"] = time.perf_counter()
+
+    monkeypatch.setattr(module, name, timed)
+    previous = signal.signal(signal.SIGALRM, lambda *_: times.setdefault("handler", time.perf_counter()))
+    try:
+        with torch.no_grad():
+            dec.generate(models, sorted_batches(task, 16, 16, subset="valid")[0])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert times["in"] < times["handler"] < times["out"]
+
+
+def test_ctrl_c_ends_a_compiled_batch_with_keyboard_interrupt(loaded, monkeypatch):
+    import signal
+
+    models, task = loaded("transformer")
+    dec = python_loop(models, task, min_len=120, max_len_a=0, max_len_b=130)
+    dec.compiled_loop = True
+    module = search_loop._extension()
+    compiled = module.greedy_decode
+
+    def interrupted(*args):
+        signal.setitimer(signal.ITIMER_REAL, 0.005)
+        return compiled(*args)
+
+    def ctrl_c(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "greedy_decode", interrupted)
+    previous = signal.signal(signal.SIGALRM, ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt), torch.no_grad():
+            dec.generate(models, sorted_batches(task, 16, 16, subset="valid")[0])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
