@@ -404,7 +404,9 @@ def table_quantize_standin(results, doc):
     for r in results.data("quantize_standin"):
         args = r["generate_args"]
         precision = args[args.index("--quantize") + 1] if "--quantize" in args else "float32"
-        runner = "lean" if "--quantize" in args or "--runner" in args else "fairseq"
+        # --quantize runs on the lean runner; fixed without --runner keeps fairseq's (the auto rule).
+        runner = (args[args.index("--runner") + 1] if "--runner" in args
+                  else "lean" if "--quantize" in args else "fairseq")
         runs.setdefault((runner, precision), []).append(r["decode_s"])
     base = sum(runs[("lean", "float32")]) / len(runs[("lean", "float32")])
     rows = []
