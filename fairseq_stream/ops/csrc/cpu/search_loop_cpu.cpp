@@ -1,14 +1,15 @@
-// One sentence's search on the lean runner, the whole loop in one call: per step the embedding, every
-// model's layers (lean_layers), the output layer and the fused log-softmax + rules + top-k
-// (topk_log_softmax), then greedy's argmax or the beam's selection (fairseq_select, fairseq's
-// finalization) and the histories' and caches' reorder, until the sentence ends.
-// fairseq_stream/ops/search_loop.py documents it.
+// A batch's search on the lean runner, the whole loop in one call: per step the embedding, every model's
+// layers (lean_layers), the output layer and the fused log-softmax + rules + top-k (topk_log_softmax),
+// then greedy's argmax or the beam's selection (fairseq_select, fairseq's finalization) and the
+// histories' and caches' reorder, until every sentence ends; a sentence's rows leave at the step after
+// it ends. fairseq_stream/ops/search_loop.py documents it.
 //
 // Why: one sentence at a time, a step of the Multi30k transformer costs about 0.1 ms of products in int8
 // (greedy) but about as much again of Python around them (the runner's step, the decoder's candidates,
 // selection and bookkeeping, each a dozen small torch calls); at beam 5 the Python is a third of the
-// time. The loops here call the same ATen ops and kernels, in the same order, as the Python loop does
-// for one sentence, so their tokens and scores are bitwise the Python loop's (tests/test_search_loop.py).
+// time. In a batch, the few sentences that never end run alone to the maximum length, one row a step.
+// The loops here call the same ATen ops and kernels, in the same order, over the same rows, as the
+// Python loop, so their tokens and scores are bitwise the Python loop's (tests/test_search_loop.py).
 
 #include "search_loop_cpu.h"
 
