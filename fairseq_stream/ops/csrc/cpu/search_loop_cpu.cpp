@@ -153,14 +153,35 @@ void check_signals() {
 // steps it runs, doubling as they grow, not for the longest output any of its sentences may reach.
 constexpr int64_t kInitialPositions = 32;
 
-// `caches` with room for `positions` positions, rows 0..rows-1 holding slots `slot` (written positions
-// 0..length-1 only), as the Python runner's _resized: the copy also drops the slots of ended sentences.
-void grow_caches(std::vector<Tensor>& caches, const Tensor& slot, int64_t positions, int64_t length) {
+// `caches` in new tensors with room for `positions` positions, row r holding what slot[r] held (written
+// positions 0..length-1 only), as the Python runner's _resized; then every row is its own slot. The copy
+// also drops the slots no row uses (those of ended sentences).
+void regather(std::vector<Tensor>& caches, std::vector<int64_t>& slot, int64_t positions, int64_t length) {
+  const Tensor from = at::tensor(slot, caches[0].options().dtype(at::kLong));
   for (auto& cache : caches) {
-    Tensor grown = at::empty({cache.size(0), slot.size(0), cache.size(2), positions, cache.size(4)}, cache.options());
-    grown.narrow(3, 0, length).copy_(cache.narrow(3, 0, length).index_select(1, slot));
+    Tensor grown = at::empty({cache.size(0), from.size(0), cache.size(2), positions, cache.size(4)}, cache.options());
+    grown.narrow(3, 0, length).copy_(cache.narrow(3, 0, length).index_select(1, from));
     cache = grown;
   }
+  std::iota(slot.begin(), slot.end(), 0);
+}
+
+// Room for position `step` in the caches: full ones double (up to the longest sentence's last position).
+void make_room(std::vector<Tensor>& caches, std::vector<int64_t>& slot, int64_t& positions, int64_t step,
+               int64_t longest) {
+  if (step < positions) return;
+  positions = std::min(2 * positions, longest + 1);
+  regather(caches, slot, positions, step);
+}
+
+// The arguments both loops take, checked; the longest maximum length.
+int64_t check_batch(const char* loop, size_t models, size_t keys, size_t values, size_t masks,
+                    const std::vector<int64_t>& max_lens) {
+  TORCH_CHECK(models > 0 && keys == models && values == models && masks == models, loop,
+              ": one model, its encoder keys, values and mask each");
+  TORCH_CHECK(!max_lens.empty() && *std::min_element(max_lens.begin(), max_lens.end()) >= 0, loop,
+              ": a max_len >= 0 per sentence");
+  return *std::max_element(max_lens.begin(), max_lens.end());
 }
 
 }  // namespace
@@ -171,40 +192,33 @@ std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
                                   const std::vector<std::optional<Tensor>>& masks, int64_t bos,
                                   const std::vector<int64_t>& max_lens, int64_t min_len, int64_t pad, int64_t eos,
                                   int64_t unk, double unk_penalty, double temperature) {
-  const size_t M = models.size();
-  TORCH_CHECK(M > 0 && enc_keys.size() == M && enc_values.size() == M && masks.size() == M,
-              "greedy_decode: one model, its encoder keys, values and mask each");
+  const int64_t longest =
+      check_batch("greedy_decode", models.size(), enc_keys.size(), enc_values.size(), masks.size(), max_lens);
   const int64_t S = static_cast<int64_t>(max_lens.size());
-  TORCH_CHECK(S > 0 && *std::min_element(max_lens.begin(), max_lens.end()) >= 0,
-              "greedy_decode: a max_len >= 0 per sentence");
-  const int64_t longest = *std::max_element(max_lens.begin(), max_lens.end());
   const auto options = models[0].embed.options();
   const auto lng = options.dtype(at::kLong);
   int64_t positions = std::min(longest + 1, kInitialPositions);
   std::vector<Tensor> caches = new_caches(models, S, positions - 1);
   // Row r runs sentence live[r] from cache slot slot[r]: an ending sentence's row leaves (the Python loop drops
   // it before the next step), the others keep their order and their slots.
-  std::vector<int64_t> live(S);
+  std::vector<int64_t> live(S), slot(S);
   std::iota(live.begin(), live.end(), 0);
-  Tensor slot = at::arange(S, lng), row_sentence = slot.clone();
+  std::iota(slot.begin(), slot.end(), 0);
+  Tensor row_sentence = at::arange(S, lng);
   Tensor last = at::full({S}, bos, lng);
   std::vector<std::vector<int64_t>> words(S);
   std::vector<std::vector<float>> sums(S);
   for (int64_t step = 0; !live.empty(); ++step) {
     if (step > 0) check_signals();
     const int64_t rows = static_cast<int64_t>(live.size());
-    if (step >= positions) {
-      positions = std::min(2 * positions, longest + 1);
-      grow_caches(caches, slot, positions, step);
-      slot = at::arange(rows, lng);
-    }
+    make_room(caches, slot, positions, step, longest);
     std::optional<Tensor> force;
     for (int64_t r = 0; r < rows && !force; ++r)
       if (step >= max_lens[live[r]]) force = at::empty({rows}, options.dtype(at::kBool));
     if (force)
       for (int64_t r = 0; r < rows; ++r) force->data_ptr<bool>()[r] = step >= max_lens[live[r]];
     const std::vector<Tensor> logits =
-        step_logits(models, caches, enc_keys, enc_values, masks, last, row_sentence, step, slot);
+        step_logits(models, caches, enc_keys, enc_values, masks, last, row_sentence, step, at::tensor(slot, lng));
     const auto out = topk_log_softmax(logits, {}, 1, pad, eos, unk, unk_penalty, temperature, step < min_len,
                                       std::nullopt, force, std::nullopt);
     const float* value = out[0].data_ptr<float>();
@@ -222,12 +236,15 @@ std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
       continue;
     }
     const Tensor keep = at::tensor(kept, lng);
-    slot = slot.index_select(0, keep);
     row_sentence = row_sentence.index_select(0, keep);
     last = out[1].view({rows}).index_select(0, keep);
-    std::vector<int64_t> next;
-    for (int64_t r : kept) next.push_back(live[r]);
-    live.swap(next);
+    std::vector<int64_t> next_live, next_slot;
+    for (int64_t r : kept) {
+      next_live.push_back(live[r]);
+      next_slot.push_back(slot[r]);
+    }
+    live.swap(next_live);
+    slot.swap(next_slot);
   }
   std::vector<int64_t> flat_words, lengths;
   std::vector<float> flat_sums;
@@ -315,8 +332,7 @@ void next_beam(Beams& b, const std::vector<Tensor>& sel, int64_t k, int64_t step
   const int64_t rows = parent.numel();
   if (b.caches[0].size(1) >= 2 * kInitialPositions && 2 * rows < b.caches[0].size(1)) {
     // Most slots are free (sentences ended): keep the used ones only, in row order.
-    grow_caches(b.caches, at::tensor(b.slot, lng), b.positions, step + 1);
-    std::iota(b.slot.begin(), b.slot.end(), 0);
+    regather(b.caches, b.slot, b.positions, step + 1);
   }
 }
 
@@ -328,13 +344,10 @@ std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
                                 const std::vector<std::optional<Tensor>>& masks, int64_t k, int64_t n, int64_t bos,
                                 const std::vector<int64_t>& max_lens, int64_t min_len, int64_t pad, int64_t eos,
                                 int64_t unk, double unk_penalty, double temperature) {
-  const size_t M = models.size();
-  TORCH_CHECK(M > 0 && enc_keys.size() == M && enc_values.size() == M && masks.size() == M,
-              "beam_decode: one model, its encoder keys, values and mask each");
+  const int64_t longest =
+      check_batch("beam_decode", models.size(), enc_keys.size(), enc_values.size(), masks.size(), max_lens);
+  TORCH_CHECK(k >= 2 && n >= k, "beam_decode: k >= 2, n >= k");
   const int64_t S = static_cast<int64_t>(max_lens.size());
-  TORCH_CHECK(k >= 2 && n >= k && S > 0 && *std::min_element(max_lens.begin(), max_lens.end()) >= 0,
-              "beam_decode: k >= 2, n >= k, a max_len >= 0 per sentence");
-  const int64_t longest = *std::max_element(max_lens.begin(), max_lens.end());
   const auto options = models[0].embed.options();
   const auto lng = options.dtype(at::kLong);
   // The decoder's cohort (BeamDecoder.open): histories, finalized lengths, best finished, the rows' caches.
@@ -359,19 +372,15 @@ std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
   for (int64_t step = 0; !b.sentence.empty(); ++step) {
     if (step > 0) check_signals();
     const int64_t running = static_cast<int64_t>(b.sentence.size());
-    if (step >= b.positions) {
-      b.positions = std::min(2 * b.positions, longest + 1);
-      grow_caches(b.caches, at::tensor(b.slot, lng), b.positions, step);
-      std::iota(b.slot.begin(), b.slot.end(), 0);
-    }
+    make_room(b.caches, b.slot, b.positions, step, longest);
     std::vector<Tensor> logits = step_logits(models, b.caches, enc_keys, enc_values, masks, b.tokens.select(1, step),
                                              b.row_sentence, step, at::tensor(b.slot, lng));
     if (step == 0)
       for (auto& x : logits) x = x.slice(0, 0, x.size(0), k).contiguous();  // each sentence's first row
     const int64_t rows = logits[0].size(0);
     std::optional<Tensor> force;
-    if (at::le(b.max_lens, step).any().item<bool>())
-      force = at::le(b.max_lens, step).repeat_interleave(rows / running);
+    const Tensor at_max = at::le(b.max_lens, step);
+    if (at_max.any().item<bool>()) force = at_max.repeat_interleave(rows / running);
     const auto out = topk_log_softmax(logits, {}, n, pad, eos, unk, unk_penalty, temperature, step < min_len,
                                       std::nullopt, force, std::nullopt);
     const auto cand = beam_candidates(out[0], out[1], b.scores, k, step);
