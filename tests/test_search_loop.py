@@ -199,3 +199,28 @@ def test_ctrl_c_ends_a_compiled_batch_with_keyboard_interrupt(loaded, monkeypatc
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("beam, batch", [(1, 1), (5, 1), (1, 4), (3, 2)])
+def test_prenorm_model_gives_the_python_loops_hypotheses(loaded, beam, batch):
+    """A pre-norm float32 model with learned positions, an embedding norm and a final norm (random weights): one
+    sentence's rows run the step on kept buffers (search_loop_cpu.cpp's RawStep), which places the norms itself."""
+    from test_lean_runner import random_transformer
+
+    _, task = loaded("transformer")
+    model = random_transformer(
+        task, "transformer", encoder_embed_dim=64, decoder_embed_dim=64, encoder_ffn_embed_dim=128,
+        decoder_ffn_embed_dim=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_normalize_before=True, decoder_normalize_before=True,
+        decoder_learned_pos=True, encoder_learned_pos=True, layernorm_embedding=True, no_scale_embedding=True)
+    models = [model]
+    rules = dict(max_len_a=0, max_len_b=9)  # random weights seldom end a sentence by themselves
+    reference, ours = python_loop(models, task, beam=beam, **rules), python_loop(models, task, beam=beam, **rules)
+    ours.compiled_loop = True
+    for sample in sorted_batches(task, batch, 8, subset="valid"):
+        with torch.no_grad():
+            expected, got = reference.generate(models, sample), ours.generate(models, sample)
+        for mine_n, theirs_n in zip(got, expected, strict=True):
+            for mine, theirs in zip(mine_n, theirs_n, strict=True):
+                for key in ("tokens", "positional_scores", "score"):
+                    assert torch.equal(mine[key], theirs[key]), key

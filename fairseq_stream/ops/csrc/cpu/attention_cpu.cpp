@@ -58,6 +58,25 @@ void attend_one(const T* q, const T* K, const T* V, int64_t step, int64_t positi
   }
 }
 
+// Each sentence's unmasked span (first position, length): padding (left, and right where sentences of
+// different batches were joined) is skipped rather than scored. A masked position's weight is exactly 0
+// in attend_one, so the result is bitwise the same; unsorted batches (mini-batching, top-up) pad a short
+// sentence to their longest, and scored every padded position before. mask: (S, T) additive, or null.
+template <typename T>
+std::pair<std::vector<int64_t>, std::vector<int64_t>> spans_of(const T* mask, int64_t S, int64_t T_len) {
+  std::vector<int64_t> first(S, 0), span(S, T_len);
+  if (mask == nullptr) return {first, span};
+  const T hidden = -std::numeric_limits<T>::infinity();
+  for (int64_t n = 0; n < S; ++n) {
+    const T* m = mask + n * T_len;
+    int64_t a = 0, b = T_len;
+    while (a < T_len && m[a] == hidden) ++a;
+    while (b > a && m[b - 1] == hidden) --b;
+    if (a < b) first[n] = a, span[n] = b - a;
+  }
+  return {first, span};
+}
+
 void check_rows(const Tensor& t, const char* name, int64_t rows, int64_t width, at::ScalarType type) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.dim() == 2 && t.size(0) == rows &&
                   t.size(1) == width && (t.stride(1) == 1 || width <= 1),
@@ -71,6 +90,52 @@ std::tuple<const T*, const T*, const T*, T*, T*, T*> pointers(const Tensor& q, c
   return {q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), keys.data_ptr<T>(), values.data_ptr<T>(),
           out.data_ptr<T>()};
 }
+
+}  // namespace
+
+// Pairs begin .. end - 1 of (row, head): the row's key and value written at position `length` of its
+// slot, then its query attending over positions 0 .. length.
+template <typename T>
+void CachedRows<T>::run(int64_t begin, int64_t end) const {
+  std::vector<T> scores(length + 1), query(hd);
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t r = i / H, h = i % H;
+    const int64_t base = ((slot ? slot[r] : r) * H + h) * capacity * hd;
+    std::copy_n(k + r * k_stride + h * hd, hd, keys + base + length * hd);
+    std::copy_n(v + r * v_stride + h * hd, hd, values + base + length * hd);
+    const T* qr = q + r * q_stride + h * hd;
+    for (int64_t d = 0; d < hd; ++d) query[d] = qr[d] * scale;
+    attend_one(query.data(), keys + base, values + base, hd, length + 1, static_cast<const T*>(nullptr), hd,
+               scores.data(), out + r * H * hd + h * hd);
+  }
+}
+
+// Pairs begin .. end - 1 of (row, head): the row's query over its sentence's unmasked span.
+template <typename T>
+void SourceRows<T>::run(int64_t begin, int64_t end) const {
+  std::vector<T> scores(T_len), query(hd);
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t r = i / H, h = i % H, n = sentence[r];
+    const int64_t base = (n * H + h) * T_len * hd + first[n] * hd;
+    const T* qr = q + r * q_stride + h * hd;
+    for (int64_t d = 0; d < hd; ++d) query[d] = qr[d] * scale;
+    attend_one(query.data(), keys + base, values + base, hd, span[n], mask ? mask + n * T_len + first[n] : nullptr, hd,
+               scores.data(), out + r * H * hd + h * hd);
+  }
+}
+
+template struct CachedRows<float>;
+template struct CachedRows<double>;
+template struct SourceRows<float>;
+template struct SourceRows<double>;
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> source_spans(const float* mask, int64_t S, int64_t T) {
+  return spans_of(mask, S, T);
+}
+
+void source_attention_rows(const SourceRows<float>& job, int64_t rows) { job.run(0, rows * job.H); }
+
+namespace {
 
 // (row, head) pairs per parallel chunk: enough work to be worth a thread.
 int64_t grain(int64_t positions, int64_t hd) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, positions * hd)); }
@@ -101,23 +166,14 @@ Tensor cached_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
   Tensor out = at::empty({rows, H * hd}, q.options());
   AT_DISPATCH_FLOATING_TYPES(keys.scalar_type(), "cached_attention_", [&] {
     const auto [qp, kp, vp, K, V, o] = pointers<scalar_t>(q, k, v, keys, values, out);
-    const scalar_t s = static_cast<scalar_t>(scale);
-    at::parallel_for(0, rows * H, grain(length + 1, hd), [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> scores(length + 1), query(hd);
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t r = i / H, h = i % H;
-        const int64_t base = ((slot_of ? slot_of[r] : r) * H + h) * capacity * hd;
-        std::copy_n(kp + r * k.stride(0) + h * hd, hd, K + base + length * hd);
-        std::copy_n(vp + r * v.stride(0) + h * hd, hd, V + base + length * hd);
-        const scalar_t* qr = qp + r * q.stride(0) + h * hd;
-        for (int64_t d = 0; d < hd; ++d) query[d] = qr[d] * s;
-        attend_one(query.data(), K + base, V + base, hd, length + 1, static_cast<const scalar_t*>(nullptr), hd,
-                   scores.data(), o + r * H * hd + h * hd);
-      }
-    });
+    const CachedRows<scalar_t> job{qp, kp, vp, q.stride(0), k.stride(0), v.stride(0), K, V, slot_of,
+                                   H, capacity, hd, length, static_cast<scalar_t>(scale), o};
+    at::parallel_for(0, rows * H, grain(length + 1, hd), [&](int64_t begin, int64_t end) { job.run(begin, end); });
   });
   return out;
 }
+
+void cached_attention_rows(const CachedRows<float>& job, int64_t rows) { job.run(0, rows * job.H); }
 
 // Each row attends over its sentence's encoder keys and values (row_sentence), padding masked.
 Tensor source_attention(const Tensor& q, const Tensor& keys, const Tensor& values, const Tensor& row_sentence,
@@ -145,32 +201,9 @@ Tensor source_attention(const Tensor& q, const Tensor& keys, const Tensor& value
     const scalar_t* M = mask ? mask_c.data_ptr<scalar_t>() : nullptr;
     scalar_t* o = out.data_ptr<scalar_t>();
     const scalar_t s = static_cast<scalar_t>(scale);
-    // Each sentence's unmasked span: padding (left, and right where sentences of different batches
-    // were joined) is skipped rather than scored. A masked position's weight is exactly 0 in
-    // attend_one, so the result is bitwise the same; unsorted batches (mini-batching, top-up) pad a
-    // short sentence to their longest, and scored every padded position before.
-    std::vector<int64_t> first(S, 0), span(S, T);
-    if (M) {
-      const scalar_t hidden = -std::numeric_limits<scalar_t>::infinity();
-      for (int64_t n = 0; n < S; ++n) {
-        const scalar_t* m = M + n * T;
-        int64_t a = 0, b = T;
-        while (a < T && m[a] == hidden) ++a;
-        while (b > a && m[b - 1] == hidden) --b;
-        if (a < b) first[n] = a, span[n] = b - a;
-      }
-    }
-    at::parallel_for(0, rows * H, grain(T, hd), [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> scores(T), query(hd);
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t r = i / H, h = i % H, n = sentence_of[r];
-        const int64_t base = (n * H + h) * T * hd + first[n] * hd;
-        const scalar_t* qr = qp + r * q.stride(0) + h * hd;
-        for (int64_t d = 0; d < hd; ++d) query[d] = qr[d] * s;
-        attend_one(query.data(), K + base, V + base, hd, span[n], M ? M + n * T + first[n] : nullptr, hd,
-                   scores.data(), o + r * H * hd + h * hd);
-      }
-    });
+    const auto [first, span] = spans_of(M, S, T);
+    const SourceRows<scalar_t> job{qp, q.stride(0), K, V, M, first.data(), span.data(), sentence_of, H, T, hd, s, o};
+    at::parallel_for(0, rows * H, grain(T, hd), [&](int64_t begin, int64_t end) { job.run(begin, end); });
   });
   return out;
 }

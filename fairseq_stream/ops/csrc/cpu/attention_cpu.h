@@ -5,7 +5,45 @@
 #include <torch/extension.h>
 
 #include <optional>
+#include <utility>
 #include <vector>
+
+// cached_attention_'s work on raw rows (the decoder step on buffers, raw_step_cpu.cpp, and the tensor
+// op alike): q, k, v rows at their strides, keys/values (slots, H, capacity, hd), each row's slot (or
+// row r in slot r), out (rows, H * hd).
+template <typename T>
+struct CachedRows {
+  const T *q, *k, *v;
+  int64_t q_stride, k_stride, v_stride;
+  T *keys, *values;
+  const int64_t* slot;
+  int64_t H, capacity, hd, length;
+  T scale;
+  T* out;
+
+  void run(int64_t begin, int64_t end) const;
+};
+
+// source_attention's work on raw rows: keys/values (S, H, T_len, hd), mask (S, T_len) additive or null,
+// each sentence's unmasked span (source_spans), each row's sentence, out (rows, H * hd).
+template <typename T>
+struct SourceRows {
+  const T* q;
+  int64_t q_stride;
+  const T *keys, *values, *mask;
+  const int64_t *first, *span, *sentence;
+  int64_t H, T_len, hd;
+  T scale;
+  T* out;
+
+  void run(int64_t begin, int64_t end) const;
+};
+
+// Every (row, head) pair of `rows` rows, on the calling thread.
+void cached_attention_rows(const CachedRows<float>& job, int64_t rows);
+void source_attention_rows(const SourceRows<float>& job, int64_t rows);
+// Each sentence's unmasked span of a (S, T) additive mask (null: all of it): first positions, lengths.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> source_spans(const float* mask, int64_t S, int64_t T);
 
 // Writes each row's k, v (rows, heads * head_dim) at position `length` of its slot of keys/values
 // (slots, heads, capacity, head_dim), then attends over positions 0..length: (rows, heads * head_dim).

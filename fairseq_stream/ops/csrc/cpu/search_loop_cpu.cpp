@@ -9,7 +9,9 @@
 // selection and bookkeeping, each a dozen small torch calls); at beam 5 the Python is a third of the
 // time. In a batch, the few sentences that never end run alone to the maximum length, one row a step.
 // The loops here call the same ATen ops and kernels, in the same order, over the same rows, as the
-// Python loop, so their tokens and scores are bitwise the Python loop's (tests/test_search_loop.py).
+// Python loop, so their tokens and scores are bitwise the Python loop's (tests/test_search_loop.py). Where
+// a step has few rows of one float32 model (one sentence at a time, a batch's last sentences), it runs on
+// buffers kept for the search instead (raw_step_cpu.cpp): the same arithmetic without ~150 ATen calls.
 
 #include "search_loop_cpu.h"
 
@@ -24,6 +26,8 @@
 #include "beam_step_cpu.h"
 #include "lean_step_cpu.h"
 #include "output_layer_cpu.h"
+#include "raw_step_cpu.h"
+#include "skinny_linear_cpu.h"
 
 namespace {
 
@@ -65,19 +69,39 @@ std::vector<Tensor> new_caches(const std::vector<LeanDecoderModel>& models, int6
   return caches;
 }
 
+// The step on kept buffers (RawStep) for a search of one float32 model whose rows are few enough, made once.
+std::optional<RawStep> raw_step(const std::vector<LeanDecoderModel>& models,
+                                const std::vector<std::vector<Tensor>>& enc_keys,
+                                const std::vector<std::vector<Tensor>>& enc_values,
+                                const std::vector<std::optional<Tensor>>& masks, int64_t rows) {
+  std::optional<RawStep> raw;
+  rows = std::min(rows, kSkinnyMaxRows);
+  if (models.size() != 1 || !RawStep::fits(models[0], rows)) return raw;
+  for (size_t l = 0; l < enc_keys[0].size(); ++l)
+    if (!enc_keys[0][l].is_contiguous() || !enc_values[0][l].is_contiguous()) return raw;
+  raw.emplace(models[0], enc_keys[0], enc_values[0], masks[0], rows);
+  return raw;
+}
+
 // The decoder step of every model over the rows' last tokens at `step` (the caches hold the rows'
-// prefixes): each model's logits (rows, V).
+// prefixes; slot: each row's): each model's logits (rows, V). On `raw`'s buffers where it takes the rows.
 std::vector<Tensor> step_logits(const std::vector<LeanDecoderModel>& models, const std::vector<Tensor>& caches,
                                 const std::vector<std::vector<Tensor>>& enc_keys,
                                 const std::vector<std::vector<Tensor>>& enc_values,
                                 const std::vector<std::optional<Tensor>>& masks, const Tensor& last,
-                                const Tensor& row_sentence, int64_t step, const std::optional<Tensor>& slot) {
+                                const Tensor& row_sentence, int64_t step, const std::vector<int64_t>& slot,
+                                std::optional<RawStep>& raw) {
   const int64_t rows = last.size(0);
+  if (raw && RawStep::fits(models[0], rows)) {
+    const Tensor tokens = last.contiguous(), sentence = row_sentence.contiguous();
+    return {raw->logits(caches[0], tokens.data_ptr<int64_t>(), sentence.data_ptr<int64_t>(), slot.data(), rows, step)};
+  }
+  const Tensor slots = at::tensor(slot, last.options());
   std::vector<Tensor> logits;
   for (size_t i = 0; i < models.size(); ++i) {
     const LeanDecoderModel& m = models[i];
     Tensor x = m.embed_at(last, m.padding_idx + step + 1);
-    x = lean_layers(x, m.layers, {caches[i]}, {slot}, {step}, {0, rows}, {enc_keys[i]}, {enc_values[i]}, {masks[i]},
+    x = lean_layers(x, m.layers, {caches[i]}, {slots}, {step}, {0, rows}, {enc_keys[i]}, {enc_values[i]}, {masks[i]},
                     {row_sentence});
     logits.push_back(m.logits(x).contiguous());
   }
@@ -208,6 +232,7 @@ std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
   Tensor last = at::full({S}, bos, lng);
   std::vector<std::vector<int64_t>> words(S);
   std::vector<std::vector<float>> sums(S);
+  std::optional<RawStep> raw = raw_step(models, enc_keys, enc_values, masks, S);
   for (int64_t step = 0; !live.empty(); ++step) {
     if (step > 0) check_signals();
     const int64_t rows = static_cast<int64_t>(live.size());
@@ -218,7 +243,7 @@ std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
     if (force)
       for (int64_t r = 0; r < rows; ++r) force->data_ptr<bool>()[r] = step >= max_lens[live[r]];
     const std::vector<Tensor> logits =
-        step_logits(models, caches, enc_keys, enc_values, masks, last, row_sentence, step, at::tensor(slot, lng));
+        step_logits(models, caches, enc_keys, enc_values, masks, last, row_sentence, step, slot, raw);
     const auto out = topk_log_softmax(logits, {}, 1, pad, eos, unk, unk_penalty, temperature, step < min_len,
                                       std::nullopt, force, std::nullopt);
     const float* value = out[0].data_ptr<float>();
@@ -369,12 +394,13 @@ std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
   std::iota(b.slot.begin(), b.slot.end(), 0);
   std::vector<std::vector<std::pair<Tensor, Tensor>>> kept(S);
   std::vector<int64_t> steps(S, 0);
+  std::optional<RawStep> raw = raw_step(models, enc_keys, enc_values, masks, S * k);
   for (int64_t step = 0; !b.sentence.empty(); ++step) {
     if (step > 0) check_signals();
     const int64_t running = static_cast<int64_t>(b.sentence.size());
     make_room(b.caches, b.slot, b.positions, step, longest);
     std::vector<Tensor> logits = step_logits(models, b.caches, enc_keys, enc_values, masks, b.tokens.select(1, step),
-                                             b.row_sentence, step, at::tensor(b.slot, lng));
+                                             b.row_sentence, step, b.slot, raw);
     if (step == 0)
       for (auto& x : logits) x = x.slice(0, 0, x.size(0), k).contiguous();  // each sentence's first row
     const int64_t rows = logits[0].size(0);

@@ -11,7 +11,10 @@ constexpr int64_t kSkinnyMaxRows = 5;
 // Whether the CPU running this process has the skinny product's instructions (AVX-512F).
 bool skinny_linear_available();
 
-// y (rows, n) = x (rows, k) W^T (W: (n, k), row-major) + bias (n floats, or null). Each output is
-// computed the same way whatever ``rows`` is and wherever its row stands: one row's results do not
-// depend on the rows beside it. Needs skinny_linear_available().
-void skinny_linear(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias, float* y);
+// y (rows, n) = x (rows, k) W^T (W: (n, k), row-major) + bias (n floats, or null); then, where asked,
+// relu and a residual (rows, n) added: the float operations at::relu and residual + y do after the
+// product, fused into its stores. Each output is computed the same way whatever ``rows`` is and
+// wherever its row stands: one row's results do not depend on the rows beside it. Needs
+// skinny_linear_available().
+void skinny_linear(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias, float* y,
+                   const float* residual = nullptr, bool relu = false);

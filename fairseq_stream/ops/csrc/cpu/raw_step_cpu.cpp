@@ -1,0 +1,156 @@
+// One float32 model's decoder step over a few rows, on buffers kept for the whole search: the search
+// loops' step (search_loop_cpu.cpp) where RawStep::fits, the same arithmetic as lean_layers and the
+// output layer, so the same bits (tests/test_search_loop.py runs the loops against the Python loop).
+//
+// Why: one sentence at a time in float32, a Multi30k step reads its 19.2 MB of weights in about 565 us
+// (one Xeon thread at its memory ceiling; CTranslate2's products take as long), and the ~170 ATen calls
+// around the products (allocations, views, slices, adds, layer norms, each with its dispatch and
+// TensorImpl) about 100 us more, which CTranslate2 does not spend. Here the products write into kept
+// buffers (the skinny product adds the residual and applies relu as it stores), attention runs on raw
+// rows, and the layer norm is ATen's own kernel called on the buffers: a step makes a few ATen calls.
+
+#include "raw_step_cpu.h"
+
+#include <cstring>
+
+#include "attention_cpu.h"
+#include "skinny_linear_cpu.h"
+
+namespace {
+
+int64_t out_features(const Product& p) {
+  if (p.packed) return p.packed->out_features;
+  if (p.quantized) return p.quantized->out_features;
+  return p.weight.size(0);
+}
+
+int64_t in_features(const Product& p) {
+  if (p.packed) return p.packed->in_features;
+  if (p.quantized) return p.quantized->in_features;
+  return p.weight.size(1);
+}
+
+// out (rows, n) = p(in (rows, k)), then relu, then + residual (rows, n), all contiguous: the skinny
+// product on the buffers where it runs; else the product's own call, its result finished here with the
+// same float operations.
+void product_into(const Product& p, const float* in, int64_t rows, float* out, const float* residual = nullptr,
+                  bool relu = false) {
+  if (p.packed && skinny_linear_available() && rows <= kSkinnyMaxRows) {
+    const PrepackedLinear& w = *p.packed;
+    skinny_linear(in, rows, w.weight.data_ptr<float>(), w.out_features, w.in_features,
+                  w.bias ? w.bias->data_ptr<float>() : nullptr, out, residual, relu);
+    return;
+  }
+  const Tensor x = at::from_blob(const_cast<float*>(in), {rows, in_features(p)}, at::kFloat);
+  const Tensor y = p(x).contiguous();
+  const float* v = y.data_ptr<float>();
+  for (int64_t i = 0, count = y.numel(); i < count; ++i) {
+    float e = v[i];
+    if (relu && e < 0.0f) e = 0.0f;  // at::relu: -0.0 and NaN pass unchanged
+    out[i] = residual != nullptr ? e + residual[i] : e;
+  }
+}
+
+}  // namespace
+
+bool RawStep::fits(const LeanDecoderModel& m, int64_t rows) {
+  if (m.embed.scalar_type() != at::kFloat || m.embed.stride(1) != 1 || m.project_in || m.project_out || rows < 1 ||
+      rows > kSkinnyMaxRows)
+    return false;
+  if (m.positions && !m.positions->is_contiguous()) return false;
+  for (const LeanLayer& layer : m.layers)
+    if (layer.activation != Activation::kRelu) return false;
+  return true;
+}
+
+RawStep::RawStep(const LeanDecoderModel& m, const std::vector<Tensor>& enc_keys, const std::vector<Tensor>& enc_values,
+                 const std::optional<Tensor>& mask, int64_t rows)
+    : m_(m), enc_keys_(enc_keys), enc_values_(enc_values) {
+  const int64_t S = enc_keys[0].size(0), T = enc_keys[0].size(2);
+  if (mask) mask_ = mask->contiguous();
+  std::tie(first_, span_) = source_spans(mask ? mask_.data_ptr<float>() : nullptr, S, T);
+  const int64_t D = m.embed.size(1);
+  int64_t widest = 3 * D;
+  for (const LeanLayer& layer : m.layers) widest = std::max(widest, out_features(layer.fc1));
+  const auto options = m.embed.options();
+  x_ = at::empty({rows, D}, options), y_ = at::empty({rows, D}, options), h_ = at::empty({rows, D}, options);
+  qkv_ = at::empty({rows, 3 * D}, options), attn_ = at::empty({rows, D}, options);
+  hidden_ = at::empty({rows, widest}, options), out_ = at::empty({rows, out_features(m.output)}, options);
+  mean_ = at::empty({rows}, options), rstd_ = at::empty({rows}, options);
+}
+
+void RawStep::norm(const Norm& n, const Tensor& in, Tensor& out, int64_t rows) {
+  // at::layer_norm is native_layer_norm's first result: the same kernel, one dispatch fewer.
+  const Tensor x = in.narrow(0, 0, rows);
+  const Tensor y = std::get<0>(at::native_layer_norm(x, {x.size(1)}, n.weight, n.bias, n.eps));
+  std::memcpy(out.data_ptr<float>(), y.data_ptr<float>(), sizeof(float) * y.numel());
+}
+
+void RawStep::layer(const LeanLayer& layer, size_t l, const Tensor& cache, const int64_t* sentence,
+                    const int64_t* slot, int64_t rows, int64_t step) {
+  const int64_t D = x_.size(1), H = m_.heads, hd = m_.head_dim;
+  // Sublayers::residual: x + block(norm(x)) before, or norm(x + block(x)) after (x_ holds the result).
+  auto residual = [&](const Norm& n, auto block) {
+    if (layer.pre_norm) norm(n, x_, h_, rows);
+    block(layer.pre_norm ? h_ : x_, y_);
+    if (layer.pre_norm)
+      std::swap(x_, y_);
+    else
+      norm(n, y_, x_, rows);
+  };
+  residual(layer.self_norm, [&](const Tensor& h, Tensor& y) {
+    product_into(layer.qkv, h.data_ptr<float>(), rows, qkv_.data_ptr<float>());
+    const float* q = qkv_.data_ptr<float>();
+    const int64_t stride = qkv_.size(1);
+    float* keys = cache.data_ptr<float>() + (2 * l) * cache.stride(0);
+    float* values = keys + cache.stride(0);
+    cached_attention_rows({q, q + D, q + 2 * D, stride, stride, stride, keys, values, slot, H, cache.size(3), hd, step,
+                           static_cast<float>(layer.scaling), attn_.data_ptr<float>()},
+                          rows);
+    product_into(layer.self_out, attn_.data_ptr<float>(), rows, y.data_ptr<float>(), x_.data_ptr<float>());
+  });
+  residual(layer.cross_norm, [&](const Tensor& h, Tensor& y) {
+    product_into(layer.cross_q, h.data_ptr<float>(), rows, qkv_.data_ptr<float>());  // rows of D
+    const Tensor& keys = enc_keys_[l];
+    source_attention_rows({qkv_.data_ptr<float>(), D, keys.data_ptr<float>(), enc_values_[l].data_ptr<float>(),
+                           mask_.defined() ? mask_.data_ptr<float>() : nullptr, first_.data(), span_.data(), sentence,
+                           H, keys.size(2), hd, static_cast<float>(layer.cross_scaling), attn_.data_ptr<float>()},
+                          rows);
+    product_into(layer.cross_out, attn_.data_ptr<float>(), rows, y.data_ptr<float>(), x_.data_ptr<float>());
+  });
+  residual(layer.final_norm, [&](const Tensor& h, Tensor& y) {
+    product_into(layer.fc1, h.data_ptr<float>(), rows, hidden_.data_ptr<float>(), nullptr, true);
+    product_into(layer.fc2, hidden_.data_ptr<float>(), rows, y.data_ptr<float>(), x_.data_ptr<float>());
+  });
+}
+
+Tensor RawStep::logits(const Tensor& cache, const int64_t* last, const int64_t* sentence, const int64_t* slot,
+                       int64_t rows, int64_t step) {
+  // LeanDecoderModel::embed_at: embed[token] * scale (float32), + the position's row.
+  const int64_t D = x_.size(1);
+  const float scale = static_cast<float>(m_.embed_scale);
+  const float* position = m_.positions ? m_.positions->data_ptr<float>() + (m_.padding_idx + step + 1) * D : nullptr;
+  float* x = x_.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* e = m_.embed.data_ptr<float>() + last[r] * m_.embed.stride(0);
+    for (int64_t d = 0; d < D; ++d) {
+      float v = e[d] * scale;
+      // Two roundings, as ATen's mul and add: the empty asm keeps the compiler from fusing them into one
+      // multiply-add (-march=native has FMA, and GCC contracts by default).
+      asm("" : "+x"(v));
+      x[r * D + d] = position ? v + position[d] : v;
+    }
+  }
+  if (m_.embed_norm) {
+    norm(*m_.embed_norm, x_, y_, rows);
+    std::swap(x_, y_);
+  }
+  for (size_t l = 0; l < m_.layers.size(); ++l) layer(m_.layers[l], l, cache, sentence, slot, rows, step);
+  const Tensor* states = &x_;
+  if (m_.final_norm) {
+    norm(*m_.final_norm, x_, h_, rows);
+    states = &h_;
+  }
+  product_into(m_.output, states->data_ptr<float>(), rows, out_.data_ptr<float>());
+  return out_.narrow(0, 0, rows);
+}
