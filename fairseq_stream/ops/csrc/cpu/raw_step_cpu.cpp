@@ -70,13 +70,12 @@ RawStep::RawStep(const LeanDecoderModel& m, const std::vector<Tensor>& enc_keys,
   if (mask) mask_ = mask->contiguous();
   std::tie(first_, span_) = source_spans(mask ? mask_.data_ptr<float>() : nullptr, S, T);
   const int64_t D = m.embed.size(1);
-  int64_t widest = 3 * D;
+  int64_t widest = 0;  // the feed-forward's hidden width, the widest of the layers'
   for (const LeanLayer& layer : m.layers) widest = std::max(widest, out_features(layer.fc1));
   const auto options = m.embed.options();
   x_ = at::empty({rows, D}, options), y_ = at::empty({rows, D}, options), h_ = at::empty({rows, D}, options);
   qkv_ = at::empty({rows, 3 * D}, options), attn_ = at::empty({rows, D}, options);
   hidden_ = at::empty({rows, widest}, options), out_ = at::empty({rows, out_features(m.output)}, options);
-  mean_ = at::empty({rows}, options), rstd_ = at::empty({rows}, options);
 }
 
 void RawStep::norm(const Norm& n, const Tensor& in, Tensor& out, int64_t rows) {

@@ -30,7 +30,7 @@ class __attribute__((visibility("hidden"))) RawStep {
   const std::vector<Tensor>& enc_values_;
   Tensor mask_;
   std::vector<int64_t> first_, span_;
-  Tensor x_, y_, h_, qkv_, attn_, hidden_, out_, mean_, rstd_;
+  Tensor x_, y_, h_, qkv_, attn_, hidden_, out_;  // rows of: states (x_, y_, h_), q k v, attention, fc1, logits
 
   void norm(const Norm& n, const Tensor& in, Tensor& out, int64_t rows);
   void layer(const LeanLayer& layer, size_t l, const Tensor& cache, const int64_t* sentence, const int64_t* slot,
