@@ -58,25 +58,6 @@ void attend_one(const T* q, const T* K, const T* V, int64_t step, int64_t positi
   }
 }
 
-// Each sentence's unmasked span (first position, length): padding (left, and right where sentences of
-// different batches were joined) is skipped rather than scored. A masked position's weight is exactly 0
-// in attend_one, so the result is bitwise the same; unsorted batches (mini-batching, top-up) pad a short
-// sentence to their longest, and scored every padded position before. mask: (S, T) additive, or null.
-template <typename T>
-std::pair<std::vector<int64_t>, std::vector<int64_t>> spans_of(const T* mask, int64_t S, int64_t T_len) {
-  std::vector<int64_t> first(S, 0), span(S, T_len);
-  if (mask == nullptr) return {first, span};
-  const T hidden = -std::numeric_limits<T>::infinity();
-  for (int64_t n = 0; n < S; ++n) {
-    const T* m = mask + n * T_len;
-    int64_t a = 0, b = T_len;
-    while (a < T_len && m[a] == hidden) ++a;
-    while (b > a && m[b - 1] == hidden) --b;
-    if (a < b) first[n] = a, span[n] = b - a;
-  }
-  return {first, span};
-}
-
 void check_rows(const Tensor& t, const char* name, int64_t rows, int64_t width, at::ScalarType type) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.dim() == 2 && t.size(0) == rows &&
                   t.size(1) == width && (t.stride(1) == 1 || width <= 1),
@@ -92,6 +73,25 @@ std::tuple<const T*, const T*, const T*, T*, T*, T*> pointers(const Tensor& q, c
 }
 
 }  // namespace
+
+// Padding (left, and right where sentences of different batches were joined) is skipped rather than
+// scored. A masked position's weight is exactly 0 in attend_one, so the result is bitwise the same;
+// unsorted batches (mini-batching, top-up) pad a short sentence to their longest, and scored every padded
+// position before.
+template <typename T>
+std::pair<std::vector<int64_t>, std::vector<int64_t>> source_spans(const T* mask, int64_t S, int64_t T_len) {
+  std::vector<int64_t> first(S, 0), span(S, T_len);
+  if (mask == nullptr) return {first, span};
+  const T hidden = -std::numeric_limits<T>::infinity();
+  for (int64_t n = 0; n < S; ++n) {
+    const T* m = mask + n * T_len;
+    int64_t a = 0, b = T_len;
+    while (a < T_len && m[a] == hidden) ++a;
+    while (b > a && m[b - 1] == hidden) --b;
+    if (a < b) first[n] = a, span[n] = b - a;
+  }
+  return {first, span};
+}
 
 // Pairs begin .. end - 1 of (row, head): the row's key and value written at position `length` of its
 // slot, then its query attending over positions 0 .. length.
@@ -128,12 +128,8 @@ template struct CachedRows<float>;
 template struct CachedRows<double>;
 template struct SourceRows<float>;
 template struct SourceRows<double>;
-
-std::pair<std::vector<int64_t>, std::vector<int64_t>> source_spans(const float* mask, int64_t S, int64_t T) {
-  return spans_of(mask, S, T);
-}
-
-void source_attention_rows(const SourceRows<float>& job, int64_t rows) { job.run(0, rows * job.H); }
+template std::pair<std::vector<int64_t>, std::vector<int64_t>> source_spans(const float*, int64_t, int64_t);
+template std::pair<std::vector<int64_t>, std::vector<int64_t>> source_spans(const double*, int64_t, int64_t);
 
 namespace {
 
@@ -173,8 +169,6 @@ Tensor cached_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
   return out;
 }
 
-void cached_attention_rows(const CachedRows<float>& job, int64_t rows) { job.run(0, rows * job.H); }
-
 // Each row attends over its sentence's encoder keys and values (row_sentence), padding masked.
 Tensor source_attention(const Tensor& q, const Tensor& keys, const Tensor& values, const Tensor& row_sentence,
                         std::optional<Tensor> mask, double scale) {
@@ -201,7 +195,7 @@ Tensor source_attention(const Tensor& q, const Tensor& keys, const Tensor& value
     const scalar_t* M = mask ? mask_c.data_ptr<scalar_t>() : nullptr;
     scalar_t* o = out.data_ptr<scalar_t>();
     const scalar_t s = static_cast<scalar_t>(scale);
-    const auto [first, span] = spans_of(M, S, T);
+    const auto [first, span] = source_spans(M, S, T);
     const SourceRows<scalar_t> job{qp, q.stride(0), K, V, M, first.data(), span.data(), sentence_of, H, T, hd, s, o};
     at::parallel_for(0, rows * H, grain(T, hd), [&](int64_t begin, int64_t end) { job.run(begin, end); });
   });

@@ -10,7 +10,7 @@
 
 // cached_attention_'s work on raw rows (the decoder step on buffers, raw_step_cpu.cpp, and the tensor
 // op alike): q, k, v rows at their strides, keys/values (slots, H, capacity, hd), each row's slot (or
-// row r in slot r), out (rows, H * hd).
+// row r in slot r), out (rows, H * hd). run(0, rows * H) does every (row, head) pair on the calling thread.
 template <typename T>
 struct CachedRows {
   const T *q, *k, *v;
@@ -39,11 +39,10 @@ struct SourceRows {
   void run(int64_t begin, int64_t end) const;
 };
 
-// Every (row, head) pair of `rows` rows, on the calling thread.
-void cached_attention_rows(const CachedRows<float>& job, int64_t rows);
-void source_attention_rows(const SourceRows<float>& job, int64_t rows);
-// Each sentence's unmasked span of a (S, T) additive mask (null: all of it): first positions, lengths.
-std::pair<std::vector<int64_t>, std::vector<int64_t>> source_spans(const float* mask, int64_t S, int64_t T);
+// Each sentence's unmasked span of a (S, T_len) additive mask (null: all of it): first positions, lengths
+// (float and double).
+template <typename T>
+std::pair<std::vector<int64_t>, std::vector<int64_t>> source_spans(const T* mask, int64_t S, int64_t T_len);
 
 // Writes each row's k, v (rows, heads * head_dim) at position `length` of its slot of keys/values
 // (slots, heads, capacity, head_dim), then attends over positions 0..length: (rows, heads * head_dim).

@@ -129,7 +129,7 @@ Tensor mkl_rows(const PrepackedLinear& p, const Tensor& a) {
 Tensor PrepackedLinear::operator()(const Tensor& x) const {
   auto [a, shape] = rows_of(x, in_features, out_features);
   const int64_t rows = a.size(0);
-  if (rows >= 1 && rows <= kSkinnyMaxRows && skinny_linear_available()) {
+  if (skinny_linear_takes(rows)) {
     Tensor y = at::empty({rows, out_features}, a.options());
     skinny_linear(a.data_ptr<float>(), rows, weight.data_ptr<float>(), out_features, in_features,
                   bias ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>());

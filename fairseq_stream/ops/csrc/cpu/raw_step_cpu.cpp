@@ -6,8 +6,9 @@
 // (one Xeon thread at its memory ceiling; CTranslate2's products take as long), and the ~170 ATen calls
 // around the products (allocations, views, slices, adds, layer norms, each with its dispatch and
 // TensorImpl) about 100 us more, which CTranslate2 does not spend. Here the products write into kept
-// buffers (the skinny product adds the residual and applies relu as it stores), attention runs on raw
-// rows, and the layer norm is ATen's own kernel called on the buffers: a step makes a few ATen calls.
+// buffers (the skinny product adds the residual and applies relu over each tile it finished), attention
+// runs on raw rows, and the layer norm is ATen's own kernel called on the buffers: a step makes a few
+// ATen calls.
 
 #include "raw_step_cpu.h"
 
@@ -35,7 +36,7 @@ int64_t in_features(const Product& p) {
 // same float operations.
 void product_into(const Product& p, const float* in, int64_t rows, float* out, const float* residual = nullptr,
                   bool relu = false) {
-  if (p.packed && skinny_linear_available() && rows <= kSkinnyMaxRows) {
+  if (p.packed && skinny_linear_takes(rows)) {
     const PrepackedLinear& w = *p.packed;
     skinny_linear(in, rows, w.weight.data_ptr<float>(), w.out_features, w.in_features,
                   w.bias ? w.bias->data_ptr<float>() : nullptr, out, residual, relu);
@@ -44,11 +45,8 @@ void product_into(const Product& p, const float* in, int64_t rows, float* out, c
   const Tensor x = at::from_blob(const_cast<float*>(in), {rows, in_features(p)}, at::kFloat);
   const Tensor y = p(x).contiguous();
   const float* v = y.data_ptr<float>();
-  for (int64_t i = 0, count = y.numel(); i < count; ++i) {
-    float e = v[i];
-    if (relu && e < 0.0f) e = 0.0f;  // at::relu: -0.0 and NaN pass unchanged
-    out[i] = residual != nullptr ? e + residual[i] : e;
-  }
+  for (int64_t i = 0, count = y.numel(); i < count; ++i)
+    out[i] = relu_then_residual(v[i], relu, residual != nullptr ? residual + i : nullptr);
 }
 
 }  // namespace
@@ -68,7 +66,7 @@ RawStep::RawStep(const LeanDecoderModel& m, const std::vector<Tensor>& enc_keys,
     : m_(m), enc_keys_(enc_keys), enc_values_(enc_values) {
   const int64_t S = enc_keys[0].size(0), T = enc_keys[0].size(2);
   if (mask) mask_ = mask->contiguous();
-  std::tie(first_, span_) = source_spans(mask ? mask_.data_ptr<float>() : nullptr, S, T);
+  std::tie(first_, span_) = source_spans<float>(mask ? mask_.data_ptr<float>() : nullptr, S, T);
   const int64_t D = m.embed.size(1);
   int64_t widest = 0;  // the feed-forward's hidden width, the widest of the layers'
   for (const LeanLayer& layer : m.layers) widest = std::max(widest, out_features(layer.fc1));
@@ -103,18 +101,21 @@ void RawStep::layer(const LeanLayer& layer, size_t l, const Tensor& cache, const
     const int64_t stride = qkv_.size(1);
     float* keys = cache.data_ptr<float>() + (2 * l) * cache.stride(0);
     float* values = keys + cache.stride(0);
-    cached_attention_rows({q, q + D, q + 2 * D, stride, stride, stride, keys, values, slot, H, cache.size(3), hd, step,
-                           static_cast<float>(layer.scaling), attn_.data_ptr<float>()},
-                          rows);
+    const CachedRows<float> attention{q, q + D, q + 2 * D, stride, stride, stride, keys, values,
+                                      slot, H, cache.size(3), hd, step, static_cast<float>(layer.scaling),
+                                      attn_.data_ptr<float>()};
+    attention.run(0, rows * H);
     product_into(layer.self_out, attn_.data_ptr<float>(), rows, y.data_ptr<float>(), x_.data_ptr<float>());
   });
   residual(layer.cross_norm, [&](const Tensor& h, Tensor& y) {
     product_into(layer.cross_q, h.data_ptr<float>(), rows, qkv_.data_ptr<float>());  // rows of D
     const Tensor& keys = enc_keys_[l];
-    source_attention_rows({qkv_.data_ptr<float>(), D, keys.data_ptr<float>(), enc_values_[l].data_ptr<float>(),
-                           mask_.defined() ? mask_.data_ptr<float>() : nullptr, first_.data(), span_.data(), sentence,
-                           H, keys.size(2), hd, static_cast<float>(layer.cross_scaling), attn_.data_ptr<float>()},
-                          rows);
+    const float* mask = mask_.defined() ? mask_.data_ptr<float>() : nullptr;
+    const SourceRows<float> attention{qkv_.data_ptr<float>(), D, keys.data_ptr<float>(),
+                                      enc_values_[l].data_ptr<float>(), mask, first_.data(), span_.data(), sentence,
+                                      H, keys.size(2), hd, static_cast<float>(layer.cross_scaling),
+                                      attn_.data_ptr<float>()};
+    attention.run(0, rows * H);
     product_into(layer.cross_out, attn_.data_ptr<float>(), rows, y.data_ptr<float>(), x_.data_ptr<float>());
   });
   residual(layer.final_norm, [&](const Tensor& h, Tensor& y) {

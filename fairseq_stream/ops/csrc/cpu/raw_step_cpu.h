@@ -14,6 +14,9 @@ class __attribute__((visibility("hidden"))) RawStep {
   // Whether the step runs here: float32, no input or output projection, at most kSkinnyMaxRows rows.
   static bool fits(const LeanDecoderModel& m, int64_t rows);
 
+  // Whether a step of `rows` rows fits the buffers (made for the most rows the search's steps have here).
+  bool takes(int64_t rows) const { return rows <= x_.size(0); }
+
   // For `m` over sentences whose encoder keys and values (per layer) and mask are these, up to `rows` rows.
   RawStep(const LeanDecoderModel& m, const std::vector<Tensor>& enc_keys, const std::vector<Tensor>& enc_values,
           const std::optional<Tensor>& mask, int64_t rows);

@@ -92,7 +92,7 @@ std::vector<Tensor> step_logits(const std::vector<LeanDecoderModel>& models, con
                                 const Tensor& row_sentence, int64_t step, const std::vector<int64_t>& slot,
                                 std::optional<RawStep>& raw) {
   const int64_t rows = last.size(0);
-  if (raw && RawStep::fits(models[0], rows)) {
+  if (raw && raw->takes(rows)) {
     const Tensor tokens = last.contiguous(), sentence = row_sentence.contiguous();
     return {raw->logits(caches[0], tokens.data_ptr<int64_t>(), sentence.data_ptr<int64_t>(), slot.data(), rows, step)};
   }

@@ -11,10 +11,22 @@ constexpr int64_t kSkinnyMaxRows = 5;
 // Whether the CPU running this process has the skinny product's instructions (AVX-512F).
 bool skinny_linear_available();
 
+// Whether a product of `rows` rows runs here: 1 to kSkinnyMaxRows, on a CPU that has it.
+inline bool skinny_linear_takes(int64_t rows) {
+  return rows >= 1 && rows <= kSkinnyMaxRows && skinny_linear_available();
+}
+
+// What a transformer layer does after a product, on one of its outputs v: relu, then the residual r (or
+// null) added; the float operations at::relu and r + v would do (at::relu keeps -0.0 and NaN; r + v is
+// v + r).
+inline float relu_then_residual(float v, bool relu, const float* r) {
+  if (relu && v < 0.0f) v = 0.0f;
+  return r != nullptr ? v + *r : v;
+}
+
 // y (rows, n) = x (rows, k) W^T (W: (n, k), row-major) + bias (n floats, or null); then, where asked,
-// relu and a residual (rows, n) added: the float operations at::relu and residual + y do after the
-// product, fused into its stores. Each output is computed the same way whatever ``rows`` is and
-// wherever its row stands: one row's results do not depend on the rows beside it. Needs
-// skinny_linear_available().
+// relu_then_residual with a residual (rows, n), in a pass over each tile's outputs. Each output is
+// computed the same way whatever ``rows`` is and wherever its row stands: one row's results do not
+// depend on the rows beside it. Needs skinny_linear_available().
 void skinny_linear(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias, float* y,
                    const float* residual = nullptr, bool relu = false);
