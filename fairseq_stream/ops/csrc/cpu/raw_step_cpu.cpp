@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "attention_cpu.h"
+#include "layer_norm_kernel_cpu.h"
 #include "skinny_linear_cpu.h"
 
 namespace {
@@ -49,6 +50,14 @@ void product_into(const Product& p, const float* in, int64_t rows, float* out, c
     out[i] = relu_then_residual(v[i], relu, residual != nullptr ? residual + i : nullptr);
 }
 
+// Whether ATen's kernel reads this norm's weight and bias as native_layer_norm would: float32 and
+// contiguous (or absent), as the kernel reads them from their data pointers.
+bool kernel_takes(const Norm& n) {
+  for (const Tensor* t : {&n.weight, &n.bias})
+    if (t->defined() && (t->scalar_type() != at::kFloat || !t->is_contiguous())) return false;
+  return true;
+}
+
 }  // namespace
 
 bool RawStep::fits(const LeanDecoderModel& m, int64_t rows) {
@@ -74,9 +83,17 @@ RawStep::RawStep(const LeanDecoderModel& m, const std::vector<Tensor>& enc_keys,
   x_ = at::empty({rows, D}, options), y_ = at::empty({rows, D}, options), h_ = at::empty({rows, D}, options);
   qkv_ = at::empty({rows, 3 * D}, options), attn_ = at::empty({rows, D}, options);
   hidden_ = at::empty({rows, widest}, options), out_ = at::empty({rows, out_features(m.output)}, options);
+  bool plain = (!m.embed_norm || kernel_takes(*m.embed_norm)) && (!m.final_norm || kernel_takes(*m.final_norm));
+  for (const LeanLayer& layer : m.layers)
+    plain = plain && kernel_takes(layer.self_norm) && kernel_takes(layer.cross_norm) && kernel_takes(layer.final_norm);
+  if (plain) norm_kernel_ = aten_layer_norm_kernel();
 }
 
 void RawStep::norm(const Norm& n, const Tensor& in, Tensor& out, int64_t rows) {
+  if (norm_kernel_) {
+    norm_kernel_(in, n.weight, n.bias, rows, in.size(1), n.eps, &out, nullptr, nullptr);
+    return;
+  }
   // at::layer_norm is native_layer_norm's first result: the same kernel, one dispatch fewer.
   const Tensor x = in.narrow(0, 0, rows);
   const Tensor y = std::get<0>(at::native_layer_norm(x, {x.size(1)}, n.weight, n.bias, n.eps));

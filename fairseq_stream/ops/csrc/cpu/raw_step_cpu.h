@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "layer_norm_kernel_cpu.h"
 #include "search_loop_cpu.h"
 
 class __attribute__((visibility("hidden"))) RawStep {
@@ -34,6 +35,7 @@ class __attribute__((visibility("hidden"))) RawStep {
   Tensor mask_;
   std::vector<int64_t> first_, span_;
   Tensor x_, y_, h_, qkv_, attn_, hidden_, out_;  // rows of: states (x_, y_, h_), q k v, attention, fc1, logits
+  LayerNormKernelFn norm_kernel_ = nullptr;      // ATen's layer-norm kernel on the buffers, or null: native_layer_norm
 
   void norm(const Norm& n, const Tensor& in, Tensor& out, int64_t rows);
   void layer(const LeanLayer& layer, size_t l, const Tensor& cache, const int64_t* sentence, const int64_t* slot,

@@ -467,4 +467,7 @@ void register_search_loop(pybind11::module& m) {
         py::arg("models"), py::arg("enc_keys"), py::arg("enc_values"), py::arg("masks"), py::arg("k"), py::arg("n"),
         py::arg("bos"), py::arg("max_lens"), py::arg("min_len"), py::arg("pad"), py::arg("eos"), py::arg("unk"),
         py::arg("unk_penalty"), py::arg("temperature"), py::call_guard<py::gil_scoped_release>());
+  m.def("aten_layer_norm_kernel_found", [] { return aten_layer_norm_kernel() != nullptr; },
+        "whether the search loops' kept-buffer step calls ATen's layer-norm kernel directly (else "
+        "at::native_layer_norm)");
 }
