@@ -8,12 +8,16 @@ So anything timed is recorded, and cached, with :func:`cpu_model` and
 :func:`simd_level`.
 """
 
+import os
 import platform
 from functools import lru_cache
 from typing import FrozenSet
 
 # Widest first: the first whose flags are all present is the CPU's level.
 SIMD_LEVELS = (("avx512_vnni", ("avx512f", "avx512_vnni")), ("avx512f", ("avx512f",)), ("avx2", ("avx2", "fma")))
+# ATen's ATEN_CPU_CAPABILITY values that lower its dispatch, as levels here: the compiled kernels follow
+# ATen's cap (csrc/cpu/cpu_isa_cpu.h), so timings taken under it are those of the capped level.
+CAPS = {"default": "portable", "avx2": "avx2"}
 
 
 @lru_cache(maxsize=1)
@@ -50,16 +54,24 @@ def level_from_flags(flags: FrozenSet[str]) -> str:
     return "portable"
 
 
+def capped(level: str, environ=os.environ) -> str:
+    """``level``, or the narrower one ``ATEN_CPU_CAPABILITY`` caps torch's and our kernels to."""
+    cap = CAPS.get(environ.get("ATEN_CPU_CAPABILITY", "").strip().lower())
+    order = [name for name, _ in SIMD_LEVELS] + ["portable"]
+    return cap if cap is not None and order.index(cap) > order.index(level) else level
+
+
 @lru_cache(maxsize=1)
 def simd_level() -> str:
-    """This CPU's widest SIMD level: "avx512_vnni", "avx512f", "avx2" or "portable".
+    """The widest SIMD level the kernels use here: "avx512_vnni", "avx512f", "avx2" or "portable".
 
-    From /proc/cpuinfo's flags; elsewhere from what torch dispatches to
+    From /proc/cpuinfo's flags, capped as ``ATEN_CPU_CAPABILITY`` caps
+    torch's dispatch and ours; elsewhere from what torch dispatches to
     (which does not tell VNNI apart).
     """
     _, flags = _cpuinfo_fields()
     if flags is not None:
-        return level_from_flags(flags)
+        return capped(level_from_flags(flags))
     try:
         import torch
 

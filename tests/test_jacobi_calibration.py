@@ -126,6 +126,11 @@ def test_cpu_info_and_the_cache_location(monkeypatch, tmp_path):
     assert cpu_info.level_from_flags(frozenset({"avx2", "fma", "avx512f"})) == "avx512f"
     assert cpu_info.level_from_flags(frozenset({"avx2", "fma"})) == "avx2"
     assert cpu_info.level_from_flags(frozenset({"sse4_2"})) == "portable"
+    # ATEN_CPU_CAPABILITY narrows the level (our kernels follow torch's cap), never widens it.
+    assert cpu_info.capped("avx512_vnni", {"ATEN_CPU_CAPABILITY": "avx2"}) == "avx2"
+    assert cpu_info.capped("avx512f", {"ATEN_CPU_CAPABILITY": "default"}) == "portable"
+    assert cpu_info.capped("avx2", {"ATEN_CPU_CAPABILITY": "avx512"}) == "avx2"
+    assert cpu_info.capped("avx512_vnni", {}) == "avx512_vnni"
     assert cpu_info.simd_level() in ("avx512_vnni", "avx512f", "avx2", "portable") and cpu_info.cpu_model()
     assert calibration.cache_base({"FAIRSEQ_STREAM_CACHE": "/y", "XDG_CACHE_HOME": "/x"}) == tmp_path.anchor / \
         tmp_path.__class__("y")

@@ -1,6 +1,8 @@
 """--quantize int8|int16 in real decoding: every path of the lean runner gives the same bits, every scheduler
 the batch's output, Jacobi greedy's tokens; the options, the command line and the API."""
 
+import sys
+
 import pytest
 import torch
 
@@ -109,6 +111,23 @@ def test_command_line_and_preset_decode_with_int8(toy, capsys):
     proc = run_tool(["fairseq-generate"] + common + ["--preset", "cpu-int8"])
     assert hypotheses(proc.stdout) == typed
     assert "int8 products: {} kernel".format(quantized_linear.kernel("int8")) in proc.stderr
+
+
+def test_aten_cpu_capability_avx2_runs_an_avx2_cpus_kernels_and_the_same_translations(toy, capsys):
+    """ATEN_CPU_CAPABILITY=avx2 caps our kernels as it caps torch's (csrc/cpu/cpu_isa_cpu.h), so an AVX-512
+    machine decodes on the kernels an AVX2-only CPU runs; int8's integer sums are the same on every kernel."""
+    common = [toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream", "--gen-subset", "test",
+              "--batch-size", "8", "--search", "fixed", "--beam", "5", "--quantize", "int8", "--cpu"]
+    generate_in_process(common)
+    ours = hypotheses(capsys.readouterr().out)
+    proc = run_tool(["fairseq-generate"] + common, env={"ATEN_CPU_CAPABILITY": "avx2"})
+    capped = "avx2" if "avx2" in quantized_linear.kernels("int8") else "portable"
+    assert "int8 products: {} kernel".format(capped) in proc.stderr
+    assert hypotheses(proc.stdout) == ours
+    probe = ("from fairseq_stream.ops import quantized_linear as q; from fairseq_stream.ops.output_layer import "
+             "compiled_module as c; print(q.kernels('int8'), q.kernels('int16'), c('cpu').skinny_linear_rows())")
+    listed = run_tool([sys.executable, "-c", probe], env={"ATEN_CPU_CAPABILITY": "avx2"}).stdout.strip()
+    assert "avx512" not in listed and listed.endswith(" 0"), listed
 
 
 def test_api_takes_quantize(toy):

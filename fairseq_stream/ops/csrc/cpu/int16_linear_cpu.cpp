@@ -9,14 +9,15 @@
 // summed in int32: vpmaddwd + vpaddd on AVX2 (two 256-bit halves per panel), one vpdpwssd on
 // AVX-512 VNNI (the whole panel in one 512-bit register).
 //
-// Kernels, chosen at run time from what the CPU reports (__builtin_cpu_supports), not from the
-// compiler's -march: each is compiled for its own target (the target attribute), so one build runs
+// Kernels, chosen at run time from what the CPU reports (__builtin_cpu_supports, capped by
+// ATEN_CPU_CAPABILITY as torch's are: cpu_isa_cpu.h), not from the compiler's -march: each is compiled for its own target (the target attribute), so one build runs
 // on any x86-64 CPU and uses the best kernel it has. "portable" is plain loops with the same integer
 // arithmetic; every kernel gives identical results (integer sums are exact whatever their order:
 // the scale rule bounds every partial sum), and a name picks one, so tests compare them all.
 
 #include "int16_linear_cpu.h"
 
+#include "cpu_isa_cpu.h"
 #include "quantized_tiles_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -204,8 +205,8 @@ const std::vector<Kernel>& available_kernels() {
     std::vector<Kernel> out{make_kernel<Portable>("portable")};
 #if FS_INT16_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) out.push_back(make_kernel<Avx2>("avx2"));
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"))
+    if (fs_cpu::allows_avx2()) out.push_back(make_kernel<Avx2>("avx2"));
+    if (fs_cpu::allows_avx512() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"))
       out.push_back(make_kernel<Avx512Vnni>("avx512vnni"));
 #endif
     return out;

@@ -20,6 +20,8 @@
 
 #include "int8_linear_cpu.h"
 
+#include "cpu_isa_cpu.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -221,11 +223,11 @@ const std::vector<Kernel>& available_kernels() {
     out.back().shapes.push_back(shape<Portable, 4, 1>());
 #if FS_INT8_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) {
+    if (fs_cpu::allows_avx2()) {
       out.push_back(Kernel{"avx2", Format::kWide16, {}});
       out.back().shapes.push_back(shape<Avx2, 3, 1>());
     }
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    if (fs_cpu::allows_avx512() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vnni")) {
       out.push_back(Kernel{"avx512vnni", Format::kShifted8, {}});
       out.back().shapes.push_back(shape<Avx512Vnni, 2, 8>());
@@ -307,7 +309,7 @@ bool int8_onednn_exact() {
   // CPU that has VNNI or AMX, before it is used.
   static const bool exact = [] {
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512vnni")) return false;
+    if (!fs_cpu::allows_avx512() || !__builtin_cpu_supports("avx512vnni")) return false;
     try {
       const int64_t k = 512;
       auto x = at::full({2, k}, 127, at::kChar);

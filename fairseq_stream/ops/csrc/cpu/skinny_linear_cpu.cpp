@@ -19,6 +19,8 @@
 
 #include "skinny_linear_cpu.h"
 
+#include "cpu_isa_cpu.h"
+
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -155,7 +157,7 @@ __attribute__((target("avx512f"))) void tiles(const float* x, int64_t rows, cons
 }  // namespace
 
 bool skinny_linear_available() {
-  static const bool available = __builtin_cpu_supports("avx512f");
+  static const bool available = fs_cpu::allows_avx512() && __builtin_cpu_supports("avx512f");
   return available;
 }
 
