@@ -58,6 +58,18 @@ def kernels_wanted(environ=os.environ):
     return environ.get(NO_KERNELS_VARIABLE, "").strip().lower() in ("", "0", "false", "no")
 
 
+def target_cpu(environ=os.environ):
+    """The CPU the kernels are compiled for: this one (``native``) unless ``FAIRSEQ_STREAM_MARCH`` names another.
+
+    A build for ``native`` may use instructions other machines lack (AVX-512 on
+    a Xeon): a virtual environment shared by machines of several kinds (a
+    cluster's bulk translation) is built for the oldest, e.g.
+    ``FAIRSEQ_STREAM_MARCH=x86-64-v3`` (AVX2). The kernels that need more
+    (AVX-512 VNNI) are compiled for it on their own and chosen at run time.
+    """
+    return environ.get("FAIRSEQ_STREAM_MARCH", "").strip() or "native"
+
+
 def kernel_problem(what, environ=os.environ):
     """A kernel cannot be built: stop the install, or only warn where the user opted out."""
     message = "fairseq-stream: {}.".format(what)
@@ -92,7 +104,7 @@ def optional_extensions():
                 # -fno-trapping-math: lets loops with selects vectorize (rnn_step_cpu.cpp); no result changes.
                 # -g0 overrides the -g of Python's CFLAGS: debug info for torch's headers was a quarter of each
                 # file's compile time (66 s -> 51 s for int16_linear_cpu.cpp on the AVX2 EPYC).
-                extra_compile_args=["-O3", "-g0", "-march=native", "-fopenmp", "-fno-trapping-math"],
+                extra_compile_args=["-O3", "-g0", "-march=" + target_cpu(), "-fopenmp", "-fno-trapping-math"],
                 extra_link_args=["-fopenmp"],
             )
         )

@@ -10,9 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${FAIRSEQ_STREAM_VENV:-.venv}
 stamp="$VENV/.fairseq-stream-installed"
-# The compiled kernels' sources count too: a change rebuilds the extension.
-want=$(cat setup.py scripts/setup_env.sh $(find fairseq_stream/ops/csrc -type f 2>/dev/null | sort) \
-  | sha1sum | cut -c1-16)
+# The compiled kernels' sources and target CPU (FAIRSEQ_STREAM_MARCH, setup.py) count too: a change
+# rebuilds the extension.
+want=$( (cat setup.py scripts/setup_env.sh $(find fairseq_stream/ops/csrc -type f 2>/dev/null | sort); \
+  echo "march=${FAIRSEQ_STREAM_MARCH:-native}") | sha1sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -38,11 +39,15 @@ step() {
   fi
 }
 
-echo "fairseq-stream: setting up $VENV (first time: torch, then fairseq-fixed built from source, ~4 min)"
+if [ -f "$stamp" ]; then
+  echo "fairseq-stream: updating $VENV (the kernels' sources or setup changed: rebuilding the kernels)"
+else
+  echo "fairseq-stream: setting up $VENV (first time: torch, then fairseq-fixed built from source, ~4 min)"
+fi
 step python3 -m venv "$VENV"
 step "$VENV/bin/pip" install --upgrade pip wheel setuptools
 # torch first and pinned: a looser requirement would pull a multi-GB CUDA build. ninja lets torch's
-# BuildExtension compile the kernels' 14 files on every core (without it, one after another: minutes).
+# BuildExtension compile the kernels' files on every core (without it, one after another: minutes).
 step "$VENV/bin/pip" install torch==2.13.0 numpy==2.4.6 cython ninja==1.13.2
 # fairseq-fixed compiles against the torch and numpy above (no build isolation).
 step "$VENV/bin/pip" install --no-build-isolation -e '.[test]'

@@ -84,11 +84,14 @@ struct Portable {
 };
 
 #if FS_INT8_X86
-#define FS_ROWS_3(X) X(0) X(1) X(2)
+#define FS_ROWS_2(X) X(0) X(1)
 #define FS_ROWS_12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 
-// 3 rows x one panel: per row four sums of 4 columns' pair sums, 12 registers, one widened weight
-// group and the three rows' broadcast values: AVX2's 16.
+// 2 rows x one panel: per row four sums of 4 columns' pair sums, 8 registers, with the four widened
+// weight groups and the two rows' broadcast values within AVX2's 16. At 3 rows (12 sums, 3 broadcasts,
+// temporaries) a build for AVX2 (-march=x86-64-v3, as on an EPYC) kept 8 sums on the stack, a load and
+// a store per multiply-add: one thread with the AVX2 kernels, Multi30k int8, took 3.53 s for greedy in
+// batches of 64 and 14.3 s for fixed k=5 with 3-row tiles, 2.70 and 10.9 s with these.
 struct Avx2 {
   static constexpr Format kFormat = Format::kWide16;
   template <int R, int P>
@@ -99,20 +102,19 @@ struct Avx2 {
     const __m256i zero = _mm256_setzero_si256();
     // s<row><group>: columns 4g .. 4g+3, each as two int32 lanes (its quad's first and second pair).
 #define FS_DECL(i) __m256i s##i##0 = zero, s##i##1 = zero, s##i##2 = zero, s##i##3 = zero;
-    FS_ROWS_3(FS_DECL)
+    FS_ROWS_2(FS_DECL)
 #undef FS_DECL
     const int8_t* w = packed + panel0 * quads * kPanelBytes;
     for (int64_t p = 0; p < quads; ++p) {
       const int8_t* wp = w + p * kPanelBytes;
 #define FS_BCAST(i) const __m256i x##i = R > i ? _mm256_set1_epi64x(xq[p * R + i]) : zero;
-      FS_ROWS_3(FS_BCAST)
+      FS_ROWS_2(FS_BCAST)
 #undef FS_BCAST
 #define FS_GROUP(g)                                                                                 \
   {                                                                                                 \
     const __m256i wg = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 16 * g))); \
     if constexpr (R > 0) s0##g = _mm256_add_epi32(s0##g, _mm256_madd_epi16(wg, x0));                \
     if constexpr (R > 1) s1##g = _mm256_add_epi32(s1##g, _mm256_madd_epi16(wg, x1));                \
-    if constexpr (R > 2) s2##g = _mm256_add_epi32(s2##g, _mm256_madd_epi16(wg, x2));                \
   }
       FS_GROUP(0) FS_GROUP(1) FS_GROUP(2) FS_GROUP(3)
 #undef FS_GROUP
@@ -126,7 +128,7 @@ struct Avx2 {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride), lo);                            \
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride + 8), hi);                        \
   }
-    FS_ROWS_3(FS_STORE)
+    FS_ROWS_2(FS_STORE)
 #undef FS_STORE
   }
 };
@@ -178,7 +180,7 @@ struct Avx512Vnni {
 };
 #undef FS_PANELS_8
 #undef FS_ROWS_12
-#undef FS_ROWS_3
+#undef FS_ROWS_2
 #endif
 
 // One tile shape of a kernel: up to `rows` rows and `panels` panels a tile, every smaller remainder
@@ -225,7 +227,7 @@ const std::vector<Kernel>& available_kernels() {
     __builtin_cpu_init();
     if (fs_cpu::allows_avx2()) {
       out.push_back(Kernel{"avx2", Format::kWide16, {}});
-      out.back().shapes.push_back(shape<Avx2, 3, 1>());
+      out.back().shapes.push_back(shape<Avx2, 2, 1>());
     }
     if (fs_cpu::allows_avx512() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vnni")) {
