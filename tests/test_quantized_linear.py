@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not KERNELS, reason="the compiled CPU extension 
 
 
 def run(x, p, kernel):
-    return compiled_module("cpu").int8_linear(x, p.packed, p.weight_inv, p.excess, p.bias, kernel)
+    return compiled_module("cpu").int8_linear(x, Q.packed_for(p, kernel), p.weight_inv, p.excess, p.bias, kernel)
 
 
 @pytest.mark.parametrize("kernel", EVERY_KERNEL)

@@ -14,7 +14,7 @@ its largest weight is +-127; row ``m`` of ``x`` by ``s_a[m] = 127 / max_k
 CTranslate2's int8 does. Kernels: AVX-512 VNNI (``vpdpbusd``, with the
 row's values shifted to unsigned bytes and the shift's known excess, 128
 times each weight row's sum, taken off), AVX2 (the weights widened to int16,
-``vpmaddwd``) and portable loops; and for calls of many rows with long
+``vpmaddwd``; it reads the packed bytes in :func:`pair_order`) and portable loops; and for calls of many rows with long
 weight rows, oneDNN's int8 GEMM (``torch._int_mm``), where a check at first
 use finds it exact on this CPU (AMX or VNNI; :func:`onednn_from_rows` says
 when). Every kernel computes the same integer sums, so a row's result is the
@@ -98,6 +98,21 @@ def int8_weight(p: Int8Packed) -> Tensor:
     return full[:p.out_features, :p.in_features]
 
 
+def pair_order(packed: Tensor) -> Tensor:
+    """``packed`` with each quad's 64 bytes in the AVX2 kernel's order: the 16 columns' inputs 4p and 4p+1,
+    then their 4p+2 and 4p+3 (a widened load is then 8 columns x 2 inputs: ``csrc/cpu/int8_linear_cpu.cpp``)."""
+    blocks, quads, _ = packed.shape
+    pairs = packed.view(blocks, quads, COLS, QUAD // 2, 2).transpose(2, 3)
+    return pairs.reshape(blocks, quads, COLS * QUAD).contiguous()
+
+
+def packed_for(p: Int8Packed, kernel_name: str = "auto") -> Tensor:
+    """``p``'s packed weight in the order the int8 kernel ``kernel_name`` reads ("auto": the best here):
+    pair order for "avx2", as packed for the others. The same bytes: it replaces ``p.packed``, no copy stays."""
+    name = kernel("int8") if kernel_name == "auto" else kernel_name
+    return pair_order(p.packed) if name == "avx2" else p.packed
+
+
 def _extension():
     module = compiled_module("cpu")
     return module if module is not None and hasattr(module, "QuantizedLinear") else None
@@ -162,7 +177,7 @@ def linear(weight: Tensor, bias: Optional[Tensor], kind: str, kernel_name: str =
         from_rows = onednn_from_rows(p.in_features)
         onednn = onednn_exact() and (kernel_name == "onednn" or from_rows < NEVER)
         weight_kn = int8_weight(p).t().contiguous() if onednn else None
-        return ext.QuantizedLinear(8, p.packed, p.weight_inv, p.excess, 0, p.bias, p.in_features,
+        return ext.QuantizedLinear(8, packed_for(p, kernel_name), p.weight_inv, p.excess, 0, p.bias, p.in_features,
                                    p.out_features, kernel_name, weight_kn, from_rows)
     if kind == "int16":
         p = int16_linear.pack(weight, bias)

@@ -14,7 +14,8 @@
 //   off each column's sum before it is dequantized. Nothing saturates: |sum| <= 255 * 127 * K.
 // * "avx2": the weights are widened to int16 (vpmovsxbw) and multiplied by the row's values as
 //   int16 pairs (vpmaddwd, as the int16 kernel does): exact, with no unsigned trick (vpmaddubsw's
-//   int16 pair sums could saturate at 255 * 127 * 2).
+//   int16 pair sums could saturate at 255 * 127 * 2). It reads the same bytes in another order within
+//   each quad (quantized_linear.pair_order): 16 columns' inputs 4p, 4p+1, then their 4p+2, 4p+3.
 // * "portable": plain loops.
 // Every kernel computes the same integer sums, so all give identical floats.
 
@@ -84,51 +85,90 @@ struct Portable {
 };
 
 #if FS_INT8_X86
-#define FS_ROWS_2(X) X(0) X(1)
+#define FS_ROWS_6(X) X(0) X(1) X(2) X(3) X(4) X(5)
 #define FS_ROWS_12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 
-// 2 rows x one panel: per row four sums of 4 columns' pair sums, 8 registers, with the four widened
-// weight groups and the two rows' broadcast values within AVX2's 16. At 3 rows (12 sums, 3 broadcasts,
-// temporaries) a build for AVX2 (-march=x86-64-v3, as on an EPYC) kept 8 sums on the stack, a load and
-// a store per multiply-add: one thread with the AVX2 kernels, Multi30k int8, took 3.53 s for greedy in
-// batches of 64 and 14.3 s for fixed k=5 with 3-row tiles, 2.70 and 10.9 s with these.
+// 6 rows x one panel, as the int16 kernel's AVX2 tile: 12 sums (a row's columns 0-7 and 8-15), 2
+// widened weight vectors and a broadcast, within AVX2's 16 registers. It reads the weight in pair
+// order (quantized_linear.pair_order: within each quad, every column's inputs 4p, 4p+1, then every
+// column's 4p+2, 4p+3), so that one widened load is 8 columns x 2 inputs and vpmaddwd against a
+// row's broadcast pair gives 8 columns' partial sums. Before it (quad order, each column's two pair
+// sums kept apart): 3-row tiles spilled 8 sums to the stack in a build for AVX2 (-march=x86-64-v3,
+// as on an EPYC), and 2-row tiles made int8 slower than int16 there (fixed k=5 in batches of 64 on
+// the Multi30k transformer: 11.1 s against int16's 9.7).
 struct Avx2 {
   static constexpr Format kFormat = Format::kWide16;
   template <int R, int P>
   __attribute__((target("avx2"))) static void tile(const void* xq_, int64_t quads, const int8_t* packed,
                                                    int64_t panel0, int32_t* acc) {
-    static_assert(P == 1, "one panel a tile");
-    const int64_t* xq = static_cast<const int64_t*>(xq_);
+    static_assert(P == 1, "one panel: its two halves are the tile's columns");
+    // Row r's quad p as two int32, each a pair of int16: (x[4p], x[4p+1]) and (x[4p+2], x[4p+3]).
+    const int32_t* xq = static_cast<const int32_t*>(xq_);
     const __m256i zero = _mm256_setzero_si256();
-    // s<row><group>: columns 4g .. 4g+3, each as two int32 lanes (its quad's first and second pair).
-#define FS_DECL(i) __m256i s##i##0 = zero, s##i##1 = zero, s##i##2 = zero, s##i##3 = zero;
-    FS_ROWS_2(FS_DECL)
+#define FS_DECL(i) __m256i lo##i = zero, hi##i = zero;
+    FS_ROWS_6(FS_DECL)
 #undef FS_DECL
+    // One input pair a step (as the int16 tile): pair h of quad p is 16 columns x 2 inputs at byte
+    // 64p + 32h, row i's values at xq[2 * (p * R + i) + h]. Both pairs of a quad in one step made GCC
+    // keep sums on the stack from 4 rows on (a build for AVX2).
     const int8_t* w = packed + panel0 * quads * kPanelBytes;
-    for (int64_t p = 0; p < quads; ++p) {
-      const int8_t* wp = w + p * kPanelBytes;
-#define FS_BCAST(i) const __m256i x##i = R > i ? _mm256_set1_epi64x(xq[p * R + i]) : zero;
-      FS_ROWS_2(FS_BCAST)
-#undef FS_BCAST
-#define FS_GROUP(g)                                                                                 \
-  {                                                                                                 \
-    const __m256i wg = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 16 * g))); \
-    if constexpr (R > 0) s0##g = _mm256_add_epi32(s0##g, _mm256_madd_epi16(wg, x0));                \
-    if constexpr (R > 1) s1##g = _mm256_add_epi32(s1##g, _mm256_madd_epi16(wg, x1));                \
+    for (int64_t q = 0; q < 2 * quads; ++q) {
+      const int8_t* wp = w + q * (kPanelBytes / 2);
+      const int32_t* xp = xq + 2 * (q >> 1) * R + (q & 1);
+      const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp)));
+      const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 16)));
+#define FS_STEP(i)                                                         \
+  if constexpr (R > i) {                                                   \
+    const __m256i xv = _mm256_set1_epi32(xp[2 * i]);                       \
+    lo##i = _mm256_add_epi32(lo##i, _mm256_madd_epi16(xv, w0));            \
+    hi##i = _mm256_add_epi32(hi##i, _mm256_madd_epi16(xv, w1));            \
   }
-      FS_GROUP(0) FS_GROUP(1) FS_GROUP(2) FS_GROUP(3)
-#undef FS_GROUP
+      FS_ROWS_6(FS_STEP)
+#undef FS_STEP
     }
-    // hadd within 128-bit lanes gives columns (0, 1, 4, 5 | 2, 3, 6, 7) of a pair of groups; the
-    // 64-bit permute puts them in order.
-#define FS_STORE(i)                                                                                       \
-  if constexpr (R > i) {                                                                                  \
-    const __m256i lo = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s##i##0, s##i##1), 0xD8);              \
-    const __m256i hi = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s##i##2, s##i##3), 0xD8);              \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride), lo);                            \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride + 8), hi);                        \
+#define FS_STORE(i)                                                                  \
+  if constexpr (R > i) {                                                             \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride), lo##i);    \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride + 8), hi##i); \
   }
-    FS_ROWS_2(FS_STORE)
+    FS_ROWS_6(FS_STORE)
+#undef FS_STORE
+  }
+};
+
+// One row x up to 4 panels in the same pair order: a lone row (greedy, one sentence at a time) gets 8
+// independent sums instead of the 6-row tile's 2 (at 1 row x 1 panel the Multi30k output layer took
+// 79 us against 64 for the quad-order 2-row tile; the build for AVX2, one Xeon thread).
+struct Avx2Row {
+  static constexpr Format kFormat = Format::kWide16;
+  template <int R, int P>
+  __attribute__((target("avx2"))) static void tile(const void* xq_, int64_t quads, const int8_t* packed,
+                                                   int64_t panel0, int32_t* acc) {
+    static_assert(R == 1 && P <= 4, "one row, at most 4 panels");
+    const int32_t* xq = static_cast<const int32_t*>(xq_);  // the row's pairs, in order
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i lo0 = zero, hi0 = zero, lo1 = zero, hi1 = zero, lo2 = zero, hi2 = zero, lo3 = zero, hi3 = zero;
+    const int64_t panel_bytes = quads * kPanelBytes;
+    const int8_t* w = packed + panel0 * panel_bytes;
+    for (int64_t q = 0; q < 2 * quads; ++q) {
+      const __m256i xv = _mm256_set1_epi32(xq[q]);
+#define FS_PANEL(j)                                                                                    \
+  if constexpr (P > j) {                                                                               \
+    const int8_t* wp = w + j * panel_bytes + q * (kPanelBytes / 2);                                    \
+    lo##j = _mm256_add_epi32(lo##j, _mm256_madd_epi16(xv, _mm256_cvtepi8_epi16(_mm_loadu_si128(        \
+                                                              reinterpret_cast<const __m128i*>(wp))))); \
+    hi##j = _mm256_add_epi32(hi##j, _mm256_madd_epi16(xv, _mm256_cvtepi8_epi16(_mm_loadu_si128(        \
+                                                              reinterpret_cast<const __m128i*>(wp + 16))))); \
+  }
+      FS_PANEL(0) FS_PANEL(1) FS_PANEL(2) FS_PANEL(3)
+#undef FS_PANEL
+    }
+#define FS_STORE(j)                                                                          \
+  if constexpr (P > j) {                                                                     \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + j * kCols), lo##j);                 \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + j * kCols + 8), hi##j);             \
+  }
+    FS_STORE(0) FS_STORE(1) FS_STORE(2) FS_STORE(3)
 #undef FS_STORE
   }
 };
@@ -180,7 +220,7 @@ struct Avx512Vnni {
 };
 #undef FS_PANELS_8
 #undef FS_ROWS_12
-#undef FS_ROWS_2
+#undef FS_ROWS_6
 #endif
 
 // One tile shape of a kernel: up to `rows` rows and `panels` panels a tile, every smaller remainder
@@ -227,7 +267,8 @@ const std::vector<Kernel>& available_kernels() {
     __builtin_cpu_init();
     if (fs_cpu::allows_avx2()) {
       out.push_back(Kernel{"avx2", Format::kWide16, {}});
-      out.back().shapes.push_back(shape<Avx2, 2, 1>());
+      out.back().shapes.push_back(shape<Avx2Row, 1, 4>());
+      out.back().shapes.push_back(shape<Avx2, 6, 1>());
     }
     if (fs_cpu::allows_avx512() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vnni")) {
