@@ -57,6 +57,9 @@ SEARCHES = ("greedy", "fixed", "var-batch")
 TIME_TARGETS = {"greedy": 1.0, "fixed": 1.0, "var-batch": 0.75}
 INT16_IDENTICAL, INT16_BLEU = 0.99, 0.1
 INT8_BLEU = 0.3
+# Variables that cap the instruction sets of torch and our kernels, MKL, oneDNN and CTranslate2: set to
+# AVX2 on an AVX-512 machine, they run the paths an AVX2-only CPU runs (docs/quantize.md).
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA", "CT2_FORCE_CPU_ISA")
 
 
 def product_bytes(product):
@@ -231,11 +234,12 @@ def main():
         methods += [our_method(models, task, batches, search, k, p, memory) for p in precisions]
         methods += [ct2_method(peer, inputs, search, k) for peer in peers.values()]
     n = sum(len(b["id"]) for b in batches)
+    caps = {v: os.environ[v] for v in ISA_CAPS if os.environ.get(v)}
     print("bench_quantize: {} sentences, batch {}, {} ({}), 1 thread, median of {} interleaved rounds, {}; "
-          "int8 kernel {}, int16 kernel {}; CTranslate2 {}".format(
+          "int8 kernel {}, int16 kernel {}; CTranslate2 {}; instruction sets capped by {}".format(
               n, args.batch_size, cpu_info.cpu_model(), cpu_info.simd_level(), args.repeats,
               time.strftime("%Y-%m-%d"), quantized_linear.kernel("int8"), quantized_linear.kernel("int16"),
-              ct2_note), flush=True)
+              ct2_note, caps or "nothing"), flush=True)
     print("weights each of our decoders holds (arranged copies + the model's float parameters it still "
           "reads): " + ", ".join("{} {:.1f} + {:.1f} MB".format(label, *mb) for label, mb in memory.items()),
           flush=True)
@@ -245,7 +249,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu_info.cpu_model(),
-                       "simd": cpu_info.simd_level(), "torch": torch.__version__, "ctranslate2": ct2_note,
+                       "simd": cpu_info.simd_level(), "isa_caps": caps, "torch": torch.__version__, "ctranslate2": ct2_note,
                        "kernels": {"int8": quantized_linear.kernel("int8"), "int16": quantized_linear.kernel("int16")},
                        "sentences": n, "batch_size": args.batch_size, "repeats": args.repeats, "beam": k,
                        "memory_mb": memory, "rows": list(rows.values()), "targets": met,

@@ -79,7 +79,8 @@ class Results:
     def machine(self, key, short=False):
         entry = self.entry(key)
         if short:
-            name = {"epyc": "AMD EPYC (AVX2)", "xeon": "Intel Xeon (AVX-512)", "h100": "NVIDIA H100"}[entry["machine"]]
+            name = {"epyc": "AMD EPYC (AVX2)", "xeon": "Intel Xeon (AVX-512)", "xeon-avx2": "Intel Xeon (AVX2 code)",
+                    "h100": "NVIDIA H100"}[entry["machine"]]
             if entry["machine"] != "h100":
                 name += ", {} thread{}".format(entry["threads"], "s" if entry["threads"] > 1 else "")
             return name
@@ -383,8 +384,16 @@ def table_lean_runner(results, doc):
 
 
 def table_quantize(results, doc):
+    return _quantize_table(results, doc, ("quantize_batch64", "quantize_batch1"))
+
+
+def table_quantize_avx2(results, doc):
+    return _quantize_table(results, doc, ("quantize_avx2_batch64", "quantize_avx2_batch1"))
+
+
+def _quantize_table(results, doc, keys):
     rows = []
-    for key in ("quantize_batch64", "quantize_batch1"):
+    for key in keys:
         data = results.data(key)
         found = {(r["search"], r["method"]): r for r in data["rows"]}
         for r in data["rows"]:
@@ -396,7 +405,7 @@ def table_quantize(results, doc):
                          x(r["wall_s"] / versus["wall_s"]) if versus else ""])
     out = table(["batch", "search", "method", "BLEU", "seconds", "identical to its side's float32",
                  "time / CTranslate2's at the same precision"], rows)
-    return out + [""] + provenance(results, doc, "quantize_batch64", "quantize_batch1")
+    return out + [""] + provenance(results, doc, *keys)
 
 
 def table_quantize_standin(results, doc):
@@ -571,6 +580,7 @@ TABLES = {
     "newstest-m30k": table_newstest_m30k,
     "newstest-standin": table_newstest_standin,
     "quantize": table_quantize,
+    "quantize-avx2": table_quantize_avx2,
     "quantize-standin": table_quantize_standin,
 }
 
