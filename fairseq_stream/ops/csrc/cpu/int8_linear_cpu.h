@@ -7,8 +7,9 @@
 #include <string>
 #include <vector>
 
-// x (rows, in) float32 times the packed int8 weight, plus bias: (rows, out) float32. excess: 128 times
-// each output row's sum of quantized weights (what the VNNI kernel's unsigned operand adds).
+// x (rows, in) float32 times the packed int8 weight, plus bias: (rows, out) float32. packed: in the order
+// `kernel` reads (quantized_linear.packed_for: pair order for "avx2", as packed for the others). excess: 128
+// times each output row's sum of quantized weights (what the VNNI kernel's unsigned operand adds).
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, torch::Tensor excess,
                           std::optional<torch::Tensor> bias, const std::string& kernel);
 

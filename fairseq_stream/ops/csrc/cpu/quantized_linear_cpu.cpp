@@ -55,7 +55,7 @@ void register_quantized_linear(pybind11::module& m) {
       .def_readonly("kernel", &QuantizedLinear::kernel)
       .def("__call__", &QuantizedLinear::operator(), py::call_guard<py::gil_scoped_release>());
   m.def("int8_linear", &int8_linear,
-        "(x float32 (rows, in), packed int8, weight_inv float32 (out,), excess int32 (out,), bias or None, kernel) "
+        "(x float32 (rows, in), packed int8 (quantized_linear.packed_for), weight_inv float32 (out,), excess int32 (out,), bias or None, kernel) "
         "-> float32 (rows, out); see fairseq_stream/ops/quantized_linear.py",
         py::arg("x"), py::arg("packed"), py::arg("weight_inv"), py::arg("excess"), py::arg("bias") = py::none(),
         py::arg("kernel") = "auto");

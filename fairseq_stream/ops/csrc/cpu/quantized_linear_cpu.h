@@ -9,7 +9,7 @@
 
 struct __attribute__((visibility("hidden"))) QuantizedLinear {
   int64_t bits;                  // 8 or 16
-  torch::Tensor packed;          // int8 (panels, quads, 64) or int16 (panels, pairs, 32)
+  torch::Tensor packed;          // int8 (panels, quads, 64) in its kernel's order (packed_for), or int16 (panels, pairs, 32)
   torch::Tensor weight_inv;      // float32 (out,): 1 / each output row's scale
   torch::Tensor excess;          // int8: int32 (out,), 128 * each row's sum of quantized weights
   int64_t a_max;                 // int16: the largest |q| a row of x is scaled to
