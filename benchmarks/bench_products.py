@@ -8,7 +8,7 @@ rounds of:
 
 * ``lean``: what the lean runner calls (``PrepackedLinear``): the skinny
   product (``csrc/cpu/skinny_linear_cpu.cpp``) at 1 to ``skinny_rows()``
-  rows where the CPU has AVX-512F, MKL's otherwise;
+  rows where the CPU has AVX2 and FMA (AVX-512 or AVX2 tiles), MKL's otherwise;
 * ``mkl``: MKL's product alone (``PrepackedLinear.mkl_product``: unpacked at
   2 and 3 rows, packed otherwise), what the runner called before;
 * ``F.linear``: torch's product on the weight.

@@ -1,9 +1,12 @@
 """The prepacked float32 product (MKL's packed sgemm) against float64, and where the lean runner uses it."""
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import run_tool
 from fairseq_stream.ops import prepacked_linear as P
 
 needs_mkl = pytest.mark.skipif(not P.available(), reason="no prepacked product here: " + (P.missing_reason() or ""))
@@ -62,9 +65,9 @@ def test_any_leading_shape_and_strided_input():
 
 
 @needs_mkl
-@pytest.mark.skipif(P.skinny_rows() > 0, reason="this CPU has AVX-512F: few rows take the skinny product")
+@pytest.mark.skipif(P.skinny_rows() > 0, reason="this CPU has AVX2: few rows take the skinny product")
 def test_two_and_three_rows_are_torchs_product():
-    """Without AVX-512F, at 2 and 3 rows MKL's unpacked path beats the packed one: the product is F.linear's, bitwise."""
+    """Without AVX2, at 2 and 3 rows MKL's unpacked path beats the packed one: the product is F.linear's, bitwise."""
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(300, 64, generator=g), torch.randn(300, generator=g)
     f = P.linear(w, b)
@@ -75,7 +78,7 @@ def test_two_and_three_rows_are_torchs_product():
 
 
 @needs_mkl
-@pytest.mark.skipif(P.skinny_rows() == 0, reason="no skinny product here: the CPU lacks AVX-512F")
+@pytest.mark.skipif(P.skinny_rows() == 0, reason="no skinny product here: the CPU lacks AVX2 and FMA")
 @pytest.mark.parametrize("out_features, in_features", [(1, 1), (17, 5), (40, 37), (300, 64), (8008, 256)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_few_rows_give_each_row_the_same_bits_whatever_shares_the_call(out_features, in_features, with_bias):
@@ -92,6 +95,19 @@ def test_few_rows_give_each_row_the_same_bits_whatever_shares_the_call(out_featu
     for rows in range(1, most + 1):
         for start in range(most - rows + 1):
             assert torch.equal(f(x[start: start + rows]), alone[start: start + rows]), (rows, start)
+
+
+@needs_mkl
+@pytest.mark.skipif(P.skinny_kernel() != "avx512", reason="the skinny product's AVX2 tiles run natively here, or none")
+def test_avx2_tiles_pass_the_same_tests_under_aten_cpu_capability_avx2():
+    """ATEN_CPU_CAPABILITY=avx2 gives an AVX-512 machine an AVX2-only CPU's tiles: float64 bounds, row independence."""
+    env = {"ATEN_CPU_CAPABILITY": "avx2"}
+    probe = run_tool([sys.executable, "-c", "from fairseq_stream.ops import prepacked_linear as p; "
+                                            "print(p.skinny_kernel(), p.skinny_rows())"], env=env)
+    assert probe.stdout.split() == ["avx2", str(P.skinny_rows())]
+    proc = run_tool([sys.executable, "-m", "pytest", __file__, "-q", "-n", "0", "-k",
+                     "equals_float64 or same_bits_whatever_shares"], env=env)
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-1000:]
 
 
 def test_torch_where_it_does_not_apply():

@@ -124,10 +124,10 @@ def test_aten_cpu_capability_avx2_runs_an_avx2_cpus_kernels_and_the_same_transla
     capped = "avx2" if "avx2" in quantized_linear.kernels("int8") else "portable"
     assert "int8 products: {} kernel".format(capped) in proc.stderr
     assert hypotheses(proc.stdout) == ours
-    probe = ("from fairseq_stream.ops import quantized_linear as q; from fairseq_stream.ops.output_layer import "
-             "compiled_module as c; print(q.kernels('int8'), q.kernels('int16'), c('cpu').skinny_linear_rows())")
+    probe = ("from fairseq_stream.ops import quantized_linear as q, prepacked_linear as p; "
+             "print(q.kernels('int8'), q.kernels('int16'), repr(p.skinny_kernel()))")
     listed = run_tool([sys.executable, "-c", probe], env={"ATEN_CPU_CAPABILITY": "avx2"}).stdout.strip()
-    assert "avx512" not in listed and listed.endswith(" 0"), listed
+    assert "avx512" not in listed and listed.endswith(" 'avx2'" if capped == "avx2" else " ''"), listed
 
 
 def test_api_takes_quantize(toy):

@@ -10,12 +10,16 @@ from a few hundred rows on (docs/BENCHMARKS.md).
 
 At 1 to 5 rows (one sentence's greedy step, its beam of 5, its Jacobi
 window) the product is bound by reading W, and MKL changes method at 4 rows
-(0.40 ms against 0.31 at 1 to 3 rows on the Multi30k output layer). There,
-on a CPU with AVX-512F, the product is our own (``csrc/cpu/skinny_linear_cpu.cpp``,
+(0.40 ms against 0.31 at 1 to 3 rows on the Multi30k output layer). There
+the product is our own (``csrc/cpu/skinny_linear_cpu.cpp``,
 :func:`skinny_rows`): W read once in its own layout while up to 4 rows
 share each load, 0.29-0.35 ms at 1 to 5 rows; a whole batch-1 window call
 of 1 to 5 positions costs 0.78-0.96 ms against MKL's 0.87-1.11 (one thread
-of the Xeon, 2026-11-25; docs/HISTORY.md, "the skinny product"). Without AVX-512F, 2 and 3 rows take
+of the Xeon, 2026-11-25; docs/HISTORY.md, "the skinny product"). Its AVX2
+tiles (``csrc/cpu/skinny_linear_avx2_cpu.cpp``, for AVX2-only CPUs) take
+0.34-0.36 ms at 1 to 5 rows where MKL's AVX2 code takes 0.35 at 1 row,
+0.54-0.55 at 2 and 3 (unpacked) and 0.62-0.69 at 4 and 5 (packed; the
+Xeon capped to AVX2, 2026-11-27). Without AVX2 and FMA, 2 and 3 rows take
 MKL's unpacked skinny path (``F.linear`` on the weight itself) and the
 other row counts the packed product.
 
@@ -31,7 +35,7 @@ counts, not at others), as products of two sgemm calls of different shapes
 do (tests/test_prepacked_linear.py bounds the difference against float64).
 At the skinny row counts each row's results are the same bits whatever
 rows share the call. The packed copy holds the weight as it was when
-packed; products of 1 to 5 rows (2 and 3 without AVX-512F) read the
+packed; products of 1 to 5 rows (2 and 3 without AVX2) read the
 parameter itself. Change a parameter after packing and the two disagree:
 pack again (a new runner).
 """
@@ -56,13 +60,19 @@ def missing_reason() -> str:
 
 
 def skinny_rows() -> int:
-    """Up to how many rows the product reads the weight once in its own layout (0 where the CPU lacks AVX-512F).
+    """Up to how many rows the product reads the weight once in its own layout (0 where the CPU lacks AVX2 and FMA).
 
     At those row counts each row's results are the same bits whatever rows
     share the call (``csrc/cpu/skinny_linear_cpu.cpp``).
     """
     module = compiled_module("cpu")
     return module.skinny_linear_rows() if module is not None and hasattr(module, "skinny_linear_rows") else 0
+
+
+def skinny_kernel() -> str:
+    """The skinny product's tiles in this process: ``avx512``, ``avx2`` (also under ATEN_CPU_CAPABILITY=avx2), or ""."""
+    module = compiled_module("cpu")
+    return module.skinny_linear_kernel() if module is not None and hasattr(module, "skinny_linear_kernel") else ""
 
 
 def available() -> bool:

@@ -158,5 +158,6 @@ void register_prepacked_linear(pybind11::module& m) {
   m.def("prepacked_linear_missing", &prepacked_linear_missing,
         "'' where MKL's packed sgemm is found in this process, else why not");
   m.def("skinny_linear_rows", [] { return skinny_linear_available() ? kSkinnyMaxRows : int64_t{0}; },
-        "up to how many rows the prepacked product reads W once in its own layout (0: never, no AVX-512F)");
+        "up to how many rows the prepacked product reads W once in its own layout (0: never, no AVX2 and FMA)");
+  m.def("skinny_linear_kernel", &skinny_linear_kernel, "the skinny product's tiles here: avx512, avx2 or ''");
 }

@@ -20,6 +20,7 @@
 #include "skinny_linear_cpu.h"
 
 #include "cpu_isa_cpu.h"
+#include "skinny_tiles_cpu.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -28,14 +29,7 @@
 
 namespace {
 
-constexpr int64_t kTile = 16;
-
-// Software prefetch of the next tile, into L1, only where a tile fits half of a 48 KB L1: a step's weights
-// stream from L3 or memory, and on the Multi30k transformer (k = 256, 16 KB tiles) the hardware prefetcher
-// alone held one Xeon thread at 27 GB/s on 16 interleaved rows (prefetching: one sentence in float32, greedy
-// 5% and beam 5 12% faster). At WMT'19's k = 1024 (64 KB tiles) the prefetched lines evicted the tile in
-// use: beam 5 on the stand-in 5% slower with them (24.2 against 22.9 s).
-constexpr int64_t kPrefetchTileBytes = 24 * 1024;
+constexpr int64_t kTile = kSkinnyTileAvx512;
 
 // The reduction leaves accumulator 4j + q's total in lane 4q + j; this gather puts accumulator r's in lane r.
 __attribute__((target("avx512f"))) inline __m512i tile_order() {
@@ -118,17 +112,6 @@ __attribute__((target("avx512f"))) inline void block(const float* x, int64_t m0,
   }
 }
 
-// relu_then_residual on the tile's outputs as block stored them: a pass of its own over outputs still in
-// L1 (inside block's stores, the epilogue slowed its 4-row form by a third).
-inline void finish_tile(float* y, int64_t rows, int64_t n, int64_t n0, const float* residual, bool relu) {
-  const int64_t end = std::min(n0 + kTile, n);
-  for (int64_t m = 0; m < rows; ++m) {
-    for (int64_t c = n0; c < end; ++c) {
-      y[m * n + c] = relu_then_residual(y[m * n + c], relu, residual != nullptr ? residual + m * n + c : nullptr);
-    }
-  }
-}
-
 // W's rows 16 * first .. 16 * last - 1 against every row of x. A group of 16 rows of W (16 x k floats)
 // is read from memory by the first rows of x and from cache by the others; up to 4 rows of x share
 // each load of W. Every output is one accumulator's chain along k and the same reduction, whichever
@@ -150,22 +133,42 @@ __attribute__((target("avx512f"))) void tiles(const float* x, int64_t rows, cons
           block<4, 4>(x, m0, rows, w, n, k, r0, bias, y, order, prefetch);
       }
     }
-    if (residual != nullptr || relu) finish_tile(y, rows, n, n0, residual, relu);
+    if (residual != nullptr || relu) finish_tile(y, rows, n, n0, kTile, residual, relu);
   }
 }
 
 }  // namespace
 
+namespace {
+
+bool wide_tiles() {
+  static const bool wide = fs_cpu::allows_avx512() && __builtin_cpu_supports("avx512f");
+  return wide;
+}
+
+}  // namespace
+
 bool skinny_linear_available() {
-  static const bool available = fs_cpu::allows_avx512() && __builtin_cpu_supports("avx512f");
+  static const bool available = wide_tiles() || (fs_cpu::allows_avx2() && __builtin_cpu_supports("fma"));
   return available;
+}
+
+const char* skinny_linear_kernel() {
+  if (!skinny_linear_available()) return "";
+  return wide_tiles() ? "avx512" : "avx2";
 }
 
 void skinny_linear(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias, float* y,
                    const float* residual, bool relu) {
-  const int64_t count = (n + kTile - 1) / kTile;
+  const bool wide = wide_tiles();
+  const int64_t tile = wide ? kSkinnyTileAvx512 : kSkinnyTileAvx2;
+  const int64_t count = (n + tile - 1) / tile;
   // Tiles are independent and each output is computed within one: threads change nothing but speed.
   at::parallel_for(0, count, 16, [&](int64_t first, int64_t last) {
-    tiles(x, rows, w, n, k, bias, y, first, last, residual, relu);
+    if (wide) {
+      tiles(x, rows, w, n, k, bias, y, first, last, residual, relu);
+    } else {
+      skinny_tiles_avx2(x, rows, w, n, k, bias, y, first, last, residual, relu);
+    }
   });
 }

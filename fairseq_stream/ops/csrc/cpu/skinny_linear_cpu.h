@@ -8,8 +8,12 @@
 // (packed); at 6 rows both take 0.41 ms, at 8 MKL is 14% faster (docs/BENCHMARKS.md).
 constexpr int64_t kSkinnyMaxRows = 5;
 
-// Whether the CPU running this process has the skinny product's instructions (AVX-512F).
+// Whether the CPU running this process has the skinny product's instructions: AVX-512F, or AVX2 and FMA
+// (as capped by ATEN_CPU_CAPABILITY, cpu_isa_cpu.h).
 bool skinny_linear_available();
+
+// The tiles the skinny product runs here: "avx512", "avx2", or "" where it does not run.
+const char* skinny_linear_kernel();
 
 // Whether a product of `rows` rows runs here: 1 to kSkinnyMaxRows, on a CPU that has it.
 inline bool skinny_linear_takes(int64_t rows) {
