@@ -112,6 +112,7 @@ struct Avx2 {
 #undef FS_DECL
     const int16_t* w = packed + panel0 * k_pairs * 2 * kCols;
     for (int64_t p = 0; p < k_pairs; ++p) {
+      fs_quant::prefetch_ahead(w + p * 32);  // a step reads one 64-byte line
       const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32));
       const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32 + 16));
       // Row i's pair (x[2p], x[2p+1]) broadcast, times each column's two weights, summed in int32.
@@ -149,6 +150,8 @@ struct Avx512Vnni {
     const int16_t* w0 = packed + panel0 * k_pairs * 2 * kCols;
     const int16_t* w1 = w0 + k_pairs * 2 * kCols;  // the next panel (read only when P == 2)
     for (int64_t p = 0; p < k_pairs; ++p) {
+      fs_quant::prefetch_ahead(w0 + p * 32);
+      if constexpr (P > 1) fs_quant::prefetch_ahead(w1 + p * 32);
       const __m512i wa = _mm512_loadu_si512(w0 + p * 32);
       const __m512i wb = P > 1 ? _mm512_loadu_si512(w1 + p * 32) : zero;
 #define FS_STEP(i)                                                   \

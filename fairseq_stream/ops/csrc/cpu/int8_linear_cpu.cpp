@@ -115,6 +115,7 @@ struct Avx2 {
     for (int64_t q = 0; q < 2 * quads; ++q) {
       const int8_t* wp = w + q * (kPanelBytes / 2);
       const int32_t* xp = xq + 2 * (q >> 1) * R + (q & 1);
+      if ((q & 1) == 0) fs_quant::prefetch_ahead(wp);  // a 64-byte line every two steps
       const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp)));
       const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 16)));
 #define FS_STEP(i)                                                         \
@@ -155,6 +156,7 @@ struct Avx2Row {
 #define FS_PANEL(j)                                                                                    \
   if constexpr (P > j) {                                                                               \
     const int8_t* wp = w + j * panel_bytes + q * (kPanelBytes / 2);                                    \
+    if ((q & 1) == 0) fs_quant::prefetch_ahead(wp);                                                    \
     lo##j = _mm256_add_epi32(lo##j, _mm256_madd_epi16(xv, _mm256_cvtepi8_epi16(_mm_loadu_si128(        \
                                                               reinterpret_cast<const __m128i*>(wp))))); \
     hi##j = _mm256_add_epi32(hi##j, _mm256_madd_epi16(xv, _mm256_cvtepi8_epi16(_mm_loadu_si128(        \
@@ -196,7 +198,9 @@ struct Avx512Vnni {
     const int64_t panel_bytes = quads * kPanelBytes;
     for (int64_t p = 0; p < quads; ++p) {
       const int8_t* wp = w + p * kPanelBytes;
-#define FS_LOAD(j) const __m512i w##j = P > j ? _mm512_loadu_si512(wp + j * panel_bytes) : zero;
+#define FS_LOAD(j)                                                                  \
+  if constexpr (P > j) fs_quant::prefetch_ahead(wp + j * panel_bytes);              \
+  const __m512i w##j = P > j ? _mm512_loadu_si512(wp + j * panel_bytes) : zero;
       FS_LOAD(0) FS_LOAD(1) FS_LOAD(2) FS_LOAD(3) FS_LOAD(4) FS_LOAD(5) FS_LOAD(6) FS_LOAD(7)
 #undef FS_LOAD
 #define FS_STEP(i, j) \
