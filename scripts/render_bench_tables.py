@@ -409,8 +409,16 @@ def _quantize_table(results, doc, keys):
 
 
 def table_quantize_standin(results, doc):
+    return _standin_table(results, doc, "quantize_standin")
+
+
+def table_quantize_standin_avx2(results, doc):
+    return _standin_table(results, doc, "quantize_standin_avx2")
+
+
+def _standin_table(results, doc, key):
     runs = {}
-    for r in results.data("quantize_standin"):
+    for r in results.data(key):
         args = r["generate_args"]
         precision = args[args.index("--quantize") + 1] if "--quantize" in args else "float32"
         # --quantize runs on the lean runner; fixed without --runner keeps fairseq's (the auto rule).
@@ -424,7 +432,7 @@ def table_quantize_standin(results, doc):
         rows.append(["{} runner, {}".format(runner, precision), " / ".join("{:.1f}".format(t) for t in times),
                      "{:.1f}".format(mean), x(base / mean)])
     out = table(["method", "decoding s (runs)", "mean s", "speedup vs our float32"], rows)
-    return out + [""] + provenance(results, doc, "quantize_standin")
+    return out + [""] + provenance(results, doc, key)
 
 
 def table_output_layer(results, doc):
@@ -582,6 +590,7 @@ TABLES = {
     "quantize": table_quantize,
     "quantize-avx2": table_quantize_avx2,
     "quantize-standin": table_quantize_standin,
+    "quantize-standin-avx2": table_quantize_standin_avx2,
 }
 
 
