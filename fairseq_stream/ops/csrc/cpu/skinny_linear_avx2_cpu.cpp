@@ -36,7 +36,7 @@ __attribute__((target("avx2,fma"))) inline __m256 reduce8(const __m256 (&a)[kTil
 template <int MB, int R>
 __attribute__((target("avx2,fma"))) inline void block(const float* x, int64_t m0, int64_t rows, const float* w,
                                                         int64_t n, int64_t k, int64_t r0, const float* bias, float* y,
-                                                        bool prefetch) {
+                                                        int64_t ahead) {
   static_assert(MB * R <= kTile, "8 accumulators");
   const int64_t chunks = k / 8;
   const int64_t rest = k % 8;
@@ -53,10 +53,8 @@ __attribute__((target("avx2,fma"))) inline void block(const float* x, int64_t m0
 #pragma GCC unroll 8
   for (int i = 0; i < kTile; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
-    if (prefetch) {
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + kTile * k + c * 8), _MM_HINT_T0);
-    }
+    for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + ahead + c * 8), _MM_HINT_T0);
     __m256 wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) wv[r] = _mm256_loadu_ps(wr[r] + c * 8);
@@ -90,15 +88,15 @@ __attribute__((target("avx2,fma"))) inline void block(const float* x, int64_t m0
 __attribute__((target("avx2,fma"))) void skinny_tiles_avx2(const float* x, int64_t rows, const float* w, int64_t n,
                                                            int64_t k, const float* bias, float* y, int64_t first,
                                                            int64_t last, const float* residual, bool relu) {
-  const bool prefetch = kTile * k * static_cast<int64_t>(sizeof(float)) <= kPrefetchTileBytes;
+  const int64_t ahead = prefetch_ahead(kTile, k);
   for (int64_t t = first; t < last; ++t) {
     const int64_t n0 = t * kTile;
     // Blocks of 4 rows of x (the last one padded, as the AVX-512 tiles), and a single row alone.
     for (int64_t m0 = 0; m0 < rows; m0 += 4) {
       if (rows - m0 == 1) {
-        block<1, 8>(x, m0, rows, w, n, k, n0, bias, y, prefetch);
+        block<1, 8>(x, m0, rows, w, n, k, n0, bias, y, ahead);
       } else {
-        for (int64_t r0 = n0; r0 < n0 + kTile && r0 < n; r0 += 2) block<4, 2>(x, m0, rows, w, n, k, r0, bias, y, prefetch);
+        for (int64_t r0 = n0; r0 < n0 + kTile && r0 < n; r0 += 2) block<4, 2>(x, m0, rows, w, n, k, r0, bias, y, ahead);
       }
     }
     if (residual != nullptr || relu) finish_tile(y, rows, n, n0, kTile, residual, relu);

@@ -65,7 +65,7 @@ __attribute__((target("avx512f"))) inline __m512 reduce16(const __m512 (&a)[16],
 template <int MB, int R>
 __attribute__((target("avx512f"))) inline void block(const float* x, int64_t m0, int64_t rows, const float* w,
                                                      int64_t n, int64_t k, int64_t r0, const float* bias, float* y,
-                                                     __m512i order, bool prefetch) {
+                                                     __m512i order, int64_t ahead) {
   static_assert(MB * R <= kTile, "16 accumulators");
   const int64_t chunks = k / 16;
   const int64_t rest = k % 16;
@@ -81,12 +81,10 @@ __attribute__((target("avx512f"))) inline void block(const float* x, int64_t m0,
 #pragma GCC unroll 16
   for (int i = 0; i < kTile; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
-    // The same lines of the next tile's rows, where a tile fits half of L1 (see kPrefetchTileBytes). A
-    // prefetch never faults, past W's end included, and changes no arithmetic.
-    if (prefetch) {
+    // The same lines of the next tile's rows where a tile fits half of L1, else lines further along the row
+    // (prefetch_ahead). A prefetch never faults, past W's end included, and changes no arithmetic.
 #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + kTile * k + c * 16), _MM_HINT_T0);
-    }
+    for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + ahead + c * 16), _MM_HINT_T0);
 #pragma GCC unroll 16
     for (int b = 0; b < MB; ++b) {
       const __m512 xv = _mm512_loadu_ps(xr[b] + c * 16);
@@ -120,17 +118,17 @@ __attribute__((target("avx512f"))) void tiles(const float* x, int64_t rows, cons
                                               const float* bias, float* y, int64_t first, int64_t last,
                                               const float* residual, bool relu) {
   const __m512i order = tile_order();
-  const bool prefetch = kTile * k * static_cast<int64_t>(sizeof(float)) <= kPrefetchTileBytes;
+  const int64_t ahead = prefetch_ahead(kTile, k);
   for (int64_t t = first; t < last; ++t) {
     const int64_t n0 = t * kTile;
     // Blocks of 4 rows of x (the last one padded: 4 rows share W's loads faster than 2 or 3 do), and a
     // single row alone, which reads each load of W once.
     for (int64_t m0 = 0; m0 < rows; m0 += 4) {
       if (rows - m0 == 1) {
-        block<1, 16>(x, m0, rows, w, n, k, n0, bias, y, order, prefetch);
+        block<1, 16>(x, m0, rows, w, n, k, n0, bias, y, order, ahead);
       } else {
         for (int64_t r0 = n0; r0 < n0 + kTile && r0 < n; r0 += 4)
-          block<4, 4>(x, m0, rows, w, n, k, r0, bias, y, order, prefetch);
+          block<4, 4>(x, m0, rows, w, n, k, r0, bias, y, order, ahead);
       }
     }
     if (residual != nullptr || relu) finish_tile(y, rows, n, n0, kTile, residual, relu);
