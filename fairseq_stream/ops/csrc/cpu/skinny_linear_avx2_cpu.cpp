@@ -42,13 +42,10 @@ __attribute__((target("avx2,fma"))) inline void block(const float* x, int64_t m0
   const int64_t rest = k % 8;
   const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rest)),
                                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  // Rows past the end of x or W read its last row; their outputs are not stored.
   const float* xr[MB];
-#pragma GCC unroll 8
-  for (int b = 0; b < MB; ++b) xr[b] = x + std::min(m0 + b, rows - 1) * k;
+  row_pointers(x, m0, rows, k, xr);
   const float* wr[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) wr[r] = w + std::min(r0 + r, n - 1) * k;
+  row_pointers(w, r0, n, k, wr);
   __m256 acc[kTile];
 #pragma GCC unroll 8
   for (int i = 0; i < kTile; ++i) acc[i] = _mm256_setzero_ps();

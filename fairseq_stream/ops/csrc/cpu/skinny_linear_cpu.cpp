@@ -70,13 +70,10 @@ __attribute__((target("avx512f"))) inline void block(const float* x, int64_t m0,
   const int64_t chunks = k / 16;
   const int64_t rest = k % 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << rest) - 1);
-  // Rows past the end of x or W read its last row; their outputs are not stored.
   const float* xr[MB];
-#pragma GCC unroll 16
-  for (int b = 0; b < MB; ++b) xr[b] = x + std::min(m0 + b, rows - 1) * k;
+  row_pointers(x, m0, rows, k, xr);
   const float* wr[R];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) wr[r] = w + std::min(r0 + r, n - 1) * k;
+  row_pointers(w, r0, n, k, wr);
   __m512 acc[kTile];
 #pragma GCC unroll 16
   for (int i = 0; i < kTile; ++i) acc[i] = _mm512_setzero_ps();

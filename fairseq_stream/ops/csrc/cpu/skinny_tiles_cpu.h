@@ -26,6 +26,14 @@ inline int64_t prefetch_ahead(int64_t tile, int64_t k) {
   return fits ? tile * k : kPrefetchRowBytes / static_cast<int64_t>(sizeof(float));
 }
 
+// out[i] points at row first + i of a (count, k) row-major matrix; rows past its end point at its last row
+// (a block's padding rows: read, their outputs not stored).
+template <int N>
+inline void row_pointers(const float* a, int64_t first, int64_t count, int64_t k, const float* (&out)[N]) {
+#pragma GCC unroll 16
+  for (int i = 0; i < N; ++i) out[i] = a + std::min(first + i, count - 1) * k;
+}
+
 // relu_then_residual on a tile's outputs (columns n0 .. n0 + tile - 1) as its blocks stored them: a pass of
 // its own over outputs still in L1 (inside the blocks' stores, the epilogue slowed the 4-row form by a third).
 inline void finish_tile(float* y, int64_t rows, int64_t n, int64_t n0, int64_t tile, const float* residual,
