@@ -94,11 +94,6 @@ struct Portable {
 };
 
 #if FS_INT16_X86
-// The sums of a tile are named variables, one pair per row, not an array: GCC 12 kept an array of
-// vectors in memory (a store per multiply-add); unused rows' variables are compiled away.
-#define FS_ROWS_6(X) X(0) X(1) X(2) X(3) X(4) X(5)
-#define FS_ROWS_12(X) FS_ROWS_6(X) X(6) X(7) X(8) X(9) X(10) X(11)
-
 // 6 rows x one panel: 12 sums, 2 weight halves and a broadcast, 15 of AVX2's 16 registers.
 struct Avx2 {
   static constexpr int kRows = 6, kPanels = 1;
@@ -107,31 +102,18 @@ struct Avx2 {
                                                    int64_t panel0, int32_t* acc) {
     static_assert(P == 1, "one panel: its two halves are the tile's columns");
     const __m256i zero = _mm256_setzero_si256();
-#define FS_DECL(i) __m256i lo##i = zero, hi##i = zero;
-    FS_ROWS_6(FS_DECL)
-#undef FS_DECL
+    FS_ROWS_6(FS_AVX2_PAIR_DECL)
     const int16_t* w = packed + panel0 * k_pairs * 2 * kCols;
     for (int64_t p = 0; p < k_pairs; ++p) {
       fs_quant::prefetch_ahead(w + p * 32);  // a step reads one 64-byte line
       const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32));
       const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32 + 16));
-      // Row i's pair (x[2p], x[2p+1]) broadcast, times each column's two weights, summed in int32.
-#define FS_STEP(i)                                                     \
-  if constexpr (R > i) {                                               \
-    const __m256i xv = _mm256_set1_epi32(xq[p * R + i]);               \
-    lo##i = _mm256_add_epi32(lo##i, _mm256_madd_epi16(xv, w0));        \
-    hi##i = _mm256_add_epi32(hi##i, _mm256_madd_epi16(xv, w1));        \
-  }
+      // Row i's pair (x[2p], x[2p+1]).
+#define FS_STEP(i) FS_AVX2_PAIR_STEP(i, xq[p * R + i])
       FS_ROWS_6(FS_STEP)
 #undef FS_STEP
     }
-#define FS_STORE(i)                                                                  \
-  if constexpr (R > i) {                                                             \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride), lo##i);    \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride + 8), hi##i); \
-  }
-    FS_ROWS_6(FS_STORE)
-#undef FS_STORE
+    FS_ROWS_6(FS_AVX2_PAIR_STORE)
   }
 };
 
@@ -172,8 +154,6 @@ struct Avx512Vnni {
 #undef FS_STORE
   }
 };
-#undef FS_ROWS_12
-#undef FS_ROWS_6
 #endif
 
 // Every (rows, panels) a kernel's tiles take, as template instances: table[(R - 1) * kPanels + P - 1],

@@ -85,9 +85,6 @@ struct Portable {
 };
 
 #if FS_INT8_X86
-#define FS_ROWS_6(X) X(0) X(1) X(2) X(3) X(4) X(5)
-#define FS_ROWS_12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-
 // 6 rows x one panel, as the int16 kernel's AVX2 tile: 12 sums (a row's columns 0-7 and 8-15), 2
 // widened weight vectors and a broadcast, within AVX2's 16 registers. It reads the weight in pair
 // order (quantized_linear.pair_order: within each quad, every column's inputs 4p, 4p+1, then every
@@ -105,9 +102,7 @@ struct Avx2 {
     // Row r's quad p as two int32, each a pair of int16: (x[4p], x[4p+1]) and (x[4p+2], x[4p+3]).
     const int32_t* xq = static_cast<const int32_t*>(xq_);
     const __m256i zero = _mm256_setzero_si256();
-#define FS_DECL(i) __m256i lo##i = zero, hi##i = zero;
-    FS_ROWS_6(FS_DECL)
-#undef FS_DECL
+    FS_ROWS_6(FS_AVX2_PAIR_DECL)
     // One input pair a step (as the int16 tile): pair h of quad p is 16 columns x 2 inputs at byte
     // 64p + 32h, row i's values at xq[2 * (p * R + i) + h]. Both pairs of a quad in one step made GCC
     // keep sums on the stack from 4 rows on (a build for AVX2).
@@ -118,22 +113,11 @@ struct Avx2 {
       if ((q & 1) == 0) fs_quant::prefetch_ahead(wp);  // a 64-byte line every two steps
       const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp)));
       const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 16)));
-#define FS_STEP(i)                                                         \
-  if constexpr (R > i) {                                                   \
-    const __m256i xv = _mm256_set1_epi32(xp[2 * i]);                       \
-    lo##i = _mm256_add_epi32(lo##i, _mm256_madd_epi16(xv, w0));            \
-    hi##i = _mm256_add_epi32(hi##i, _mm256_madd_epi16(xv, w1));            \
-  }
+#define FS_STEP(i) FS_AVX2_PAIR_STEP(i, xp[2 * i])
       FS_ROWS_6(FS_STEP)
 #undef FS_STEP
     }
-#define FS_STORE(i)                                                                  \
-  if constexpr (R > i) {                                                             \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride), lo##i);    \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride + 8), hi##i); \
-  }
-    FS_ROWS_6(FS_STORE)
-#undef FS_STORE
+    FS_ROWS_6(FS_AVX2_PAIR_STORE)
   }
 };
 
@@ -223,8 +207,6 @@ struct Avx512Vnni {
   }
 };
 #undef FS_PANELS_8
-#undef FS_ROWS_12
-#undef FS_ROWS_6
 #endif
 
 // One tile shape of a kernel: up to `rows` rows and `panels` panels a tile, every smaller remainder

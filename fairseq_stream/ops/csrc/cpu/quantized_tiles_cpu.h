@@ -8,6 +8,30 @@
 #include <string>
 #include <vector>
 
+// Rows of a tile, for the x86 tiles' macros: a tile's sums are named variables (one set per row), not an
+// array, since GCC 12 kept an array of vectors in memory (a load and a store around every multiply-add);
+// the variables of rows a tile lacks are compiled away.
+#define FS_ROWS_6(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define FS_ROWS_12(X) FS_ROWS_6(X) X(6) X(7) X(8) X(9) X(10) X(11)
+
+// The AVX2 tile of up to 6 rows x 16 columns that both kernels run (int16_linear_cpu.cpp on its int16
+// weights, int8_linear_cpu.cpp on int8 weights widened to int16): row i's sums lo<i> and hi<i>, columns 0-7
+// and 8-15, 12 of AVX2's 16 registers. A step broadcasts row i's input pair `pair` (two int16 in an int32)
+// and multiplies it by the 16 columns' two weights of that pair, w0 (columns 0-7) and w1 (8-15), summing in
+// int32. Expanded in a tile function that has R, `zero` and `acc` (kAccStride int32 a row).
+#define FS_AVX2_PAIR_DECL(i) __m256i lo##i = zero, hi##i = zero;
+#define FS_AVX2_PAIR_STEP(i, pair)                                  \
+  if constexpr (R > i) {                                            \
+    const __m256i xv = _mm256_set1_epi32(pair);                     \
+    lo##i = _mm256_add_epi32(lo##i, _mm256_madd_epi16(xv, w0));     \
+    hi##i = _mm256_add_epi32(hi##i, _mm256_madd_epi16(xv, w1));     \
+  }
+#define FS_AVX2_PAIR_STORE(i)                                                        \
+  if constexpr (R > i) {                                                             \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride), lo##i);    \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * kAccStride + 8), hi##i); \
+  }
+
 namespace fs_quant {
 
 constexpr int64_t kCols = 16;     // output columns per packed panel (one 512-bit register of int32 sums)
