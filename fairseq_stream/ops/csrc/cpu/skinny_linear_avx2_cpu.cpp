@@ -85,7 +85,7 @@ __attribute__((target("avx2,fma"))) inline void block(const float* x, int64_t m0
 __attribute__((target("avx2,fma"))) void skinny_tiles_avx2(const float* x, int64_t rows, const float* w, int64_t n,
                                                            int64_t k, const float* bias, float* y, int64_t first,
                                                            int64_t last, const float* residual, bool relu) {
-  const int64_t ahead = prefetch_ahead(kTile, k);
+  const int64_t ahead = prefetch_distance(kTile, k);
   for (int64_t t = first; t < last; ++t) {
     const int64_t n0 = t * kTile;
     // Blocks of 4 rows of x (the last one padded, as the AVX-512 tiles), and a single row alone.

@@ -79,7 +79,7 @@ __attribute__((target("avx512f"))) inline void block(const float* x, int64_t m0,
   for (int i = 0; i < kTile; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
     // The same lines of the next tile's rows where a tile fits half of L1, else lines further along the row
-    // (prefetch_ahead). A prefetch never faults, past W's end included, and changes no arithmetic.
+    // (prefetch_distance). A prefetch never faults, past W's end included, and changes no arithmetic.
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + ahead + c * 16), _MM_HINT_T0);
 #pragma GCC unroll 16
@@ -115,7 +115,7 @@ __attribute__((target("avx512f"))) void tiles(const float* x, int64_t rows, cons
                                               const float* bias, float* y, int64_t first, int64_t last,
                                               const float* residual, bool relu) {
   const __m512i order = tile_order();
-  const int64_t ahead = prefetch_ahead(kTile, k);
+  const int64_t ahead = prefetch_distance(kTile, k);
   for (int64_t t = first; t < last; ++t) {
     const int64_t n0 = t * kTile;
     // Blocks of 4 rows of x (the last one padded: 4 rows share W's loads faster than 2 or 3 do), and a

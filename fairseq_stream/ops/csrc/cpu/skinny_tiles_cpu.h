@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
-// Software prefetch into L1, how far ahead of the row of W a block reads (prefetch_ahead).
+// Software prefetch into L1, how far ahead of the row of W a block reads (prefetch_distance).
 //
 // Where a tile fits half of a 48 KB L1: the same lines of the next tile's rows. A step's weights stream from
 // L3 or memory, and on the Multi30k transformer (k = 256, 16 KB tiles) the hardware prefetcher alone held one
@@ -21,7 +21,7 @@ constexpr int64_t kPrefetchTileBytes = 24 * 1024;
 constexpr int64_t kPrefetchRowBytes = 512;
 
 // How many floats ahead of its reads a block of W's rows prefetches, for tiles of `tile` rows of k floats.
-inline int64_t prefetch_ahead(int64_t tile, int64_t k) {
+inline int64_t prefetch_distance(int64_t tile, int64_t k) {
   const bool fits = tile * k * static_cast<int64_t>(sizeof(float)) <= kPrefetchTileBytes;
   return fits ? tile * k : kPrefetchRowBytes / static_cast<int64_t>(sizeof(float));
 }
