@@ -213,13 +213,13 @@ def step_near_tie(ref_trace, our_trace, sid, k, vocab, eos):
     token), so that the rounding can have swapped them.
     """
     for step in sorted(t for s, t in ref_trace if s == sid):
-        ref_kept = decisive(ref_trace[(sid, step)], k, vocab, eos)
-        our_kept = decisive(our_trace.get((sid, step), []), k, vocab, eos)
-        if [c[0] for c in ref_kept] == [c[0] for c in our_kept]:
+        ours = our_trace.get((sid, step), [])  # none where our search had already ended
+        ref_keys = [c[0] for c in decisive(ref_trace[(sid, step)], k, vocab, eos)]
+        our_keys = [c[0] for c in decisive(ours, k, vocab, eos)]
+        if ref_keys == our_keys:
             continue
-        a, b = next((r[0], o[0]) for r, o in zip(ref_kept + [(None, 0)] * k, our_kept + [(None, 0)] * k)
-                    if r[0] != o[0])
-        ref_scores, our_scores = dict(ref_trace[(sid, step)]), dict(our_trace[(sid, step)])
+        a, b = next((r, o) for r, o in itertools.zip_longest(ref_keys, our_keys) if r != o)
+        ref_scores, our_scores = dict(ref_trace[(sid, step)]), dict(ours)
         bound = (step + 1) * INT16_SCORE_BOUND
         return all(c in ref_scores and c in our_scores and abs(ref_scores[c] - our_scores[c]) <= bound
                    for c in (a, b))
@@ -237,6 +237,7 @@ def test_a_step_flip_is_a_near_tie_only_within_the_prefix_error():
     # EOS (word 2) past the best k is not kept: it may move there freely.
     eos_late = {(7, 0): [(3, -1.0), (4, -1.0005), (12, -1.9), (5, -2.0)], (7, 1): [(13, -2.0), (14, -2.5)]}
     assert not step_near_tie(ref, eos_late, 7, k, vocab, eos)  # the same candidates kept at every step: no flip
+    assert not step_near_tie(ref, {(7, 0): ref[(7, 0)]}, 7, k, vocab, eos)  # ours had no step 1: not a tie
 
 
 @pytest.fixture(scope="module")
