@@ -692,8 +692,8 @@ class BeamDecoder:
             return [(hyps, []) for hyps in per_sentence]
         finals = torch.stack([h.pop("_final") for h in pending]).tolist()
         values = self.normalized(finals, [h["tokens"].numel() for h in pending])
-        for h, v in zip(pending, values):
-            h["score"] = torch.tensor(v, dtype=self.score_dtype)
+        for h, score in zip(pending, hyp.score_tensors(values, self.score_dtype, pending[0]["tokens"].device)):
+            h["score"] = score
         out, start = [], 0
         for hyps in per_sentence:
             out.append((hyps, values[start : start + len(hyps)]))
@@ -774,8 +774,9 @@ class BeamDecoder:
                                 c.start.index_select(0, sentence) if c.mixed else None)
         values = self.normalized([finals[i] for i in picked], hyp_lens)
         collected = [([], []) for _ in range(ending.numel())]
-        for i, h, value in zip(picked, hyps, values):
-            h["score"] = torch.tensor(value, dtype=self.score_dtype)
+        scored = zip(picked, hyps, values, hyp.score_tensors(values, self.score_dtype, tokens.device))
+        for i, h, value, score in scored:
+            h["score"] = score
             collected[i // k][0].append(h)
             collected[i // k][1].append(value)
         return collected

@@ -26,7 +26,20 @@ def hypothesis(tokens: Tensor, positional_scores: Tensor, score: Optional[Tensor
 
 def empty_hypothesis(eos: int, device) -> Dict[str, Tensor]:
     """What an empty source gets: EOS alone, score 0 (fairseq would translate the lone EOS into something)."""
-    return hypothesis(torch.tensor([eos], device=device), torch.zeros(1, device=device), torch.tensor(0.0))
+    return hypothesis(torch.tensor([eos], device=device), torch.zeros(1, device=device),
+                      torch.zeros((), device=device))
+
+
+def score_tensors(values: List[float], score_dtype: torch.dtype, device) -> List[Tensor]:
+    """Hypothesis scores as fairseq's: 0-d tensors on the models' device, one copy for all ``values``.
+
+    The device is part of the printed score: fairseq-generate prints
+    ``hypo["score"] / math.log(2)``, which on CUDA multiplies by the
+    reciprocal (see :func:`normalized`) and on the CPU divides. Scores kept
+    on the host put --search fixed one float32 ulp from fairseq's beam on
+    104 of 674 printed hypotheses on an H100 (2026-11-27, docs/GPU.md).
+    """
+    return list(torch.tensor(values, dtype=score_dtype, device=device).unbind(0))
 
 
 def normalized(finals: List[float], lens: List[int], score_dtype: torch.dtype, normalize: bool,

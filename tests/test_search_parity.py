@@ -6,10 +6,13 @@ are compared for bitwise equality (no tolerance); any difference is counted
 and reported.
 """
 
+import copy
 import json
+import math
 
 import pytest
 import torch
+from fairseq import utils
 from fairseq.sequence_generator import SequenceGenerator
 
 from conftest import hypotheses, run_plain_fairseq_generate, run_tool
@@ -26,22 +29,25 @@ def batches(task, size=8):
                                         disable_iterator_cache=True).next_epoch_itr(shuffle=False))
 
 
-def decode(generator, models, task):
+def decode(generator, models, task, device="cpu"):
     out = {}
     with torch.no_grad():
         for sample in batches(task):
+            if device == "cuda":
+                sample = utils.move_to_cuda(sample)
             for sid, hyps in zip(sample["id"].tolist(), generator.generate(models, sample)):
                 out[sid] = hyps
     return out
 
 
 def mismatches(ref, ours):
-    """Sentences whose n-best lists differ in tokens, score or positional scores."""
+    """Sentences whose n-best lists differ in tokens, score (its device too) or positional scores."""
     bad = []
     for sid in ref:
         a, b = ref[sid], ours[sid]
         same = len(a) == len(b) and all(
-            torch.equal(x["tokens"], y["tokens"]) and torch.equal(x["score"], y["score"])
+            torch.equal(x["tokens"], y["tokens"]) and x["score"].device == y["score"].device
+            and torch.equal(x["score"], y["score"])
             and torch.equal(x["positional_scores"], y["positional_scores"])
             for x, y in zip(a, b))
         if not same:
@@ -57,6 +63,22 @@ def test_fixed_fairseq_mode_equals_sequence_generator(loaded, name, beam):
     ours = decode(BeamDecoder(models, task.target_dictionary, beam_size=beam), models, task)
     assert len(ours) == len(ref) == 37
     assert mismatches(ref, ours) == []
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["transformer", "lstm"])
+def test_fixed_fairseq_mode_equals_sequence_generator_on_cuda_as_printed(loaded, name):
+    """On CUDA too, and as fairseq-generate prints a score: ``hypo["score"] / math.log(2)`` multiplies by the
+    reciprocal on CUDA and divides on the CPU, so the score must live where fairseq's does."""
+    cpu_models, task = loaded(name)
+    models = [copy.deepcopy(m).cuda() for m in cpu_models]
+    ref = decode(SequenceGenerator(models, task.target_dictionary, beam_size=5), models, task, "cuda")
+    ours = decode(BeamDecoder(models, task.target_dictionary, beam_size=5), models, task, "cuda")
+    assert len(ours) == len(ref) == 37
+    assert mismatches(ref, ours) == []
+    printed = lambda out: {sid: [float(h["score"] / math.log(2)) for h in hyps] for sid, hyps in out.items()}
+    assert printed(ours) == printed(ref)
 
 
 def test_fairseq_options_are_honoured_identically(loaded):

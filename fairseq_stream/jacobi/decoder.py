@@ -53,7 +53,7 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.hypotheses import hypothesis
+from fairseq_stream.hypotheses import hypothesis, score_tensors
 from fairseq_stream.jacobi import calibration
 from fairseq_stream.jacobi.drafts import DRAFTS, AcceptanceRates, NgramPool, likely_tree, next_draft
 from fairseq_stream.runners.lean import LeanRunner
@@ -583,7 +583,8 @@ class JacobiDecoder:
         tokens = row.tokens[1:]
         score = greedy.normalized([float(cumulative[-1])], [len(tokens)])[0]
         return hypothesis(torch.tensor(tokens, dtype=torch.long, device=device),
-                          torch.from_numpy(positional).to(device), torch.tensor(score, dtype=greedy.score_dtype))
+                          torch.from_numpy(positional).to(device),
+                          score_tensors([score], greedy.score_dtype, device)[0])
 
 
 def _lengths(results) -> List[int]:
