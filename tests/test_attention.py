@@ -181,3 +181,34 @@ def test_copying_cache_slots_equals_torchs_indexed_assignment(dtype, length):
     assert torch.equal(ours, ref)
     with pytest.raises(RuntimeError, match="slot out of range"):
         A.copy_slots_(ours, torch.tensor([0]), torch.tensor([10]), length)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_references_without_torchs_fused_attention_as_cuda_runs_them(monkeypatch, dtype):
+    """On CUDA the references take the bmm formulation at every size (``_use_sdpa``: cuDNN's plan per
+    shape); here both formulations on the same inputs: the cached prefix, the encoder's (masked), Jacobi's
+    window (causal)."""
+    g = torch.Generator().manual_seed(7)
+    H, hd, capacity, length = 4, 16, 24, 9
+    rows = 5  # below BMM_ATTENTION_ROWS: the CPU takes torch's fused attention
+    q, k, v = projection(rows, H * hd, dtype, g)
+    cache = torch.randn(2, rows, H, capacity, hd, generator=g, dtype=dtype)
+    S, T = 3, 11
+    keys, values = (torch.randn(S, H, T, hd, generator=g, dtype=dtype) for _ in range(2))
+    mask = torch.zeros(S, 1, 1, T, dtype=dtype)
+    mask[1, ..., T - 4:] = -math.inf
+    row_sentence = torch.tensor([0, 2, 1, 1, 2])
+    window_row, window_step = torch.tensor([0, 0, 0, 3, 4, 4]), torch.tensor([2, 3, 4, 0, 6, 7])
+    qw, kw, vw = projection(len(window_row), H * hd, dtype, g)
+
+    def outputs():
+        c = cache.clone()
+        return [A.cached_attention_(q, k, v, c[0], c[1], None, length, 0.25, compiled=False),
+                A.source_attention(q, keys, values, mask, 0.25, row_sentence, compiled=False),
+                A.window_attention_(qw, kw, vw, c[0], c[1], window_row, window_step, 8, 0.25, compiled=False)]
+
+    fused = outputs()
+    monkeypatch.setattr(A, "_use_sdpa", lambda t, rows: False)
+    for ours, theirs in zip(outputs(), fused):
+        assert ours.shape == theirs.shape and torch.isfinite(ours).all()
+        assert (ours - theirs).abs().max() <= TOLERANCE[dtype]

@@ -20,6 +20,7 @@ from the references by rounding: within 1e-5 in float32 and 1e-12 in float64
 (tests/test_attention.py). Each row is computed on its own.
 """
 
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -33,6 +34,21 @@ from fairseq_stream.ops.packing import pack_by_sentence
 # on one CPU thread (measured: 0.02 against 0.04 ms at 5 rows); above it,
 # about half as fast (2.5 against 1.2 ms at 320 rows).
 BMM_ATTENTION_ROWS = 16
+
+
+def _use_sdpa(t: Tensor, rows: int) -> bool:
+    """Whether torch's fused ``scaled_dot_product_attention`` runs for ``rows`` rows of ``t``'s device.
+
+    The CPU only. On CUDA, torch 2.11 may hand a half-precision call to its
+    cuDNN backend, which builds an execution plan for every new shape, and a
+    decoder's shapes change at every step (the prefix grows, sentences end):
+    the lean runner spent 40 ms a call in fp16 on an H100 against 5 ms in
+    fp32, and a second pass over the same shapes ran at fp32's speed
+    (docs/GPU.md, 2026-11-27). The bmm formulation builds nothing. Its
+    global switch (``torch.backends.cuda.enable_cudnn_sdp``) is not used:
+    fairseq's encoder, maybe in another thread, reads it too.
+    """
+    return t.is_cpu and rows < BMM_ATTENTION_ROWS
 
 
 def _extension():
@@ -111,9 +127,14 @@ def window_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Ten
     if visible is not None:
         causal = causal & visible[:, :needed].eq(0)
     visible = causal.view(N, 1, 1, needed)
-    out = F.scaled_dot_product_attention(q.reshape(N, H, 1, hd), keys.index_select(0, window_row)[:, :, :needed],
-                                         values.index_select(0, window_row)[:, :, :needed], attn_mask=visible,
-                                         scale=scale)
+    query = q.reshape(N, H, 1, hd)
+    k_rows = keys.index_select(0, window_row)[:, :, :needed]
+    v_rows = values.index_select(0, window_row)[:, :, :needed]
+    if _use_sdpa(q, 0):
+        out = F.scaled_dot_product_attention(query, k_rows, v_rows, attn_mask=visible, scale=scale)
+    else:
+        weights = torch.matmul(query * scale, k_rows.transpose(2, 3)).masked_fill_(~visible, -math.inf)
+        out = torch.matmul(torch.softmax(weights, dim=-1), v_rows)
     return out.reshape(N, H * hd)
 
 
@@ -155,7 +176,7 @@ def attend_prefix(q: Tensor, keys: Tensor, values: Tensor, length: int, scale: f
         (rows, heads * head_dim).
     """
     rows, heads, capacity, head_dim = keys.shape
-    if rows < BMM_ATTENTION_ROWS:
+    if _use_sdpa(q, rows):
         return F.scaled_dot_product_attention(
             q.reshape(rows, heads, 1, head_dim), keys[:, :, :length], values[:, :, :length],
             scale=scale).view(rows, -1)
@@ -179,7 +200,7 @@ def attend_packed_source(q: Tensor, keys: Tensor, values: Tensor, mask: Optional
     """
     S, W, H, hd = q.shape
     T = keys.size(2)
-    if S * W < BMM_ATTENTION_ROWS:
+    if _use_sdpa(q, S * W):
         return F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
                                               scale=scale).transpose(1, 2)
     query = q.transpose(1, 2).reshape(S * H, W, hd) * scale
