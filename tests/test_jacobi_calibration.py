@@ -75,11 +75,15 @@ def test_measured_calibration_is_cached_and_gives_greedys_tokens(loaded, tmp_pat
         dec = JacobiDecoder(greedy_decoder(models, task), calibrate="auto")
         assert tokens(dec, models, batches) == expected
         assert dec.costs.source == "measured" and sorted(dec.costs.rows) == [1, 2]
+        # The measuring is counted on its own, not as decoding.
+        assert dec.stats.summary()["calibration_s"] >= dec.costs.seconds > 0
+        assert "s measuring the cost of windows" in dec.stats.log_line("jacobi")
         cached = list((tmp_path / "jacobi-calibration").glob("*.json"))
         assert [str(p) for p in cached] == [dec.costs.path]
         again = JacobiDecoder(greedy_decoder(models, task), calibrate="auto")
         assert tokens(again, models, batches[:4]) == {i: expected[i] for i in tokens(again, models, batches[:4])}
         assert again.costs.source == "cache" and again.costs.rows == dec.costs.rows
+        assert again.stats.summary()["calibration_s"] < dec.stats.summary()["calibration_s"]
     assert "jacobi: the cost of windows on {}".format(cpu_info.describe()) in caplog.text
     assert "read from {}".format(cached[0]) in caplog.text
     assert "jacobi: batches of 1 sentence: " in caplog.text

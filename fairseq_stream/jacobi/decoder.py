@@ -128,6 +128,9 @@ class JacobiStats:
     by greedy's own step (their sentences count one token per iteration);
     ``calibrated_greedy_batches`` those of them where the calibration
     (``--jacobi-calibrate``) found that windows do not pay on this CPU.
+    ``calibration_s`` is the time spent measuring the calibration's cost
+    table on first use (seconds, once per model and device, then cached),
+    kept out of the decoding time ``wall_s``.
     ``tree_windows`` counts rows' windows holding several candidates
     (``--jacobi-candidates``), ``off_chain`` those whose accepted tokens
     came from a candidate other than the first.
@@ -140,6 +143,7 @@ class JacobiStats:
         self.greedy_calls = 0  # greedy's calls per batch: its longest output
         self.greedy_batches = 0  # batches decoded by greedy's own step (JacobiDecoder._greedy_pays)
         self.calibrated_greedy_batches = 0  # of them, those the calibration sent there (calibration.Chooser)
+        self.calibration_s = 0.0  # measuring the cost table on first use (not in wall_s)
         self.accepted: Dict[int, int] = {}
         self.tree_windows = 0
         self.off_chain = 0
@@ -171,6 +175,7 @@ class JacobiStats:
             "accepted_histogram": {str(m): self.accepted[m] for m in sorted(self.accepted)},
             "greedy_batches": self.greedy_batches,
             "calibrated_greedy_batches": self.calibrated_greedy_batches,
+            "calibration_s": self.calibration_s,
             "tree_windows": self.tree_windows,
             "off_chain": self.off_chain,
         })
@@ -192,6 +197,8 @@ class JacobiStats:
         if s["calibrated_greedy_batches"]:
             line += (" ({} batches decoded by greedy's step where windows do not pay on this CPU; see "
                      "--jacobi-calibrate)").format(s["calibrated_greedy_batches"])
+        if s["calibration_s"] >= 0.05:
+            line += " (and {:.1f}s measuring the cost of windows, once per model and device)".format(s["calibration_s"])
         return line
 
 
@@ -318,7 +325,12 @@ class JacobiDecoder:
         traced = bool(self.trace_ids.intersection(ids))
         if self._greedy_pays(rows, device) and not traced:
             return self._greedy_batch(models, sample, prefix_tokens, constraints, bos_token, **kwargs)
+        calibrating = time.perf_counter()
         chooser = self._chooser(device) if self.calibrated else None
+        # A first use's calibration is not decoding: counted on its own (calibration_s), not in wall_s.
+        calibrating = time.perf_counter() - calibrating
+        self.stats.calibration_s += calibrating
+        start += calibrating
         if chooser is not None and not traced and not chooser.windows(rows):
             results = self._greedy_batch(models, sample, prefix_tokens, constraints, bos_token, chosen=True,
                                          **kwargs)
