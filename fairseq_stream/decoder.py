@@ -691,8 +691,8 @@ class BeamDecoder:
         if not pending:
             return [(hyps, []) for hyps in per_sentence]
         finals = torch.stack([h.pop("_final") for h in pending]).tolist()
-        values = self.normalized(finals, [h["tokens"].numel() for h in pending])
-        for h, score in zip(pending, hyp.score_tensors(values, self.score_dtype, pending[0]["tokens"].device)):
+        values, scores = self.scores(finals, [h["tokens"].numel() for h in pending])
+        for h, score in zip(pending, scores):
             h["score"] = score
         out, start = [], 0
         for hyps in per_sentence:
@@ -700,13 +700,16 @@ class BeamDecoder:
             start += len(hyps)
         return out
 
-    def normalized(self, finals: List[float], lens: List[int]) -> List[float]:
-        """This search's hypothesis scores from cumulative ones (:func:`fairseq_stream.hypotheses.normalized`),
-        divided as fairseq divides them on the models' device."""
+    def scores(self, finals: List[float], lens: List[int]) -> Tuple[List[float], List[Tensor]]:
+        """This search's hypothesis scores from cumulative ones: the values on the host (to rank by) and
+        fairseq's 0-d score tensors, both as fairseq makes them on the models' device
+        (:func:`fairseq_stream.hypotheses.normalized`, :func:`fairseq_stream.hypotheses.score_tensors`)."""
         from fairseq_stream.runners.base import module_device
 
-        reciprocal = module_device(self.runner.model).type == "cuda"
-        return hyp.normalized(finals, lens, self.score_dtype, self.normalize_scores, self.len_penalty, reciprocal)
+        device = module_device(self.runner.model)
+        values = hyp.normalized(finals, lens, self.score_dtype, self.normalize_scores, self.len_penalty,
+                                reciprocal=device.type == "cuda")
+        return values, hyp.score_tensors(values, self.score_dtype, device)
 
     def empty_hypothesis(self, device) -> Dict[str, Tensor]:
         """The hypothesis of an empty source."""
@@ -772,10 +775,9 @@ class BeamDecoder:
         hyps = self._hypotheses(rows, length.view(-1).index_select(0, flat), hyp_lens,
                                 final.view(-1).index_select(0, flat), tokens, scores,
                                 c.start.index_select(0, sentence) if c.mixed else None)
-        values = self.normalized([finals[i] for i in picked], hyp_lens)
+        values, score_tensors = self.scores([finals[i] for i in picked], hyp_lens)
         collected = [([], []) for _ in range(ending.numel())]
-        scored = zip(picked, hyps, values, hyp.score_tensors(values, self.score_dtype, tokens.device))
-        for i, h, value, score in scored:
+        for i, h, value, score in zip(picked, hyps, values, score_tensors):
             h["score"] = score
             collected[i // k][0].append(h)
             collected[i // k][1].append(value)

@@ -53,7 +53,7 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.hypotheses import hypothesis, score_tensors
+from fairseq_stream.hypotheses import hypothesis
 from fairseq_stream.jacobi import calibration
 from fairseq_stream.jacobi.drafts import DRAFTS, AcceptanceRates, NgramPool, likely_tree, next_draft
 from fairseq_stream.runners.lean import LeanRunner
@@ -325,10 +325,10 @@ class JacobiDecoder:
         traced = bool(self.trace_ids.intersection(ids))
         if self._greedy_pays(rows, device) and not traced:
             return self._greedy_batch(models, sample, prefix_tokens, constraints, bos_token, **kwargs)
-        calibrating = time.perf_counter()
+        calibration_start = time.perf_counter()
         chooser = self._chooser(device) if self.calibrated else None
         # A first use's calibration is not decoding: counted on its own (calibration_s), not in wall_s.
-        calibrating = time.perf_counter() - calibrating
+        calibrating = time.perf_counter() - calibration_start
         self.stats.calibration_s += calibrating
         start += calibrating
         if chooser is not None and not traced and not chooser.windows(rows):
@@ -593,10 +593,9 @@ class JacobiDecoder:
         cumulative = np.cumsum(np.asarray(row.lprobs, dtype=dtype), dtype=dtype)
         positional = np.diff(cumulative, prepend=dtype(0)).astype(dtype)
         tokens = row.tokens[1:]
-        score = greedy.normalized([float(cumulative[-1])], [len(tokens)])[0]
+        _, (score,) = greedy.scores([float(cumulative[-1])], [len(tokens)])
         return hypothesis(torch.tensor(tokens, dtype=torch.long, device=device),
-                          torch.from_numpy(positional).to(device),
-                          score_tensors([score], greedy.score_dtype, device)[0])
+                          torch.from_numpy(positional).to(device), score)
 
 
 def _lengths(results) -> List[int]:

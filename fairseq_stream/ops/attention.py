@@ -130,7 +130,7 @@ def window_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Ten
     query = q.reshape(N, H, 1, hd)
     k_rows = keys.index_select(0, window_row)[:, :, :needed]
     v_rows = values.index_select(0, window_row)[:, :, :needed]
-    if _use_sdpa(q, 0):
+    if _use_sdpa(q, 0):  # 0: at any size on the CPU (no bmm form measured there for the window)
         out = F.scaled_dot_product_attention(query, k_rows, v_rows, attn_mask=visible, scale=scale)
     else:
         weights = torch.matmul(query * scale, k_rows.transpose(2, 3)).masked_fill_(~visible, -math.inf)
