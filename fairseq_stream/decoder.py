@@ -101,7 +101,7 @@ class BeamDecoder:
         rnn_options: the rnn runner's tricks
             (:class:`~fairseq_stream.runners.rnn.RnnOptions`; default: all on,
             int16 off).
-        quantize: ``none``, ``int8`` or ``int16`` (``--quantize``): the
+        quantize: ``none``, ``int8`` (``int8w8``, ``int8w7``) or ``int16`` (``--quantize``): the
             products on weights quantized at load; see
             :func:`fairseq_stream.runners.build_runner`.
     """

@@ -29,7 +29,8 @@ from fairseq_stream.errors import FairseqStreamError
 logger = logging.getLogger(__name__)
 
 RUNNERS = ("auto", "fairseq", "lean", "rnn")
-QUANTIZE = ("none", "int8", "int16")
+QUANTIZE = ("none", "int8", "int8w8", "int8w7", "int16")
+INT8_QUANTIZE = ("int8", "int8w8", "int8w7")  # int8 picks the width of its weights for the CPU
 _said = set()
 
 
@@ -51,8 +52,8 @@ def check_runner(kind: str, int16: bool = False, quantize: str = "none"):
         raise FairseqStreamError("--rnn-int16 runs on the rnn runner, not --runner {}".format(kind))
     if quantize != "none" and kind == "fairseq":
         raise FairseqStreamError("--quantize runs on our runners (lean, rnn), not --runner fairseq")
-    if int16 and quantize == "int8":
-        raise FairseqStreamError("--rnn-int16 and --quantize int8 ask for two precisions; use one")
+    if int16 and quantize in INT8_QUANTIZE:
+        raise FairseqStreamError("--rnn-int16 and --quantize {} ask for two precisions; use one".format(quantize))
 
 
 def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool = False, rnn_options=None,
@@ -71,7 +72,7 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
         rnn_options: the RNN runner's tricks
             (:class:`~fairseq_stream.runners.rnn.RnnOptions`); with ``int16``
             the RNN runner is required: anything else is a one-line error.
-        quantize: ``none``, ``int8`` or ``int16`` (``--quantize``): the lean
+        quantize: ``none``, ``int8`` (``int8w8``, ``int8w7``) or ``int16`` (``--quantize``): the lean
             runner's quantized products for transformers, the rnn runner's
             int16 for LSTMs; a model neither runs is a one-line error, never
             a silent float run.
@@ -130,9 +131,9 @@ def _quantized_runner(kind, members, temperature, options, quantize, rnn_reason)
     from fairseq_stream.runners.lean import LeanRunner, unsupported_reason
 
     if kind in ("auto", "rnn") and not rnn_reason:
-        if quantize == "int8":
-            raise FairseqStreamError("--quantize int8 is for transformers; fairseq LSTM models take "
-                                     "--quantize int16 (Devlin's int16 products)")
+        if quantize in INT8_QUANTIZE:
+            raise FairseqStreamError("--quantize {} is for transformers; fairseq LSTM models take "
+                                     "--quantize int16 (Devlin's int16 products)".format(quantize))
         options = dataclasses.replace(options, int16=True)
         say_once("fairseq-stream: using the rnn runner (%s; %s)", options.describe(), _int16_kernel_line())
         return rnn.RnnRunner(members, temperature=temperature, options=options)
@@ -142,10 +143,13 @@ def _quantized_runner(kind, members, temperature, options, quantize, rnn_reason)
                                  "{}".format(quantize, rnn_reason if kind == "rnn" else reason))
     from fairseq_stream.ops import quantized_linear
 
-    onednn = ", oneDNN's for many rows" if quantize == "int8" and quantized_linear.onednn_exact() else ""
-    say_once("fairseq-stream: using the lean runner (%d model%s, %s products: %s kernel%s)", len(members),
-             "" if len(members) == 1 else "s", quantize, quantized_linear.kernel(quantize), onednn)
-    return LeanRunner(members, temperature=temperature, quantize=quantize)
+    # int8 is resolved once, here, to the form this CPU runs fastest; the log names the form and the kernel.
+    form = quantized_linear.resolve(quantize)
+    onednn = ", oneDNN's for many rows" if form in INT8_QUANTIZE and quantized_linear.onednn_exact() else ""
+    weights = {"int8w8": " (8-bit weights)", "int8w7": " (7-bit weights)"}.get(form, "")
+    say_once("fairseq-stream: using the lean runner (%d model%s, %s products%s: %s kernel%s)", len(members),
+             "" if len(members) == 1 else "s", form, weights, quantized_linear.kernel(form), onednn)
+    return LeanRunner(members, temperature=temperature, quantize=form)
 
 
 def _int16_kernel_line() -> str:

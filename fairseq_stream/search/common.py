@@ -42,8 +42,9 @@ class DecodeStatsConfig(RnnRunnerConfig):
     quantize: QuantizeChoice = field(
         default="none",
         metadata={"help": "run every product of the model on weights quantized once at load (CPU, float32 "
-                  "models): int8 (per-row scales, AVX-512 VNNI / AVX2 kernels) or int16; transformers on "
-                  "the lean runner, LSTMs (int16) on the rnn runner; none keeps float"},
+                  "models): int8 (per-row scales, AVX-512 VNNI / AVX2 kernels; its weights 8-bit, or 7-bit "
+                  "where AVX2 is the CPU's best int8 code), int8w8 / int8w7 (that width on every CPU) or "
+                  "int16; transformers on the lean runner, LSTMs (int16) on the rnn runner; none keeps float"},
     )
     output_layer: OutputLayerChoice = field(
         default="auto",

@@ -16,6 +16,10 @@
 //   int16 pairs (vpmaddwd, as the int16 kernel does): exact, with no unsigned trick (vpmaddubsw's
 //   int16 pair sums could saturate at 255 * 127 * 2). It reads the same bytes in another order within
 //   each quad (quantized_linear.pair_order): 16 columns' inputs 4p, 4p+1, then their 4p+2, 4p+3.
+// * "avx2w7", for weights of 7 bits (|w| <= 63, quantized_linear's int8w7): vpmaddubsw multiplies
+//   the row's unsigned bytes q + 128 by the signed weights in the VNNI kernel's order, and no pair sum
+//   can saturate (2 * 255 * 63 < 2^15); then vpmaddwd by ones and vpaddd. On 8-bit weights it would
+//   saturate, so it is refused there and "auto" never picks it for them.
 // * "portable": plain loops.
 // Every kernel computes the same integer sums, so all give identical floats.
 
@@ -51,6 +55,8 @@ constexpr int64_t kQuad = 4;  // input positions per packed group
 constexpr int kAccRows = 12;  // the most rows a tile holds
 constexpr int64_t kAccStride = 8 * kCols;  // int32 sums per row in a tile's output: up to 8 panels
 constexpr int64_t kPanelBytes = kCols * kQuad;  // one quad of one panel
+constexpr int kInt8Weight = 127;  // the largest |w| of an 8-bit weight
+constexpr int kInt7Weight = 63;   // of a 7-bit one (int8w7)
 
 // How a kernel takes a row's quantized values: one int32 per (quad, row) holding 4 signed bytes
 // (portable), 4 bytes q + 128 (VNNI), or one int64 per (quad, row) holding 4 int16 (AVX2).
@@ -159,6 +165,77 @@ struct Avx2Row {
   }
 };
 
+// Weights of 7 bits (|w| <= 63): vpmaddubsw multiplies the row's unsigned bytes q + 128 (at most 255) by
+// the signed weights and adds pairs into int16, which cannot saturate (2 * 255 * 63 = 32130 < 32767);
+// vpmaddwd by ones then sums a quad into int32. Three instructions per 32 products a row against the
+// widened kernel's four (vpmaddwd and vpaddd per 16), and no widening of the weights. The weight in quad
+// order (as VNNI reads it): a quad of a panel is 64 bytes, columns 0-7 then 8-15, 4 inputs each.
+struct Avx2Bytes {
+  static constexpr Format kFormat = Format::kShifted8;
+  template <int R, int P>
+  __attribute__((target("avx2"))) static void tile(const void* xq_, int64_t quads, const int8_t* packed,
+                                                   int64_t panel0, int32_t* acc) {
+    static_assert(P == 1, "one panel: its two halves are the tile's columns");
+    const int32_t* xq = static_cast<const int32_t*>(xq_);
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i ones = _mm256_set1_epi16(1);
+    FS_ROWS_6(FS_AVX2_PAIR_DECL)
+    const int8_t* w = packed + panel0 * quads * kPanelBytes;
+    for (int64_t p = 0; p < quads; ++p) {
+      const int8_t* wp = w + p * kPanelBytes;
+      fs_quant::prefetch_ahead(wp);
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32));
+#define FS_STEP(i)                                                                                   \
+  if constexpr (R > i) {                                                                             \
+    const __m256i xv = _mm256_set1_epi32(xq[p * R + i]);                                             \
+    lo##i = _mm256_add_epi32(lo##i, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w0), ones));          \
+    hi##i = _mm256_add_epi32(hi##i, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w1), ones));          \
+  }
+      FS_ROWS_6(FS_STEP)
+#undef FS_STEP
+    }
+    FS_ROWS_6(FS_AVX2_PAIR_STORE)
+  }
+};
+
+// One row x up to 4 panels of 7-bit weights (Avx2Bytes's arithmetic): 8 independent sums for a lone row.
+struct Avx2BytesRow {
+  static constexpr Format kFormat = Format::kShifted8;
+  template <int R, int P>
+  __attribute__((target("avx2"))) static void tile(const void* xq_, int64_t quads, const int8_t* packed,
+                                                   int64_t panel0, int32_t* acc) {
+    static_assert(R == 1 && P <= 4, "one row, at most 4 panels");
+    const int32_t* xq = static_cast<const int32_t*>(xq_);
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i lo0 = zero, hi0 = zero, lo1 = zero, hi1 = zero, lo2 = zero, hi2 = zero, lo3 = zero, hi3 = zero;
+    const int64_t panel_bytes = quads * kPanelBytes;
+    const int8_t* w = packed + panel0 * panel_bytes;
+    for (int64_t p = 0; p < quads; ++p) {
+      const __m256i xv = _mm256_set1_epi32(xq[p]);
+#define FS_PANEL(j)                                                                                     \
+  if constexpr (P > j) {                                                                                \
+    const int8_t* wp = w + j * panel_bytes + p * kPanelBytes;                                           \
+    fs_quant::prefetch_ahead(wp);                                                                       \
+    lo##j = _mm256_add_epi32(lo##j, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, _mm256_loadu_si256(      \
+                                                          reinterpret_cast<const __m256i*>(wp))), ones)); \
+    hi##j = _mm256_add_epi32(hi##j, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, _mm256_loadu_si256(      \
+                                                          reinterpret_cast<const __m256i*>(wp + 32))), ones)); \
+  }
+      FS_PANEL(0) FS_PANEL(1) FS_PANEL(2) FS_PANEL(3)
+#undef FS_PANEL
+    }
+#define FS_STORE(j)                                                                          \
+  if constexpr (P > j) {                                                                     \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + j * kCols), lo##j);                 \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + j * kCols + 8), hi##j);             \
+  }
+    FS_STORE(0) FS_STORE(1) FS_STORE(2) FS_STORE(3)
+#undef FS_STORE
+  }
+};
+
 // R rows x P panels, R * P <= 24 sums in registers: (12, 2) for batched rows, (4, 4) and (2, 8) for
 // one sentence's few rows, so that a lone row still has 8 independent chains of vpdpbusd. The sums are
 // named variables (s<row>_<panel>), not an array: GCC kept an array of vectors on the stack, a load
@@ -235,6 +312,7 @@ Shape shape() {
 struct Kernel {
   std::string name;
   Format format;
+  int max_weight;  // the largest |w| whose products the kernel sums exactly (127, or 63 for avx2w7)
   std::vector<Shape> shapes;  // by how many rows a call has: shapes[i] serves up to shapes[i].rows rows,
                               // the last one any count
   const Shape& for_rows(int64_t rows) const {
@@ -247,18 +325,21 @@ struct Kernel {
 const std::vector<Kernel>& available_kernels() {
   static const std::vector<Kernel> kernels = [] {
     std::vector<Kernel> out;
-    out.push_back(Kernel{"portable", Format::kSigned8, {}});
+    out.push_back(Kernel{"portable", Format::kSigned8, kInt8Weight, {}});
     out.back().shapes.push_back(shape<Portable, 4, 1>());
 #if FS_INT8_X86
     __builtin_cpu_init();
     if (fs_cpu::allows_avx2()) {
-      out.push_back(Kernel{"avx2", Format::kWide16, {}});
+      out.push_back(Kernel{"avx2", Format::kWide16, kInt8Weight, {}});
       out.back().shapes.push_back(shape<Avx2Row, 1, 4>());
       out.back().shapes.push_back(shape<Avx2, 6, 1>());
+      out.push_back(Kernel{"avx2w7", Format::kShifted8, kInt7Weight, {}});
+      out.back().shapes.push_back(shape<Avx2BytesRow, 1, 4>());
+      out.back().shapes.push_back(shape<Avx2Bytes, 6, 1>());
     }
     if (fs_cpu::allows_avx512() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vnni")) {
-      out.push_back(Kernel{"avx512vnni", Format::kShifted8, {}});
+      out.push_back(Kernel{"avx512vnni", Format::kShifted8, kInt8Weight, {}});
       out.back().shapes.push_back(shape<Avx512Vnni, 2, 8>());
       out.back().shapes.push_back(shape<Avx512Vnni, 4, 4>());
       out.back().shapes.push_back(shape<Avx512Vnni, 12, 2>());
@@ -269,8 +350,26 @@ const std::vector<Kernel>& available_kernels() {
   return kernels;
 }
 
-const Kernel& find_kernel(const std::string& name) {
-  return fs_quant::find_kernel(available_kernels(), name, "int8_linear");
+// The kernels that sum weights of magnitude up to weight_max exactly, the best last.
+std::vector<Kernel> kernels_for(int64_t weight_max) {
+  TORCH_CHECK(weight_max == kInt8Weight || weight_max == kInt7Weight, "int8_linear: weight_max must be ",
+              kInt8Weight, " (8-bit weights) or ", kInt7Weight, " (7-bit), got ", weight_max);
+  std::vector<Kernel> out;
+  for (const Kernel& k : available_kernels())
+    if (k.max_weight >= weight_max) out.push_back(k);
+  return out;
+}
+
+const Kernel& find_kernel(const std::string& name, int64_t weight_max) {
+  for (const Kernel& k : available_kernels())
+    TORCH_CHECK(k.name != name || k.max_weight >= weight_max, "int8_linear: kernel '", name, "' sums weights of ",
+                k.max_weight == kInt7Weight ? 7 : 8, " bits only (|w| <= ", k.max_weight, "); these have ",
+                weight_max == kInt7Weight ? 7 : 8);
+  const auto& all = available_kernels();
+  if (name != "auto") return fs_quant::find_kernel(all, name, "int8_linear");
+  for (auto k = all.rbegin(); k != all.rend(); ++k)
+    if (k->max_weight >= weight_max) return *k;
+  return all.front();  // portable sums any weight
 }
 
 // The largest |x[i]| of a row. Sixteen running maxima, not one: GCC vectorizes this loop (a chain of
@@ -329,7 +428,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t quads, int64
 
 }  // namespace
 
-std::vector<std::string> int8_kernels() { return fs_quant::kernel_names(available_kernels()); }
+std::vector<std::string> int8_kernels(int64_t weight_max) { return fs_quant::kernel_names(kernels_for(weight_max)); }
 
 bool int8_onednn_exact() {
   // oneDNN (torch's at::_int_mm) sums int8 products exactly where it has AMX or VNNI; an AVX2-only path
@@ -391,7 +490,7 @@ torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn
 }
 
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, torch::Tensor excess,
-                          std::optional<torch::Tensor> bias, const std::string& kernel) {
+                          std::optional<torch::Tensor> bias, const std::string& kernel, int64_t weight_max) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() == 2,
               "int8_linear: x must be a 2-d float32 CPU tensor");
   TORCH_CHECK(packed.scalar_type() == torch::kChar && packed.dim() == 3 && packed.size(2) == kPanelBytes,
@@ -401,7 +500,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor w
   const int64_t out_features = weight_inv.numel();
   TORCH_CHECK(excess.scalar_type() == torch::kInt && excess.numel() == out_features,
               "int8_linear: excess must be 128 * each row's sum of quantized weights (int32)");
-  const Kernel& kern = find_kernel(kernel);
+  const Kernel& kern = find_kernel(kernel, weight_max);
   x = x.contiguous(), packed = packed.contiguous(), weight_inv = weight_inv.contiguous();
   excess = excess.contiguous();
   const int64_t rows = x.size(0), k = x.size(1), quads = packed.size(1), n_panels = packed.size(0);

@@ -9,12 +9,13 @@
 
 // x (rows, in) float32 times the packed int8 weight, plus bias: (rows, out) float32. packed: in the order
 // `kernel` reads (quantized_linear.packed_for: pair order for "avx2", as packed for the others). excess: 128
-// times each output row's sum of quantized weights (what the VNNI kernel's unsigned operand adds).
+// times each output row's sum of quantized weights (what the unsigned operand of the VNNI and avx2w7 kernels
+// adds). weight_max: 127 for 8-bit weights, 63 for 7-bit ones (int8w7), which the "avx2w7" kernel needs.
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, torch::Tensor excess,
-                          std::optional<torch::Tensor> bias, const std::string& kernel);
+                          std::optional<torch::Tensor> bias, const std::string& kernel, int64_t weight_max = 127);
 
-// The int8 kernels this CPU runs, the best (the "auto" one) last.
-std::vector<std::string> int8_kernels();
+// The int8 kernels this CPU runs on weights of magnitude up to weight_max, the best (the "auto" one) last.
+std::vector<std::string> int8_kernels(int64_t weight_max = 127);
 
 // Whether oneDNN's int8 GEMM (at::_int_mm) is exact on this CPU (AMX or VNNI, checked once on the input
 // that would saturate a vpmaddubsw path): the "onednn" product then takes calls of many rows.

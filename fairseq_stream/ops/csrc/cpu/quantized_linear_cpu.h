@@ -13,6 +13,7 @@ struct __attribute__((visibility("hidden"))) QuantizedLinear {
   torch::Tensor weight_inv;      // float32 (out,): 1 / each output row's scale
   torch::Tensor excess;          // int8: int32 (out,), 128 * each row's sum of quantized weights
   int64_t a_max;                 // int16: the largest |q| a row of x is scaled to
+  int64_t weight_max;            // int8: the largest |w| of the quantized weight (127, or 63 for int8w7)
   std::optional<torch::Tensor> bias;
   int64_t in_features, out_features;
   std::string kernel;            // "auto", one of the kernels' names, or "onednn" (int8)
