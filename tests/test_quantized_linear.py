@@ -166,3 +166,6 @@ def test_unknown_kernel_and_kind_are_refused():
         Q.linear(w, None, "int4")
     with pytest.raises(RuntimeError, match="does not run on this CPU"):
         Q.linear(w, None, "int8", "nosuch")(torch.randn(1, 4))
+    p = Q.pack_int8(w)
+    with pytest.raises(RuntimeError, match="weight_max must be 127"):
+        compiled_module("cpu").int8_linear(torch.randn(1, 4), p.packed, p.weight_inv, p.excess, None, "auto", 100)

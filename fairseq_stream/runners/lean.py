@@ -209,7 +209,7 @@ class LeanRunner(OwnStepRunner):
             tokens without padding in one compiled call
             (:mod:`fairseq_stream.runners.lean_encoder`); False keeps
             fairseq's encoder.
-        quantize: "int8" or "int16": every product of the decoder and the
+        quantize: "int8" (int8w8, int8w7) or "int16": every product of the decoder and the
             encoder on weights quantized once at load
             (:mod:`fairseq_stream.ops.quantized_linear`); float32 models on
             the CPU only. None: float products.

@@ -90,7 +90,7 @@ class LeanEncoder:
         encoder: a ``TransformerEncoder`` that :func:`unsupported_reason` accepts.
         position_table: every position's embedding, as ``LeanModel``'s
             ``_position_table`` makes it for this encoder (None: no positions).
-        quantize: "int8" or "int16": the products on the weights quantized
+        quantize: "int8" (int8w8, int8w7) or "int16": the products on the weights quantized
             (:mod:`fairseq_stream.ops.quantized_linear`); None: fairseq's float weights.
     """
 

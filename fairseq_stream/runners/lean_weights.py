@@ -27,7 +27,7 @@ def apply_norm(x, norm):
 def joined_linear(modules, prepack: bool, quantize: Optional[str] = None) -> prepacked_linear.Linear:
     """One product for the ``nn.Linear`` modules' outputs side by side (fused projections).
 
-    ``quantize``: "int8" or "int16" for a product on the weight quantized
+    ``quantize``: "int8" (int8w8, int8w7) or "int16" for a product on the weight quantized
     (:mod:`fairseq_stream.ops.quantized_linear`), None for float.
     """
     weight = modules[0].weight if len(modules) == 1 else torch.cat([m.weight for m in modules])

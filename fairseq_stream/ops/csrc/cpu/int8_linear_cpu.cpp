@@ -351,9 +351,13 @@ const std::vector<Kernel>& available_kernels() {
 }
 
 // The kernels that sum weights of magnitude up to weight_max exactly, the best last.
-std::vector<Kernel> kernels_for(int64_t weight_max) {
+void check_weight_max(int64_t weight_max) {
   TORCH_CHECK(weight_max == kInt8Weight || weight_max == kInt7Weight, "int8_linear: weight_max must be ",
               kInt8Weight, " (8-bit weights) or ", kInt7Weight, " (7-bit), got ", weight_max);
+}
+
+std::vector<Kernel> kernels_for(int64_t weight_max) {
+  check_weight_max(weight_max);
   std::vector<Kernel> out;
   for (const Kernel& k : available_kernels())
     if (k.max_weight >= weight_max) out.push_back(k);
@@ -361,6 +365,7 @@ std::vector<Kernel> kernels_for(int64_t weight_max) {
 }
 
 const Kernel& find_kernel(const std::string& name, int64_t weight_max) {
+  check_weight_max(weight_max);
   for (const Kernel& k : available_kernels())
     TORCH_CHECK(k.name != name || k.max_weight >= weight_max, "int8_linear: kernel '", name, "' sums weights of ",
                 k.max_weight == kInt7Weight ? 7 : 8, " bits only (|w| <= ", k.max_weight, "); these have ",
