@@ -91,35 +91,75 @@ struct Portable {
 };
 
 #if FS_INT8_X86
-// 6 rows x one panel, as the int16 kernel's AVX2 tile: 12 sums (a row's columns 0-7 and 8-15), 2
-// widened weight vectors and a broadcast, within AVX2's 16 registers. It reads the weight in pair
-// order (quantized_linear.pair_order: within each quad, every column's inputs 4p, 4p+1, then every
-// column's 4p+2, 4p+3), so that one widened load is 8 columns x 2 inputs and vpmaddwd against a
-// row's broadcast pair gives 8 columns' partial sums. Before it (quad order, each column's two pair
-// sums kept apart): 3-row tiles spilled 8 sums to the stack in a build for AVX2 (-march=x86-64-v3,
-// as on an EPYC), and 2-row tiles made int8 slower than int16 there (fixed k=5 in batches of 64 on
-// the Multi30k transformer: 10.7 s against int16's 9.5).
-struct Avx2 {
+// The AVX2 kernels' two ways to multiply, each a step of a tile: load one step's weights of a panel (16
+// columns, kStepBytes bytes) as two vectors, columns 0-7 and 8-15, and multiply one by a row's broadcast
+// int32 of values into 8 columns' int32 partial sums.
+//
+// 8-bit weights ("avx2"), in pair order (quantized_linear.pair_order: within each quad, every column's
+// inputs 4p, 4p+1, then every column's 4p+2, 4p+3): a step is one input pair, the weights widened to
+// int16 (vpmovsxbw) and vpmaddwd against the row's pair of int16. Exact, with no unsigned trick.
+struct WidenedStep {
   static constexpr Format kFormat = Format::kWide16;
+  static constexpr int64_t kStepBytes = kPanelBytes / 2;
+  __attribute__((target("avx2"), always_inline)) static inline void load(const int8_t* wp, __m256i& w0,
+                                                                         __m256i& w1) {
+    w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp)));
+    w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 16)));
+  }
+  __attribute__((target("avx2"), always_inline)) static inline __m256i mul(__m256i xv, __m256i w) {
+    return _mm256_madd_epi16(xv, w);
+  }
+};
+
+// 7-bit weights ("avx2w7", |w| <= 63), in quad order (as VNNI reads them): a step is one quad, vpmaddubsw
+// multiplies the row's unsigned bytes q + 128 (at most 255) by the signed weights and adds pairs into
+// int16, which cannot saturate (2 * 255 * 63 = 32130 < 32767); vpmaddwd by ones sums the quad into int32.
+// Three instructions per 32 products a row against the widened step's four (vpmaddwd and vpaddd per 16),
+// and no widening.
+struct BytesStep {
+  static constexpr Format kFormat = Format::kShifted8;
+  static constexpr int64_t kStepBytes = kPanelBytes;
+  __attribute__((target("avx2"), always_inline)) static inline void load(const int8_t* wp, __m256i& w0,
+                                                                         __m256i& w1) {
+    w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+    w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32));
+  }
+  __attribute__((target("avx2"), always_inline)) static inline __m256i mul(__m256i xv, __m256i w) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w), _mm256_set1_epi16(1));
+  }
+};
+
+// 6 rows x one panel, as the int16 kernel's AVX2 tile: 12 sums (a row's columns 0-7 and 8-15), a step's
+// 2 weight vectors and a broadcast, within AVX2's 16 registers. Row i's values for step q (S steps a
+// quad) are at xq[(q / S) * R * S + S * i + q % S]. Before the pair order (quad order, each column's two
+// pair sums kept apart): 3-row tiles spilled 8 sums to the stack in a build for AVX2 (-march=x86-64-v3,
+// as on an EPYC), and 2-row tiles made int8 slower than int16 there (fixed k=5 in batches of 64 on the
+// Multi30k transformer: 10.7 s against int16's 9.5). One input pair a step for the widened weights (as
+// the int16 tile): both pairs of a quad in one step made GCC keep sums on the stack from 4 rows on.
+template <class Step>
+struct Avx2Tile {
+  static constexpr Format kFormat = Step::kFormat;
   template <int R, int P>
   __attribute__((target("avx2"))) static void tile(const void* xq_, int64_t quads, const int8_t* packed,
                                                    int64_t panel0, int32_t* acc) {
     static_assert(P == 1, "one panel: its two halves are the tile's columns");
-    // Row r's quad p as two int32, each a pair of int16: (x[4p], x[4p+1]) and (x[4p+2], x[4p+3]).
+    constexpr int64_t S = kPanelBytes / Step::kStepBytes;  // steps a quad, and a 64-byte line
     const int32_t* xq = static_cast<const int32_t*>(xq_);
     const __m256i zero = _mm256_setzero_si256();
     FS_ROWS_6(FS_AVX2_PAIR_DECL)
-    // One input pair a step (as the int16 tile): pair h of quad p is 16 columns x 2 inputs at byte
-    // 64p + 32h, row i's values at xq[2 * (p * R + i) + h]. Both pairs of a quad in one step made GCC
-    // keep sums on the stack from 4 rows on (a build for AVX2).
     const int8_t* w = packed + panel0 * quads * kPanelBytes;
-    for (int64_t q = 0; q < 2 * quads; ++q) {
-      const int8_t* wp = w + q * (kPanelBytes / 2);
-      const int32_t* xp = xq + 2 * (q >> 1) * R + (q & 1);
-      if ((q & 1) == 0) fs_quant::prefetch_ahead(wp);  // a 64-byte line every two steps
-      const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp)));
-      const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 16)));
-#define FS_STEP(i) FS_AVX2_PAIR_STEP(i, xp[2 * i])
+    for (int64_t q = 0; q < S * quads; ++q) {
+      const int8_t* wp = w + q * Step::kStepBytes;
+      const int32_t* xp = xq + (q / S) * R * S + q % S;
+      if (q % S == 0) fs_quant::prefetch_ahead(wp);  // one prefetch a 64-byte line
+      __m256i w0, w1;
+      Step::load(wp, w0, w1);
+#define FS_STEP(i)                                                  \
+  if constexpr (R > i) {                                            \
+    const __m256i xv = _mm256_set1_epi32(xp[S * i]);                \
+    lo##i = _mm256_add_epi32(lo##i, Step::mul(xv, w0));             \
+    hi##i = _mm256_add_epi32(hi##i, Step::mul(xv, w1));             \
+  }
       FS_ROWS_6(FS_STEP)
 #undef FS_STEP
     }
@@ -127,30 +167,32 @@ struct Avx2 {
   }
 };
 
-// One row x up to 4 panels in the same pair order: a lone row (greedy, one sentence at a time) gets 8
-// independent sums instead of the 6-row tile's 2 (at 1 row x 1 panel the Multi30k output layer took
-// 79 us against 64 for the quad-order 2-row tile; the build for AVX2, one Xeon thread).
-struct Avx2Row {
-  static constexpr Format kFormat = Format::kWide16;
+// One row x up to 4 panels: a lone row (greedy, one sentence at a time) gets 8 independent sums instead of
+// the 6-row tile's 2 (at 1 row x 1 panel the Multi30k output layer took 79 us against 64 for the quad-order
+// 2-row tile; the build for AVX2, one Xeon thread). The row's values for step q are at xq[q].
+template <class Step>
+struct Avx2RowTile {
+  static constexpr Format kFormat = Step::kFormat;
   template <int R, int P>
   __attribute__((target("avx2"))) static void tile(const void* xq_, int64_t quads, const int8_t* packed,
                                                    int64_t panel0, int32_t* acc) {
     static_assert(R == 1 && P <= 4, "one row, at most 4 panels");
-    const int32_t* xq = static_cast<const int32_t*>(xq_);  // the row's pairs, in order
+    constexpr int64_t S = kPanelBytes / Step::kStepBytes;
+    const int32_t* xq = static_cast<const int32_t*>(xq_);
     const __m256i zero = _mm256_setzero_si256();
     __m256i lo0 = zero, hi0 = zero, lo1 = zero, hi1 = zero, lo2 = zero, hi2 = zero, lo3 = zero, hi3 = zero;
     const int64_t panel_bytes = quads * kPanelBytes;
     const int8_t* w = packed + panel0 * panel_bytes;
-    for (int64_t q = 0; q < 2 * quads; ++q) {
+    for (int64_t q = 0; q < S * quads; ++q) {
       const __m256i xv = _mm256_set1_epi32(xq[q]);
-#define FS_PANEL(j)                                                                                    \
-  if constexpr (P > j) {                                                                               \
-    const int8_t* wp = w + j * panel_bytes + q * (kPanelBytes / 2);                                    \
-    if ((q & 1) == 0) fs_quant::prefetch_ahead(wp);                                                    \
-    lo##j = _mm256_add_epi32(lo##j, _mm256_madd_epi16(xv, _mm256_cvtepi8_epi16(_mm_loadu_si128(        \
-                                                              reinterpret_cast<const __m128i*>(wp))))); \
-    hi##j = _mm256_add_epi32(hi##j, _mm256_madd_epi16(xv, _mm256_cvtepi8_epi16(_mm_loadu_si128(        \
-                                                              reinterpret_cast<const __m128i*>(wp + 16))))); \
+#define FS_PANEL(j)                                                  \
+  if constexpr (P > j) {                                             \
+    const int8_t* wp = w + j * panel_bytes + q * Step::kStepBytes;   \
+    if (q % S == 0) fs_quant::prefetch_ahead(wp);                    \
+    __m256i w0, w1;                                                  \
+    Step::load(wp, w0, w1);                                          \
+    lo##j = _mm256_add_epi32(lo##j, Step::mul(xv, w0));              \
+    hi##j = _mm256_add_epi32(hi##j, Step::mul(xv, w1));              \
   }
       FS_PANEL(0) FS_PANEL(1) FS_PANEL(2) FS_PANEL(3)
 #undef FS_PANEL
@@ -165,76 +207,10 @@ struct Avx2Row {
   }
 };
 
-// Weights of 7 bits (|w| <= 63): vpmaddubsw multiplies the row's unsigned bytes q + 128 (at most 255) by
-// the signed weights and adds pairs into int16, which cannot saturate (2 * 255 * 63 = 32130 < 32767);
-// vpmaddwd by ones then sums a quad into int32. Three instructions per 32 products a row against the
-// widened kernel's four (vpmaddwd and vpaddd per 16), and no widening of the weights. The weight in quad
-// order (as VNNI reads it): a quad of a panel is 64 bytes, columns 0-7 then 8-15, 4 inputs each.
-struct Avx2Bytes {
-  static constexpr Format kFormat = Format::kShifted8;
-  template <int R, int P>
-  __attribute__((target("avx2"))) static void tile(const void* xq_, int64_t quads, const int8_t* packed,
-                                                   int64_t panel0, int32_t* acc) {
-    static_assert(P == 1, "one panel: its two halves are the tile's columns");
-    const int32_t* xq = static_cast<const int32_t*>(xq_);
-    const __m256i zero = _mm256_setzero_si256();
-    const __m256i ones = _mm256_set1_epi16(1);
-    FS_ROWS_6(FS_AVX2_PAIR_DECL)
-    const int8_t* w = packed + panel0 * quads * kPanelBytes;
-    for (int64_t p = 0; p < quads; ++p) {
-      const int8_t* wp = w + p * kPanelBytes;
-      fs_quant::prefetch_ahead(wp);
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
-      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32));
-#define FS_STEP(i)                                                                                   \
-  if constexpr (R > i) {                                                                             \
-    const __m256i xv = _mm256_set1_epi32(xq[p * R + i]);                                             \
-    lo##i = _mm256_add_epi32(lo##i, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w0), ones));          \
-    hi##i = _mm256_add_epi32(hi##i, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w1), ones));          \
-  }
-      FS_ROWS_6(FS_STEP)
-#undef FS_STEP
-    }
-    FS_ROWS_6(FS_AVX2_PAIR_STORE)
-  }
-};
-
-// One row x up to 4 panels of 7-bit weights (Avx2Bytes's arithmetic): 8 independent sums for a lone row.
-struct Avx2BytesRow {
-  static constexpr Format kFormat = Format::kShifted8;
-  template <int R, int P>
-  __attribute__((target("avx2"))) static void tile(const void* xq_, int64_t quads, const int8_t* packed,
-                                                   int64_t panel0, int32_t* acc) {
-    static_assert(R == 1 && P <= 4, "one row, at most 4 panels");
-    const int32_t* xq = static_cast<const int32_t*>(xq_);
-    const __m256i zero = _mm256_setzero_si256();
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i lo0 = zero, hi0 = zero, lo1 = zero, hi1 = zero, lo2 = zero, hi2 = zero, lo3 = zero, hi3 = zero;
-    const int64_t panel_bytes = quads * kPanelBytes;
-    const int8_t* w = packed + panel0 * panel_bytes;
-    for (int64_t p = 0; p < quads; ++p) {
-      const __m256i xv = _mm256_set1_epi32(xq[p]);
-#define FS_PANEL(j)                                                                                     \
-  if constexpr (P > j) {                                                                                \
-    const int8_t* wp = w + j * panel_bytes + p * kPanelBytes;                                           \
-    fs_quant::prefetch_ahead(wp);                                                                       \
-    lo##j = _mm256_add_epi32(lo##j, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, _mm256_loadu_si256(      \
-                                                          reinterpret_cast<const __m256i*>(wp))), ones)); \
-    hi##j = _mm256_add_epi32(hi##j, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, _mm256_loadu_si256(      \
-                                                          reinterpret_cast<const __m256i*>(wp + 32))), ones)); \
-  }
-      FS_PANEL(0) FS_PANEL(1) FS_PANEL(2) FS_PANEL(3)
-#undef FS_PANEL
-    }
-#define FS_STORE(j)                                                                          \
-  if constexpr (P > j) {                                                                     \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + j * kCols), lo##j);                 \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + j * kCols + 8), hi##j);             \
-  }
-    FS_STORE(0) FS_STORE(1) FS_STORE(2) FS_STORE(3)
-#undef FS_STORE
-  }
-};
+using Avx2 = Avx2Tile<WidenedStep>;
+using Avx2Row = Avx2RowTile<WidenedStep>;
+using Avx2Bytes = Avx2Tile<BytesStep>;
+using Avx2BytesRow = Avx2RowTile<BytesStep>;
 
 // R rows x P panels, R * P <= 24 sums in registers: (12, 2) for batched rows, (4, 4) and (2, 8) for
 // one sentence's few rows, so that a lone row still has 8 independent chains of vpdpbusd. The sums are
