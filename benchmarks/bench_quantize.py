@@ -51,7 +51,7 @@ from fairseq_stream.decoder import BeamDecoder  # noqa: E402
 from fairseq_stream.ops import quantized_linear  # noqa: E402
 from fairseq_stream.search.pruning import Pruning  # noqa: E402
 
-PRECISIONS = ("float32", "int8", "int16", "int8w8", "int8w7")  # int8: the CPU's form (int8w8 or int8w7)
+PRECISIONS = ("float32",) + quantized_linear.CHOICES  # int8: the CPU's form (int8w8 or int8w7)
 DEFAULT_PRECISIONS = ("float32", "int8", "int16")
 SEARCHES = ("greedy", "fixed", "var-batch")
 # The issue's targets: our int8 time over CTranslate2 int8's, per search.

@@ -397,8 +397,10 @@ def _quantize_table(results, doc, keys):
         data = results.data(key)
         found = {(r["search"], r["method"]): r for r in data["rows"]}
         for r in data["rows"]:
-            peer = {"ours float32": "CTranslate2 float32", "ours int8": "CTranslate2 int8", "ours int8w8": "CTranslate2 int8",
-                    "ours int8w7": "CTranslate2 int8"}.get(r["method"])
+            # Every form of our int8 (int8, int8w8, int8w7) against CTranslate2's one int8.
+            method = r["method"]
+            peer = ("CTranslate2 float32" if method == "ours float32"
+                    else "CTranslate2 int8" if method.startswith("ours int8") else None)
             versus = found.get((r["search"], peer)) if peer else None
             rows.append([str(data["batch_size"]), "{} k={}".format(r["search"], r["k"]) if r["k"] > 1 else r["search"],
                          r["method"], "{:.2f}".format(r["bleu"]), s(r["wall_s"]),

@@ -13,7 +13,7 @@ step of every row at its own length (:meth:`fairseq_stream.cohort.Cohort.merge`)
   fairseq LSTM models with Devlin (2017)'s tricks; ``--rnn-int16`` adds its
   16-bit fixed-point products.
 
-``--quantize int8|int16`` runs every product on weights quantized once at
+``--quantize int8|int8w8|int8w7|int16`` runs every product on weights quantized once at
 load (:mod:`fairseq_stream.ops.quantized_linear`): on the lean runner for
 transformers, and (int16) the rnn runner's ``--rnn-int16`` for LSTMs.
 
@@ -25,12 +25,13 @@ otherwise, and says which once in the log.
 import logging
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.ops import quantized_linear
+from fairseq_stream.ops.quantized_linear import INT8_KINDS
 
 logger = logging.getLogger(__name__)
 
 RUNNERS = ("auto", "fairseq", "lean", "rnn")
-QUANTIZE = ("none", "int8", "int8w8", "int8w7", "int16")
-INT8_QUANTIZE = ("int8", "int8w8", "int8w7")  # int8 picks the width of its weights for the CPU
+QUANTIZE = ("none",) + quantized_linear.CHOICES
 _said = set()
 
 
@@ -52,7 +53,7 @@ def check_runner(kind: str, int16: bool = False, quantize: str = "none"):
         raise FairseqStreamError("--rnn-int16 runs on the rnn runner, not --runner {}".format(kind))
     if quantize != "none" and kind == "fairseq":
         raise FairseqStreamError("--quantize runs on our runners (lean, rnn), not --runner fairseq")
-    if int16 and quantize in INT8_QUANTIZE:
+    if int16 and quantize in INT8_KINDS:
         raise FairseqStreamError("--rnn-int16 and --quantize {} ask for two precisions; use one".format(quantize))
 
 
@@ -131,7 +132,7 @@ def _quantized_runner(kind, members, temperature, options, quantize, rnn_reason)
     from fairseq_stream.runners.lean import LeanRunner, unsupported_reason
 
     if kind in ("auto", "rnn") and not rnn_reason:
-        if quantize in INT8_QUANTIZE:
+        if quantize in INT8_KINDS:
             raise FairseqStreamError("--quantize {} is for transformers; fairseq LSTM models take "
                                      "--quantize int16 (Devlin's int16 products)".format(quantize))
         options = dataclasses.replace(options, int16=True)
@@ -141,12 +142,11 @@ def _quantized_runner(kind, members, temperature, options, quantize, rnn_reason)
     if kind == "rnn" or reason:
         raise FairseqStreamError("--quantize {} runs fairseq transformers (lean runner) and LSTMs (rnn runner): "
                                  "{}".format(quantize, rnn_reason if kind == "rnn" else reason))
-    from fairseq_stream.ops import quantized_linear
-
     # int8 is resolved once, here, to the form this CPU runs fastest; the log names the form and the kernel.
     form = quantized_linear.resolve(quantize)
-    onednn = ", oneDNN's for many rows" if form in INT8_QUANTIZE and quantized_linear.onednn_exact() else ""
-    weights = {"int8w8": " (8-bit weights)", "int8w7": " (7-bit weights)"}.get(form, "")
+    int8 = form in INT8_KINDS
+    onednn = ", oneDNN's for many rows" if int8 and quantized_linear.onednn_exact() else ""
+    weights = " ({}-bit weights)".format(quantized_linear.int8_weight_bits(form)) if int8 else ""
     say_once("fairseq-stream: using the lean runner (%d model%s, %s products%s: %s kernel%s)", len(members),
              "" if len(members) == 1 else "s", form, weights, quantized_linear.kernel(form), onednn)
     return LeanRunner(members, temperature=temperature, quantize=form)
