@@ -138,13 +138,42 @@ def test_topup_keeps_cohorts_apart_when_asked(exact):
 
 @pytest.mark.parametrize("pool_size, threshold", [(8, "1/2"), (8, "1/4")])
 def test_topup_refills_when_exactly_the_threshold_is_live(loaded, pool_size, threshold):
-    """``--topup-threshold``: top up when at most that fraction of the batch is live, the boundary included."""
+    """``--topup-threshold``: top up when at most that fraction of the batch is live, the boundary included.
+
+    The boundary is pinned by the setup, not by where the toy's translations
+    happen to end (the toy is trained per machine; on another CPU they end
+    elsewhere): ``min_len = max_len = N`` makes every sentence finish exactly
+    N+1 calls after its first step, and a capacity of ``n - t·n`` rows (one
+    row a sentence, greedy) splits the first fill into a cohort of
+    ``n - t·n`` sentences and one of ``t·n``: FIFO runs the longest prefixes
+    first, so the first cohort decodes to its end while the other waits, and
+    exactly ``t·n`` sentences are live when it finishes. The input comes one
+    sentence a batch, so that the cohorts are cut by the capacity alone.
+    """
+    from fairseq_stream.schedule.stream import TopupOptions, pool_settings
+    from test_stream import assert_refills_at_the_threshold, refill_decisions
+
+    models, task = loaded("transformer")
+    steps = 4
+    dec = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", keep_reference=False,
+                      max_len_a=0, max_len_b=steps, min_len=steps)
+    settings = pool_settings(TopupOptions(topup_threshold=threshold), order="fifo")
+    live_at_boundary = settings["eps"] * pool_size
+    settings["capacity"] = int(pool_size - live_at_boundary) * dec.first_step_rows
+    pool = StreamPool(dec, pool_size, **settings)
+    decisions = refill_decisions(pool, sorted_batches(task, 1, 40, "valid"))
+    assert_refills_at_the_threshold(decisions, live_at_boundary)
+
+
+@pytest.mark.parametrize("threshold", ["1/2", "1/4"])
+def test_topup_refill_decisions_follow_the_threshold_on_free_running_translations(loaded, threshold):
+    """The same rule where the translations end where the model says (no boundary pinned), top-up as it runs."""
     from fairseq_stream.schedule.stream import TopupOptions, pool_settings
     from test_stream import assert_refills_at_the_threshold, refill_decisions
 
     models, task = loaded("transformer")
     dec = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", keep_reference=False)
     settings = pool_settings(TopupOptions(topup_threshold=threshold), order="fifo")
-    pool = StreamPool(dec, pool_size, **settings)
+    pool = StreamPool(dec, 8, **settings)
     decisions = refill_decisions(pool, sorted_batches(task, 4, 100, "valid"))
-    assert_refills_at_the_threshold(decisions, settings["eps"] * pool_size)
+    assert_refills_at_the_threshold(decisions, settings["eps"] * 8, pinned=False)
