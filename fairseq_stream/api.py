@@ -15,6 +15,8 @@ in input order), each with its input ``index``.
 """
 
 import itertools
+import os
+import typing
 from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
@@ -73,7 +75,11 @@ class Translator:
             (generation options such as ``lenpen`` and ``max_len_b`` too);
             ``nbest=N`` keeps the best N of each sentence's hypotheses
             (default: all the search kept).
-            All options are checked before the checkpoints are loaded;
+            All options are checked before the checkpoints are loaded, each
+            by the type its field (or this signature) declares; a string is
+            read as the command line reads it (``beam="5"`` is 5), a value
+            that fits no such reading (``beam=2.5``, ``lenpen=None``) is a
+            one-line error (:mod:`fairseq_stream.option_types`);
             fairseq-generate's read-ahead options are refused here.
     """
 
@@ -88,11 +94,17 @@ class Translator:
         from fairseq_stream.schedule.pool import StreamPool
         from fairseq_stream.schedule.stream import pool_settings
 
-        paths = [paths] if isinstance(paths, str) else list(paths)
-        _check_sizes(pool, batch_size, maxi_batch)
         # Every option is checked before any model is loaded (a WMT'19 ensemble takes a minute to load).
+        paths = _checked_paths(paths)
+        (search, beam, pool, batch_size, maxi_batch, bpe, tokenizer, sentencepiece_model, bpe_codes, data, cpu,
+         trust_checkpoint) = _typed_arguments(search=search, beam=beam, pool=pool, batch_size=batch_size,
+                                              maxi_batch=maxi_batch, bpe=bpe, tokenizer=tokenizer,
+                                              sentencepiece_model=sentencepiece_model, bpe_codes=bpe_codes,
+                                              data=data, cpu=cpu, trust_checkpoint=trust_checkpoint)
+        _check_sizes(pool, batch_size, maxi_batch)
+        options = _typed_options(search, options)
         # The API's scheduler is its own streaming pool (below): of the spec, only the decoder is built.
-        spec, stream_cfg = spec_from_options(search, beam, options, COMMAND_LINE_ONLY)
+        spec, stream_cfg = spec_from_options(search, beam, options)
         self._pool_args = pool_settings(stream_cfg)
         self.models, self.cfg, self.task, self.device = _load_models(paths, data, trust_checkpoint, cpu)
         self.decoder = build_decoder(spec, self.task, self.models)
@@ -181,7 +193,7 @@ class Translator:
                 index, hyps = pair
                 hyps = released(hyps)
                 if self.nbest is not None:
-                    hyps = hyps[:int(self.nbest)]
+                    hyps = hyps[:self.nbest]
                 best = hyps[0]
                 yield Translation(index=index, source=sources.pop(index), text=self.decode(best["tokens"]),
                                   score=float(best["score"]), hypotheses=hyps)
@@ -228,13 +240,52 @@ class Translator:
         return net_input, ids
 
 
+def _checked_paths(paths) -> List[str]:
+    """The checkpoint paths as a list of ``str``: one path (``str`` or ``os.PathLike``) or a sequence of them."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else paths
+    if isinstance(items, (bytes, dict)) or not isinstance(items, Iterable):
+        raise FairseqStreamError("paths takes a checkpoint file or a list of them, got {!r}".format(paths))
+    out = []
+    for path in items:
+        path = os.fspath(path) if isinstance(path, os.PathLike) else path
+        if not isinstance(path, str):
+            raise FairseqStreamError("paths takes checkpoint files as str or os.PathLike, got {!r}".format(path))
+        out.append(path)
+    if not out:
+        raise FairseqStreamError("paths takes at least one checkpoint file, got {!r}".format(paths))
+    return out
+
+
+def _typed_arguments(**arguments) -> list:
+    """The Translator's own ``arguments``' values, by its signature's types (option_types' rule), in order."""
+    from fairseq_stream.option_types import typed
+
+    kinds = typing.get_type_hints(Translator.__init__)
+    return [typed(name, value, kinds[name]) for name, value in arguments.items()]
+
+
+def _typed_options(search: str, options: dict) -> dict:
+    """The keyword ``options`` by their fields' types; those the API has no use for and unknown ones refused."""
+    from fairseq_stream.option_types import fields, typed
+
+    kinds = fields(search)
+    out = {}
+    for key, value in options.items():
+        if key in COMMAND_LINE_ONLY:
+            raise FairseqStreamError("{} has no effect in the Python API: {}".format(key, COMMAND_LINE_ONLY[key]))
+        if key not in kinds:
+            raise FairseqStreamError("unknown option {!r} for search {}".format(key, search))
+        out[key] = typed(key, value, kinds[key])
+    return out
+
+
 def _check_sizes(pool, batch_size, maxi_batch):
-    """Refuse a pool, batch or maxi-batch size below 1 (one line each)."""
-    if pool is None or pool < 1:
+    """Refuse a pool, batch or maxi-batch size below 1 (one line each; their types are checked already)."""
+    if pool < 1:
         raise FairseqStreamError("pool must be at least 1, got {}".format(pool))
     if batch_size is not None and batch_size < 1:
         raise FairseqStreamError("batch_size must be at least 1, got {}".format(batch_size))
-    if maxi_batch is None or maxi_batch < 1:
+    if maxi_batch < 1:
         raise FairseqStreamError("maxi_batch must be at least 1, got {}".format(maxi_batch))
 
 

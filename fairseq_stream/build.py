@@ -122,13 +122,14 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
     )
 
 
-def spec_from_options(search: str, beam: int, options: dict, refused=None):
+def spec_from_options(search: str, beam: int, options: dict):
     """The Python API's spec: ``search`` with keyword ``options`` by their dataclass names, checked.
 
     Each option goes to every config that has a field of its name (the
-    search's, the stream pool's, fairseq's generation options). ``refused``:
-    {option: why} of options the caller has no use for. Returns (spec, the
-    stream options, for the caller's own pool).
+    search's, the stream pool's, fairseq's generation options); the values
+    are those :mod:`fairseq_stream.option_types` typed (the API's
+    ``_typed_options``). Returns (spec, the stream options, for the caller's
+    own pool).
     """
     from fairseq.dataclass.configs import GenerationConfig
 
@@ -143,8 +144,6 @@ def spec_from_options(search: str, beam: int, options: dict, refused=None):
     search_cfg._name = search  # fairseq sets it when parsing; errors name the search by it
     stream_cfg = StreamOptions()
     for key, value in options.items():
-        if refused and key in refused:
-            raise FairseqStreamError("{} has no effect in the Python API: {}".format(key, refused[key]))
         targets = [c for c in (search_cfg, stream_cfg, gen_cfg) if hasattr(c, key)]
         if not targets:
             raise FairseqStreamError("unknown option {!r} for search {}".format(key, search))

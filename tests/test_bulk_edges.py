@@ -161,7 +161,7 @@ def test_a_pipe_as_dev_fd_and_dev_full_from_the_command_line(toy, corpus, finish
     ("max_len_b=1.5", "--option max_len_b=1.5: max_len_b takes an integer, got '1.5'"),
     ("sampling=maybe", "--option sampling=maybe: sampling takes true or false, got 'maybe'"),
     ("stream_refill_unit=words", "--option stream_refill_unit=words: stream_refill_unit must be one of "
-                                 "sentences, rows"),
+                                 "sentences, rows, got 'words'"),
     ("nosuch=1", "--option nosuch=1: unknown option 'nosuch' for --search var-stream"),
     ("lenpen", "--option takes KEY=VALUE, got 'lenpen'"),
 ])

@@ -24,7 +24,7 @@ LAYERS = {
     "runners": 2,
     "decoder": 3, "output_choice": 3, "search.pruning": 3, "search.selection": 3, "jacobi.decoder": 3,
     "jacobi.drafts": 3, "jacobi.calibration": 3, "hypotheses": 0, "schedule.pool": 3, "schedule.read_ahead": 3,
-    "schedule": 4, "search": 4, "build": 4,
+    "schedule": 4, "search": 4, "build": 4, "option_types": 4,
     "": 5, "fairseq_glue": 5, "api": 5, "cli": 5, "bulk": 5, "newstest": 5, "jacobi": 5,
 }
 
