@@ -63,16 +63,53 @@ def test_jacobi_gives_quantized_greedys_output_bit_for_bit(loaded, variant, bloc
     assert differences(greedy, decode(jacobi, models, batches, None), tolerance=0) == []
 
 
+def forced_agreement(dec, batches, translations, task):
+    """(steps where ``dec``'s best next word is the translation's, steps): every step of ``translations``
+    (id -> tokens, EOS last) run on its own prefix, as teacher forcing does."""
+    pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
+    agree = total = 0
+    with torch.no_grad():
+        for b in batches:
+            wanted = [translations[i] for i in b["id"].tolist()]
+            length = max(t.numel() for t in wanted)
+            prefixes = torch.full((len(wanted), length + 1), pad, dtype=torch.long)
+            prefixes[:, 0] = eos
+            for row, t in enumerate(wanted):
+                prefixes[row, 1:t.numel() + 1] = t
+            state = dec.runner.start(b["net_input"], 1)
+            for step in range(length):
+                lprobs, _ = dec.runner.step(state, prefixes[:, : step + 1])
+                best = lprobs.argmax(dim=1)
+                running = torch.tensor([t.numel() > step for t in wanted])
+                total += int(running.sum())
+                agree += int((best.eq(prefixes[:, step + 1]) & running).sum())
+    return agree, total
+
+
 def test_int16_stays_close_to_float_and_int8_near_it(loaded):
-    """A sanity floor on the toy (the accuracy targets are the Multi30k benchmark's): most hypotheses unchanged."""
+    """A sanity floor on the toy (the accuracy targets are the Multi30k benchmark's): the quantized model's
+    best next word is float's at nearly every step of float's greedy translations (the 200 valid sentences).
+
+    Counted per step with float's prefix (teacher forcing), not per whole
+    translation: one flipped step changes a whole greedy output, so the share
+    of identical outputs follows how sure the toy is of its words, which
+    differs between toys (the toy is trained per machine; this machine's
+    kept 125 and 119 of 200 in int8w8 and int8w7). Per step this toy's int16
+    agrees on 99.9% of 3424 steps, int8w8 on 96.6%, int8w7 on 96.3%: the
+    floors allow about three times int8's disagreement and fifteen times
+    int16's, and a broken product (a wrong scale, a lost row) agrees on
+    almost none.
+    """
     models, task = loaded("transformer")
     batches = sorted_batches(task, 16, 200, subset="valid")
     reference = decode(quantized_decoder(models, task, "greedy", "none"), models, batches, None)
-    # The toy keeps 125 (int8w8) and 119 (int8w7) of its 200 greedy hypotheses.
-    for quantize, floor in (("int16", 0.95), ("int8w8", 0.6), ("int8w7", 0.55)):
-        ours = decode(quantized_decoder(models, task, "greedy", quantize), models, batches, None)
-        same = len(reference) - len(differences(reference, ours, tolerance=float("inf")))
-        assert same >= floor * len(reference), (quantize, same, len(reference))
+    translations = {s: h[0]["tokens"] for s, h in reference.items()}
+    agree, total = forced_agreement(quantized_decoder(models, task, "greedy", "none"), batches, translations, task)
+    assert agree == total > 2000  # the float model's own steps: its greedy choices, every one
+    for quantize, floor in (("int16", 0.99), ("int8w8", 0.9), ("int8w7", 0.9)):
+        agree, total = forced_agreement(quantized_decoder(models, task, "greedy", quantize), batches, translations,
+                                        task)
+        assert agree >= floor * total, (quantize, agree, total)
 
 
 def test_lstm_takes_int16_on_the_rnn_runner_and_refuses_int8(loaded):
