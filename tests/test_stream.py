@@ -21,11 +21,13 @@ different ones, and the n-best lists then differ from there on (seen once: a
 import copy
 import json
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import hypotheses, run_tool, sorted_batches
+from conftest import REPO, hypotheses, run_tool, sorted_batches, tool_env
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.schedule.pool import StreamPool
@@ -255,6 +257,32 @@ def test_fairseq_generate_read_ahead_is_bounded(toy, tmp_path):
     assert default["peak_cached"] <= 4 * 8 + 8 + 8  # the limit, the pool's sentences and one staged batch
     assert small["peak_cached"] <= 2 + 8 + 8
     assert small["peak_cached"] < default["peak_cached"]
+
+
+# fairseq-generate with torch's DataLoader worker join timeout (5 s) raised to 10 minutes: a
+# DataLoader left to the cyclic garbage collector with its worker alive then hangs the run.
+GENERATE_WITH_A_LONG_WORKER_JOIN = (
+    "import torch.utils.data._utils as u; u.MP_STATUS_CHECK_INTERVAL = 600.0; "
+    "from fairseq_cli.generate import cli_main; cli_main()"
+)
+
+
+@pytest.mark.parametrize("generator", ["stream", "fifo"])
+def test_a_one_batch_look_ahead_never_waits_on_a_data_loader_worker(toy, generator):
+    """All sentences in one batch (no --batch-size): the look-ahead ends mid-run, without a stall (issue 49.2).
+
+    Its DataLoader used to keep a worker process; collected mid-decode by the
+    cyclic garbage collector, it cost torch's worker join timeout, 5 s on a
+    0.1 s decode. With that timeout raised to 600 s, such a run would not
+    finish within the 300 s allowed here (a normal one takes seconds).
+    """
+    argv = [sys.executable, "-c", GENERATE_WITH_A_LONG_WORKER_JOIN, toy.data_bin, "--path", toy.transformer,
+            "--user-dir", "fairseq_stream", "--gen-subset", "test", "--beam", "5", "--cpu",
+            "--search", "var", "--generator", generator, "--num-workers", "1"]
+    proc = subprocess.run([str(a) for a in argv], cwd=REPO, env=tool_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(tokens_of(proc.stdout)) == 37
 
 
 def test_pool_memory_is_bounded_by_the_pool_not_the_input(loaded):

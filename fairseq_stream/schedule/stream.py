@@ -317,8 +317,9 @@ def fairseq_generate_batches(task, models, cfg):
     """A callable building fairseq-generate's epoch iterator again (for the look-ahead).
 
     Same arguments as ``fairseq_cli/generate.py``, with the iterator cache
-    disabled so that fairseq's own iterator is untouched. None where the
-    generation subset is not loaded (fairseq-interactive, the Python API).
+    disabled so that fairseq's own iterator is untouched, and with no worker
+    process (see below). None where the generation subset is not loaded
+    (fairseq-interactive, the Python API).
     """
     from fairseq import utils
 
@@ -342,7 +343,15 @@ def fairseq_generate_batches(task, models, cfg):
             seed=cfg.common.seed,
             num_shards=cfg.distributed_training.distributed_world_size,
             shard_id=cfg.distributed_training.distributed_rank,
-            num_workers=dataset_cfg.num_workers,
+            # No worker process, whatever --num-workers says. fairseq's BufferedIterator stops
+            # reading at the epoch's length without exhausting the DataLoader, so where the pool
+            # is done with the look-ahead mid-run (one batch holds the input), the DataLoader's
+            # iterator is left to the cyclic garbage collector. There the weakref finalizers of
+            # its index queues stop their feeder threads before its __del__ can tell the worker
+            # to exit, and torch waits out its 5 s join timeout (issue 49.2). Reading and
+            # collating the batches again costs milliseconds next to decoding them; the
+            # BufferedIterator's thread still reads ahead.
+            num_workers=0,
             data_buffer_size=dataset_cfg.data_buffer_size,
             disable_iterator_cache=True,
         ).next_epoch_itr(shuffle=False)
