@@ -202,35 +202,50 @@ def test_latency_guard_bounds_lag(loaded):
     assert guarded.decoder.stats.peak_lag <= 3
 
 
+LONG_WORDS = 39
+
+
 def long_first(toy, count):
-    """One sentence several times longer than the rest first, then ``count`` short ones."""
+    """One sentence several times longer than the rest first (``LONG_WORDS`` words), then ``count`` of at most 8."""
     rng = random.Random(0)
-    long_line = " ".join("s{}".format(rng.randrange(60, 300)) for _ in range(150))
+    long_line = " ".join("s{}".format(rng.randrange(60, 300)) for _ in range(LONG_WORDS))
     short = [l for l in (toy.raw / "valid.src").read_text().splitlines() if len(l.split()) <= 8]
     return [long_line] + [short[i % len(short)] for i in range(count)]
 
 
 @pytest.mark.parametrize("max_wait", [None, 0])
 def test_a_long_sentence_is_not_starved_by_default(toy, max_wait):
-    """Shortest-first lets fresh short sentences go ahead of a long one; the default guard bounds that."""
+    """Shortest-first lets fresh short sentences go ahead of a long one; the default guard bounds that.
+
+    Every output length is pinned by the setup, not by where the toy's
+    translations happen to end (the toy is trained per machine: its
+    translation of a long line ran 25 tokens on one, more on others, and at
+    150 tokens it would outlast the input and be held to the end even with
+    the guard). An unk bonus of 1000 makes <unk> each row's best word by
+    far: var-stream's pruning keeps that one row and no EOS, so each
+    sentence runs to its maximum length, ``1 x its source width``
+    (``--max-len-a 1 --max-len-b 0``, one sentence a batch so that the width
+    is its own): the long sentence 41 tokens with EOS, the short ones 3 to 10.
+    """
     from fairseq_stream.api import Translator
     from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT
 
     inputs = long_first(toy, 240)
     options = {} if max_wait is None else dict(stream_max_wait=max_wait)
-    translator = Translator([str(toy.transformer)], data=str(toy.data_bin), beam=5, pool=16, **options)
-    order, calls_at_end, short_lengths = [], None, []
+    translator = Translator([str(toy.transformer)], data=str(toy.data_bin), beam=5, pool=16, batch_size=1,
+                            unkpen=-1000, max_len_a=1, max_len_b=0, **options)
+    order, calls_at_end, lengths = [], None, {}
     for t in translator.translate(inputs):
         order.append(t.index)
+        lengths[t.index] = len(t.hypotheses[0]["tokens"])
         if t.index == 0:
-            long_length, calls_at_end = len(t.hypotheses[0]["tokens"]), translator.stats.timesteps
-            refills_by_then = translator.stats.refills
-        else:
-            short_lengths.append(len(t.hypotheses[0]["tokens"]))
+            calls_at_end, refills_by_then = translator.stats.timesteps, translator.stats.refills
     assert sorted(order) == list(range(len(inputs)))
-    # The scenario: the long sentence needs several times a short one's steps. (Its translation's
-    # length depends on the toy model, retrained on each machine: 25 tokens on one, more on others.)
-    assert long_length >= 2 * max(short_lengths)
+    # The scenario, pinned: each output its maximum length (the source's words and EOS, then EOS), so the
+    # long sentence needs several times a short one's steps.
+    assert lengths == {i: len(line.split()) + 2 for i, line in enumerate(inputs)}
+    long_length = lengths.pop(0)
+    assert long_length == LONG_WORDS + 2 >= 4 * max(lengths.values())
     if max_wait == 0:
         assert order[-1] == 0  # without a guard it comes out last: the scenario starves it
         return
