@@ -111,6 +111,20 @@ def run(toy, label, options, batch_size, env):
             "sentences": sentences, "pairs": pairs}
 
 
+# Rounds of one search further apart than this: the machine was busy, and
+# even the fastest round may carry some of it.
+NOISY_SPREAD = 1.5
+
+
+def warn_if_noisy(rounds):
+    """Say so where one search's rounds differ by more than NOISY_SPREAD (a busy machine)."""
+    noisy = {label: times for label, times in rounds.items() if max(times) > NOISY_SPREAD * min(times)}
+    if noisy:
+        print("  note: the machine was busy (rounds of {}); the fastest counts, and more rounds "
+              "(--runs 5) steady it".format("; ".join(
+                  "{} {:.2f}-{:.2f} s".format(label, min(t), max(t)) for label, t in noisy.items())))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("toy", nargs="?", default="toy", help="toy directory (default: toy)")
@@ -134,12 +148,13 @@ def main():
     env["OMP_NUM_THREADS"] = "1"
     env["MKL_NUM_THREADS"] = "1"
 
-    best = {}
+    best, rounds = {}, {}
     # Rounds interleave the searches, so a burst of load elsewhere hits all of
     # them alike; the minimum drops what such bursts add.
     for _ in range(max(1, args.runs)):
         for label, options in SEARCHES:
             result = run(toy, label, options, args.batch_size, env)
+            rounds.setdefault(label, []).append(result["seconds"])
             if label in best:
                 if result["bleu"] != best[label]["bleu"]:
                     sys.stderr.write("fairseq-stream: warning: --search {} gave BLEU {} and {} "
@@ -161,6 +176,7 @@ def main():
             label, width, r["bleu"], r["seconds"], beam["seconds"] / r["seconds"]))
     print("  seconds: decoding only (fairseq's 'Translated {} sentences' line), fastest of {} runs;"
           " BLEU: fairseq's sacreBLEU line".format(n, max(1, args.runs)))
+    warn_if_noisy(rounds)
     pairs = best["var-stream"]["pairs"]
     shown = [i for i in sorted(pairs) if "S" in pairs[i] and "H" in pairs[i]][: args.examples]
     if shown:
