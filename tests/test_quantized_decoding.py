@@ -63,9 +63,9 @@ def test_jacobi_gives_quantized_greedys_output_bit_for_bit(loaded, variant, bloc
     assert differences(greedy, decode(jacobi, models, batches, None), tolerance=0) == []
 
 
-def forced_agreement(dec, batches, translations, task):
-    """(steps where ``dec``'s best next word is the translation's, steps): every step of ``translations``
-    (id -> tokens, EOS last) run on its own prefix, as teacher forcing does."""
+def forced_agreement(ours, reference, batches, translations, task):
+    """(steps where ``ours`` and ``reference`` pick the same best next word, steps): every step of
+    ``translations`` (id -> tokens, EOS last) run on its own prefix in both, as teacher forcing does."""
     pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
     agree = total = 0
     with torch.no_grad():
@@ -76,13 +76,13 @@ def forced_agreement(dec, batches, translations, task):
             prefixes[:, 0] = eos
             for row, t in enumerate(wanted):
                 prefixes[row, 1:t.numel() + 1] = t
-            state = dec.runner.start(b["net_input"], 1)
+            states = [dec.runner.start(b["net_input"], 1) for dec in (ours, reference)]
             for step in range(length):
-                lprobs, _ = dec.runner.step(state, prefixes[:, : step + 1])
-                best = lprobs.argmax(dim=1)
+                best = [dec.runner.step(state, prefixes[:, : step + 1])[0].argmax(dim=1)
+                        for dec, state in zip((ours, reference), states)]
                 running = torch.tensor([t.numel() > step for t in wanted])
                 total += int(running.sum())
-                agree += int((best.eq(prefixes[:, step + 1]) & running).sum())
+                agree += int((best[0].eq(best[1]) & running).sum())
     return agree, total
 
 
@@ -90,26 +90,25 @@ def test_int16_stays_close_to_float_and_int8_near_it(loaded):
     """A sanity floor on the toy (the accuracy targets are the Multi30k benchmark's): the quantized model's
     best next word is float's at nearly every step of float's greedy translations (the 200 valid sentences).
 
-    Counted per step with float's prefix (teacher forcing), not per whole
-    translation: one flipped step changes a whole greedy output, so the share
-    of identical outputs follows how sure the toy is of its words, which
-    differs between toys (the toy is trained per machine; this machine's
-    kept 125 and 119 of 200 in int8w8 and int8w7). Per step this toy's int16
-    agrees on 99.9% of 3424 steps, int8w8 on 96.6%, int8w7 on 96.3%: the
-    floors allow about three times int8's disagreement and fifteen times
-    int16's, and a broken product (a wrong scale, a lost row) agrees on
-    almost none.
+    Counted per step, both models on float's prefix (teacher forcing), not
+    per whole translation: one flipped step changes a whole greedy output, so
+    the share of identical outputs follows how sure the toy is of its words,
+    which differs between toys (the toy is trained per machine: this
+    machine's kept 125 and 119 of 200 in int8w8 and int8w7, a toy trained
+    under ATEN_CPU_CAPABILITY=avx2 104 in int8w7, below the 55% floor this
+    test had). Per step these toys' int16 agree with float on 99.9% of about
+    3300 steps, int8w8 on 96.4-96.6%, int8w7 on 95.6-96.3%: the floors allow
+    over twice int8's disagreement and fifteen times int16's, and a broken
+    product (a lost bias: 74%, a scale 10% off: 80%) falls below them.
     """
     models, task = loaded("transformer")
     batches = sorted_batches(task, 16, 200, subset="valid")
-    reference = decode(quantized_decoder(models, task, "greedy", "none"), models, batches, None)
-    translations = {s: h[0]["tokens"] for s, h in reference.items()}
-    agree, total = forced_agreement(quantized_decoder(models, task, "greedy", "none"), batches, translations, task)
-    assert agree == total > 2000  # the float model's own steps: its greedy choices, every one
+    reference = quantized_decoder(models, task, "greedy", "none")
+    translations = {s: h[0]["tokens"] for s, h in decode(reference, models, batches, None).items()}
     for quantize, floor in (("int16", 0.99), ("int8w8", 0.9), ("int8w7", 0.9)):
-        agree, total = forced_agreement(quantized_decoder(models, task, "greedy", quantize), batches, translations,
-                                        task)
-        assert agree >= floor * total, (quantize, agree, total)
+        agree, total = forced_agreement(quantized_decoder(models, task, "greedy", quantize), reference, batches,
+                                        translations, task)
+        assert total > 2000 and agree >= floor * total, (quantize, agree, total)
 
 
 def test_lstm_takes_int16_on_the_rnn_runner_and_refuses_int8(loaded):
