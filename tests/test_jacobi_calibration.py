@@ -5,7 +5,14 @@ Decoding is real (the toy transformer); what is forced is the cost table
 test that measures writes its cache under a temporary folder.
 """
 
+import contextlib
+import copy
+import json
 import logging
+import os
+import signal
+import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,3 +151,132 @@ def test_cpu_info_and_the_cache_location(monkeypatch, tmp_path):
     env = {"FAIRSEQ_STREAM_CACHE": str(tmp_path)}
     assert calibration.cache_file(sig, env).parent == tmp_path / "jacobi-calibration"
     assert calibration.cache_file(sig, env) != calibration.cache_file(other, env)
+
+
+# -- the cache is a hint: anything wrong with it is one warning line and a new measurement ----------------------
+
+
+@pytest.fixture(scope="module")
+def good_cache(loaded, tmp_path_factory):
+    """(cache folder, the cache file, its JSON): a real calibration on this machine, whatever it found."""
+    base = tmp_path_factory.mktemp("calibration-cache")
+    models, task = loaded("transformer")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FAIRSEQ_STREAM_CACHE", str(base))
+        dec = JacobiDecoder(greedy_decoder(models, task), calibrate="auto")
+        tokens(dec, models, batches_of(task)[:1])
+    path = Path(dec.costs.path)
+    return base, path, json.loads(path.read_text())
+
+
+def run_on_cache(loaded, base, monkeypatch, caplog):
+    """Calibrated Jacobi decoding with the cache under ``base``: (the decoder, its warning lines).
+
+    Its tokens must be greedy's whatever the cache holds.
+    """
+    monkeypatch.setenv("FAIRSEQ_STREAM_CACHE", str(base))
+    models, task = loaded("transformer")
+    batches = batches_of(task)
+    expected = tokens(greedy_decoder(models, task), models, batches)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        dec = JacobiDecoder(greedy_decoder(models, task), calibrate="auto")
+        assert tokens(dec, models, batches) == expected
+    return dec, [r.getMessage() for r in caplog.records
+                 if r.levelno >= logging.WARNING and r.name.startswith("fairseq_stream")]
+
+
+def with_row(good, **fields):
+    data = copy.deepcopy(good)
+    data["costs"]["rows"]["1"].update(fields)
+    return data
+
+
+WRONG_CACHES = {
+    "a list": (lambda good: [1, 2, 3], "it is not a calibration"),
+    "null": (lambda good: None, "it is not a calibration"),
+    "a string": (lambda good: "hello", "it is not a calibration"),
+    "no costs": (lambda good: {"signature": good["signature"]}, "its costs are not a table with rows"),
+    "rows as a list": (lambda good: dict(good, costs=dict(good["costs"], rows=list(good["costs"]["rows"].values()))),
+                       "its costs are not a table with rows"),
+    "greedy_step abc": (lambda good: with_row(good, greedy_step="abc"),
+                        "its row 1's greedy_step is 'abc', not a finite number > 0"),
+    "greedy_step 0": (lambda good: with_row(good, greedy_step=0),
+                      "its row 1's greedy_step is 0, not a finite number > 0"),
+    "window_calls []": (lambda good: with_row(good, window_calls=[]), "its row 1's window_calls is [], not a list"),
+    "a window call of one number": (lambda good: with_row(good, window_calls=[[1.0]]), "is not (positions, ms)"),
+    "window_batch missing": (lambda good: with_row(good, window_batch=None), "its row 1's window_batch is None"),
+    "a batch size missing": (lambda good: dict(good, costs=dict(good["costs"], rows={"1": good["costs"]["rows"]["1"]})),
+                             "its batch sizes are [1], not [1, "),
+    "another signature": (lambda good: dict(good, signature=dict(good["signature"], threads=-1)),
+                          "it was written for another model, device or setting"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_CACHES))
+def test_a_cache_of_the_wrong_shape_is_one_warning_and_a_new_measurement(loaded, good_cache, monkeypatch, caplog,
+                                                                         name):
+    base, path, good = good_cache
+    wrong, why = WRONG_CACHES[name]
+    path.write_text(json.dumps(wrong(good)))
+    dec, warnings = run_on_cache(loaded, base, monkeypatch, caplog)
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("jacobi: ignoring the calibration cache {} (".format(path))
+    assert why in warnings[0] and warnings[0].endswith("; measured again and cached")
+    assert dec.costs.source == "measured" and dec.costs.path == str(path)
+    # Rewritten with the new measurement: the next run reads it.
+    assert Costs.from_json(json.loads(path.read_text())["costs"], "cache", None).rows == dec.costs.rows
+
+
+def test_a_cache_that_is_not_json_is_one_warning(loaded, good_cache, monkeypatch, caplog):
+    base, path, _ = good_cache
+    path.write_bytes(b'{"signature": \xff')
+    dec, warnings = run_on_cache(loaded, base, monkeypatch, caplog)
+    assert len(warnings) == 1 and "(it is not JSON: " in warnings[0], warnings
+    assert dec.costs.source == "measured"
+
+
+@contextlib.contextmanager
+def fails_if_it_hangs(seconds=120):
+    """A blocking open() of a FIFO raises here instead of hanging the test run forever (the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def hung(signum, frame):
+        raise TimeoutError("still running after {} s: blocked on the FIFO?".format(seconds))
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_fifo_in_the_caches_place_is_never_opened_to_wait(loaded, good_cache, monkeypatch, caplog):
+    base, path, _ = good_cache
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    with fails_if_it_hangs():
+        dec, warnings = run_on_cache(loaded, base, monkeypatch, caplog)
+    assert warnings == ["jacobi: ignoring the calibration cache {} (it is a FIFO, not a regular file); measured "
+                        "again and cached".format(path)]
+    assert path.is_file() and dec.costs.path == str(path)
+
+
+def test_a_directory_in_the_caches_place_leaves_no_temporary_file(loaded, good_cache, monkeypatch, caplog):
+    base, path, _ = good_cache
+    path.unlink(missing_ok=True)
+    path.mkdir()
+    try:
+        for _ in range(2):  # every run measures again, and none leaves a file behind
+            dec, warnings = run_on_cache(loaded, base, monkeypatch, caplog)
+            assert len(warnings) == 1, warnings
+            assert warnings[0].startswith("jacobi: ignoring the calibration cache {} (it is a directory, not a "
+                                          "regular file); measured again, and could not cache it (".format(path))
+            assert dec.costs.source == "measured" and dec.costs.path is None
+            assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    finally:
+        path.rmdir()

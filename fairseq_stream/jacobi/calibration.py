@@ -27,7 +27,9 @@ Either way the tokens are greedy's: the choice changes speed only.
 import hashlib
 import json
 import logging
+import math
 import os
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -161,10 +163,20 @@ class Costs:
                     rows={str(k): asdict(v) for k, v in self.rows.items()})
 
     @staticmethod
-    def from_json(data: dict, source: str, path: Optional[str]) -> "Costs":
-        rows = {int(k): RowCosts(v["greedy_step"], v["greedy_batch"], [tuple(p) for p in v["window_calls"]],
-                                 v["window_batch"]) for k, v in data["rows"].items()}
-        return Costs(rows, data.get("hardware", ""), source, path, data.get("seconds", 0.0))
+    def from_json(data, source: str, path: Optional[str]) -> "Costs":
+        """The table :meth:`to_json` wrote, checked whole (a cache is anyone's file).
+
+        Raises:
+            ValueError: a wrong shape or value (a string, zero or no
+                positions where a cost must be); the message says which.
+        """
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), dict) or not data["rows"]:
+            raise ValueError("its costs are not a table with rows")
+        rows = {_batch_size(k): _row_costs(k, v) for k, v in data["rows"].items()}
+        hardware = data.get("hardware", "")
+        if not isinstance(hardware, str):
+            raise ValueError("its hardware is {!r}, not a string".format(hardware))
+        return Costs(rows, hardware, source, path, _number(data.get("seconds", 0.0), "its seconds"))
 
     def describe(self) -> str:
         """The table in one line: per batch size, a greedy step and a window call by positions in greedy steps."""
@@ -178,28 +190,135 @@ class Costs:
 
 
 def load_or_measure(jacobi, device, rows: Sequence[int], widths: Sequence[int]) -> Costs:
-    """The cached table for this model, CPU and setting, else :func:`measure` it and cache it (best effort)."""
+    """The cached table for this model, CPU and setting, else :func:`measure` it and cache it (best effort).
+
+    The cache is a hint: a file that cannot be read or holds anything but
+    such a table (another shape, a cost of zero, a directory or a FIFO in its
+    place) is one warning line and a new measurement, never an error.
+    """
     sig = signature(jacobi.greedy, device, rows, widths, jacobi.draft)
     path = cache_file(sig)
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        if data.get("signature") == sig:
-            return Costs.from_json(data["costs"], "cache", str(path))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    costs, unusable = _read_cache(path, sig, rows)
+    if costs is not None:
+        return costs
     costs = measure(jacobi, device, rows, widths)
-    costs.path = str(path)
+    unwritten = _write_cache(path, sig, costs)
+    costs.path = None if unwritten else str(path)
+    if unusable and unwritten:
+        logger.warning("jacobi: ignoring the calibration cache %s (%s); measured again, and could not cache it "
+                       "(%s): it is measured again next run", path, unusable, unwritten)
+    elif unusable:
+        logger.warning("jacobi: ignoring the calibration cache %s (%s); measured again and cached", path, unusable)
+    elif unwritten:
+        logger.warning("jacobi: could not cache the calibration in %s (%s); it is measured again next run",
+                       path, unwritten)
+    return costs
+
+
+def _read_cache(path: Path, sig: dict, rows: Sequence[int]) -> Tuple[Optional[Costs], Optional[str]]:
+    """(the cached costs, None), or (None, why they cannot be used); (None, None) where there is no cache yet."""
+    try:
+        data = json.loads(_read_regular_file(path).decode("utf-8"))
+    except FileNotFoundError:
+        return None, None
+    except _NotRegularFile as e:
+        return None, str(e)
+    except OSError as e:
+        return None, "{}: {}".format(type(e).__name__, e)
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested past the parser's depth
+        return None, "it is not JSON: {}".format(e)
+    if not isinstance(data, dict) or "signature" not in data:
+        return None, "it is not a calibration (a JSON object with a signature and costs)"
+    if data["signature"] != sig:
+        return None, "it was written for another model, device or setting"
+    try:
+        costs = Costs.from_json(data.get("costs"), "cache", str(path))
+    except ValueError as e:
+        return None, str(e)
+    if sorted(costs.rows) != sorted(rows):
+        return None, "its batch sizes are {}, not {}".format(sorted(costs.rows), sorted(rows))
+    return costs, None
+
+
+class _NotRegularFile(ValueError):
+    pass
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file; :class:`_NotRegularFile` for anything else.
+
+    Opened without blocking and checked on the open file: a FIFO in the
+    cache's place would otherwise hang the run in ``open()`` for a writer
+    that never comes, and a check before opening could be raced.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kinds = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                     (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+            kind = next((name for test, name in kinds if test(mode)), "special file")
+            raise _NotRegularFile("it is a {}, not a regular file".format(kind))
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def _write_cache(path: Path, sig: dict, costs: Costs) -> Optional[str]:
+    """Cache ``costs`` at ``path``; None, or why it could not (no temporary file is left behind)."""
+    temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Written whole then renamed: a reader beside us sees the old file or the new one.
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as f:
+            temporary = f.name
             json.dump(dict(signature=sig, costs=costs.to_json()), f)
-        os.replace(f.name, path)
+        os.replace(temporary, path)  # a directory in the cache's place refuses it
+        return None
     except OSError as e:
-        logger.warning("jacobi: could not cache the calibration in %s (%s); it is measured again next run", path, e)
-        costs.path = None
-    return costs
+        if temporary is not None:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass  # the folder went too: nothing is left to remove
+        return "{}: {}".format(type(e).__name__, e)
+
+
+def _number(value, what: str, positive: bool = False) -> float:
+    """``value`` as a float if it is a finite number >= 0 (> 0 where ``positive``), else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        raise ValueError("{} is {!r}, not a finite number {} 0".format(what, value, ">" if positive else ">="))
+    return float(value)
+
+
+def _batch_size(key) -> int:
+    """A row's key: a batch size of at least 1, as :meth:`Costs.to_json` writes it ("2")."""
+    if not isinstance(key, str) or not key.isdecimal() or int(key) < 1:
+        raise ValueError("its row {!r} is not a batch size".format(key))
+    return int(key)
+
+
+def _row_costs(key: str, row) -> RowCosts:
+    """One row of the cached table, checked: a greedy step costs more than 0 (costs are divided by it), and window
+    calls are (positions, ms) pairs by ascending positions, at least one (they are interpolated)."""
+    if not isinstance(row, dict):
+        raise ValueError("its row {} is {!r}, not a mapping".format(key, row))
+    calls = row.get("window_calls")
+    if not isinstance(calls, list) or not calls:
+        raise ValueError("its row {}'s window_calls is {!r}, not a list of (positions, ms)".format(key, calls))
+    points = []
+    for point in calls:
+        if not isinstance(point, list) or len(point) != 2:
+            raise ValueError("its row {}'s window call {!r} is not (positions, ms)".format(key, point))
+        points.append(tuple(_number(v, "its row {}'s window call {!r}".format(key, point)) for v in point))
+    if points != sorted(points, key=lambda p: p[0]):
+        raise ValueError("its row {}'s window calls are not by ascending positions".format(key))
+    what = "its row {}'s {}".format
+    return RowCosts(_number(row.get("greedy_step"), what(key, "greedy_step"), positive=True),
+                    _number(row.get("greedy_batch"), what(key, "greedy_batch")), points,
+                    _number(row.get("window_batch"), what(key, "window_batch")))
 
 
 def measure(jacobi, device, rows: Sequence[int], widths: Sequence[int]) -> Costs:

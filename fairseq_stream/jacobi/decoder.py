@@ -360,7 +360,8 @@ class JacobiDecoder:
             costs = self.costs
             if costs is None:
                 costs = calibration.load_or_measure(self, device, rows, widths)
-                where = ("measured in {:.1f} s, cached in {}".format(costs.seconds, costs.path)
+                cached = "cached in {}".format(costs.path) if costs.path else "not cached"
+                where = ("measured in {:.1f} s, {}".format(costs.seconds, cached)
                          if costs.source == "measured" else "read from {}".format(costs.path))
                 logger.info("jacobi: the cost of windows on %s (%s): %s", costs.hardware, where, costs.describe())
                 self.costs = costs
