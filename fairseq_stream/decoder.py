@@ -42,7 +42,7 @@ from fairseq_stream.output_choice import check_output_layer, choose_backend
 from fairseq_stream.runners import build_runner
 from fairseq_stream.search.pruning import Pruning
 from fairseq_stream.ops.beam_step import reorder_beam_
-from fairseq_stream.search.selection import fairseq_step, stay_step
+from fairseq_stream.search.selection import fairseq_step, forced_eos_ranks, stay_step
 from fairseq_stream.stats import DecodeStats
 
 logger = logging.getLogger(__name__)
@@ -210,11 +210,15 @@ class BeamDecoder:
         the loop's words and cumulative scores, made into hypotheses, scored
         and ordered by ``_hypotheses``' and ``_score_finalized``'s arithmetic.
         None (the Python loop runs) for an empty source, pruning or
-        ``--finalize stay``, the n-gram blocker, the reference output layer,
+        ``--finalize stay``, a beam of more than V - 3 words, the n-gram blocker, the reference output layer,
         per-step statistics, or a runner without the loops.
         """
         src = net_input["src_tokens"]
+        # The compiled loop extends live slots only: exact while the first step has k words to fill the beam
+        # with (at most PAD, EOS and UNK are -inf there); a wider beam takes the Python loop, which extends
+        # every slot as fairseq does (_next_beam).
         if not (self.compiled_loop and self.dense and self.finalize == "fairseq" and self.output_backend == "cpu"
+                and self.beam_size <= self.vocab_size - 3
                 and self.repeat_ngram_blocker is None and not self.stats.keep_steps
                 and self.score_dtype == torch.float32 and hasattr(self.runner, "beam_decode") and src.size(0) > 0
                 and bool((src.ne(self.eos) & src.ne(self.pad)).any(dim=1).all())):
@@ -466,9 +470,17 @@ class BeamDecoder:
         # counts the finalized ones instead (see fairseq_step): the count
         # travels with the sentence when cohorts split or join.
         step_out = fairseq_step(cand, local, k, per_slot, self.eos, self.pruning, c.step, c.done_len,
-                                c.best_finished, c.max_lens, c.empty, c.ids, word_of)
+                                c.best_finished, c.max_lens, c.empty, c.ids, word_of, ignore=self._ignore(c))
         c.best_finished = step_out.best_finished
         return step_out
+
+    def _ignore(self, c: Cohort) -> Optional[Tensor]:
+        """fairseq's ranks to ignore this step (:func:`~fairseq_stream.search.selection.forced_eos_ranks`), or
+        None: only a dense beam of V - 1 slots can have been forced to take an EOS."""
+        if not (self.dense and self.beam_size >= self.vocab_size - 1 and c.step > 0):
+            return None
+        S, k = c.size, self.beam_size
+        return forced_eos_ranks(c.tokens[:, c.step].view(S, k), c.scores[:, c.step - 1].view(S, k), self.eos)
 
     def _finished(self, c: Cohort, step_out, ending: List[int], ids: List[int], summary: List[int]):
         """{id: hypotheses, best first} of the sentences ``ending`` this step."""
@@ -491,6 +503,11 @@ class BeamDecoder:
         leave; the runner's rows follow."""
         device, k, S, step = c.tokens.device, self.beam_size, c.size, c.step
         sel, flat_parent, extended = step_out.sel, step_out.flat_parent, step_out.extended
+        if self.dense:
+            # As fairseq: every slot takes the candidate picked for it, also one that cannot go on (-inf where
+            # the beam is wider than the words at step 0, or an EOS forced in); left as it was, the slot would
+            # extend its old prefix (padding, score 0) and outrank every real hypothesis.
+            extended = torch.ones_like(extended)
         new_token, new_score = sel.token.view(-1), sel.score.view(-1)
         tokens, scores, live, done_len, run_rows = c.tokens, c.scores, sel.live, step_out.done_len, c.run_rows
         if ending:
@@ -550,6 +567,11 @@ class BeamDecoder:
         # The arguments are the decoder's own and keep their kinds from step to step.
         out = self.top_candidates(logits, n, ban_eos=step < self.min_len, force_eos=force_eos, check=step == 0)
         top_local = out.values
+        if step == 0 and self.dense and n >= self.vocab_size:
+            # Every word of slot 0: fairseq's first step takes the best V - 1 (a beam of V - 1 then takes the
+            # last one even if it is an EOS), so none of the other slots' -inf may stand in for them.
+            m = self.vocab_size - 1
+            return top_local[:, :m], top_local[:, :m], out.indices[:, :m], m
         if self.dense and step > 0:  # every slot is a run row, in order: a slice, not a gather
             top_scores = top_local + c.scores[:, step - 1 : step]
             return top_scores.view(S, k * n), top_local.view(S, k * n), out.indices.view(S, k * n), n

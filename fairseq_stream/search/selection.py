@@ -75,11 +75,12 @@ def _words(top_idx, vocab, word_of):
     return top_idx % vocab if word_of is None else word_of.gather(1, top_idx)
 
 
-def select_fairseq(cand, local, k, vocab, eos, pruning: Pruning, best_finished=None, word_of=None):
+def select_fairseq(cand, local, k, vocab, eos, pruning: Pruning, best_finished=None, word_of=None, ignore=None):
     """fairseq's rule; ``finished`` only reports sentences whose beam emptied by pruning.
 
     The caller counts finalized hypotheses (a sentence with ``k`` of them, or
-    at its maximum length, also ends).
+    at its maximum length, also ends). ``ignore``: (S, k) bool, fairseq's
+    ``cands_to_ignore`` (:func:`forced_eos_ranks`), or None.
     """
     S = cand.size(0)
     # fairseq's bound (size - 1) on whole-vocabulary candidates; pre-selected ones are all usable.
@@ -93,6 +94,11 @@ def select_fairseq(cand, local, k, vocab, eos, pruning: Pruning, best_finished=N
     # Finalized: the EOS candidates among the best k that survive pruning.
     # Kept as an (S, k) mask: listing them would read it back to the host.
     eos_mask = (is_eos & keep)[:, :k]
+    if ignore is not None:
+        # As fairseq: a rank to ignore is neither finalized nor kept (unless the beam must take it).
+        eos_mask = eos_mask & ~ignore
+        is_eos = is_eos.clone()
+        is_eos[:, :k] |= ignore
 
     # The best k candidates that do not end in EOS (fairseq's active_mask trick).
     order_key = is_eos.long() * n + torch.arange(n, device=cand.device)
@@ -133,8 +139,20 @@ class FairseqStep:
         return self.sel.live.view(-1)
 
 
+def forced_eos_ranks(last_token: Tensor, last_score: Tensor, eos: int) -> Tensor:
+    """fairseq's ``cands_to_ignore`` for a step, from the beam's last tokens and scores (S, k).
+
+    A beam wider than the words that are not EOS (``--min-len 0`` and k = V - 1 at step 0) must take an
+    EOS candidate, which fairseq both finalizes and keeps on the beam, in its last slots; at the next
+    step it then ignores the candidates of those ranks. Only a forced EOS puts a finite EOS on the beam
+    (an ignored rank the beam must take in turn, which needs every slot's EOS among the best 2k, is not
+    seen here).
+    """
+    return last_token.eq(eos) & torch.isfinite(last_score)
+
+
 def fairseq_step(cand, local, k, vocab, eos, pruning: Pruning, step, done_len, best_finished, max_lens, empty,
-                 ids, word_of=None, compiled: Optional[bool] = None) -> FairseqStep:
+                 ids, word_of=None, compiled: Optional[bool] = None, ignore: Optional[Tensor] = None) -> FairseqStep:
     """:func:`select_fairseq` and what the decoder tracks after it, as one step.
 
     ``done_len`` counts the finalized hypotheses (slot j holds the length of
@@ -145,10 +163,11 @@ def fairseq_step(cand, local, k, vocab, eos, pruning: Pruning, step, done_len, b
 
     ``compiled`` (default: on CPU tensors where the extension is built) runs
     the op of :mod:`fairseq_stream.ops.beam_step`, one call instead of about
-    40 torch ops, with identical results.
+    40 torch ops, with identical results; not with ``ignore``
+    (:func:`select_fairseq`), which the op does not take.
     """
     if compiled is None:
-        compiled = beam_step.available(cand.device)
+        compiled = beam_step.available(cand.device) and ignore is None
     if compiled:
         (parent, token, score, live, eos_mask, top_slot, top_score, new_done_len, best, finished_now,
          summary, flat_parent, no_live, none) = beam_step.fairseq_select(
@@ -159,7 +178,7 @@ def fairseq_step(cand, local, k, vocab, eos, pruning: Pruning, step, done_len, b
         return FairseqStep(sel, summary[2 * S : 3 * S], new_done_len, best, finished_now, summary, flat_parent)
 
     S = cand.size(0)
-    sel = select_fairseq(cand, local, k, vocab, eos, pruning, best_finished, word_of)
+    sel = select_fairseq(cand, local, k, vocab, eos, pruning, best_finished, word_of, ignore)
     n_final = sel.eos_mask.sum(dim=1)
     had = done_len.gt(0).sum(dim=1, keepdim=True)
     now = (had + n_final.unsqueeze(1)).clamp(max=k)
