@@ -139,8 +139,8 @@ class StayReference:
         return sorted(nbest, key=lambda h: h[1], reverse=True)
 
 
-def batches(task, size=8):
-    dataset = task.dataset("test")
+def batches(task, size=8, subset="test"):
+    dataset = task.dataset(subset)
     return list(task.get_batch_iterator(dataset=dataset, max_sentences=size,
                                         required_batch_size_multiple=1,
                                         disable_iterator_cache=True).next_epoch_itr(shuffle=False))
@@ -170,9 +170,35 @@ CASES = {
 }
 
 
+def samples_for_coverage(task):
+    """(subset, batch): 21 of the 37 test sentences (short to long), then the rest of the test set and the
+    valid set's 200, for a test to take as many as it needs to meet its coverage."""
+    test = batches(task)
+    for sample in test[::2] + test[1::2]:
+        yield "test", sample
+    for sample in batches(task, subset="valid"):
+        yield "valid", sample
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("name", ["transformer", "lstm"])
 def test_stay_search_equals_per_sentence_reference(exact, float64_fairseq, name, case):
+    """Our search against the reference, on 21 test sentences and as many more as the coverage needs.
+
+    The test must exercise what it claims to: n-best lists whose order
+    depends on the length normalization (ranking by raw log-probability
+    would fail), each heuristic that is on, and (where set) the length
+    limit. How often the toy's n-best lists reorder or a heuristic bites
+    depends on where the toy landed (it is trained per machine: 2 of the
+    21 lists reorder for this machine's toy LSTM, and ``mc`` 3 bit 3 times
+    for its transformer), so where the 21 sentences lack one of them the test
+    goes on through the rest of the test set and the valid set (237
+    sentences in all), comparing each sentence it takes with the reference,
+    until each has been seen. Under a binding length limit hypotheses are
+    cut to about half the source and are mostly of one length, so whether any
+    list reorders is not asked there: the limit is what is exercised, and
+    the other cases cover normalization.
+    """
     models, task = exact(name)
     opts = dict(CASES[case])
     max_len_a, max_len_b = opts.pop("max_len_a", 0), opts.pop("max_len_b", 200)
@@ -183,8 +209,23 @@ def test_stay_search_equals_per_sentence_reference(exact, float64_fairseq, name,
     ref = StayReference(models[0], task.target_dictionary, k, pruning, **opts)
     pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
     differing, at_limit, by_raw_differs, n = [], 0, 0, 0
+
+    def not_yet_seen():
+        missing = []
+        if not max_len_a and not by_raw_differs:
+            missing.append("an n-best list that ranking by raw log-probability would reorder")
+        for h in ("rp", "ap", "rpl", "mc"):
+            if getattr(pruning, h) is not None and not (h == "mc" and pruning.mc >= k):  # M >= k cannot bind
+                if not ref.pruned[h]:
+                    missing.append("{} pruning anything".format(h))
+        if max_len_a and not at_limit:
+            missing.append("a hypothesis at the length limit")
+        return missing
+
     with torch.no_grad():
-        for sample in batches(task)[::2]:  # 21 of the 37 sentences, short to long
+        for subset, sample in samples_for_coverage(task):
+            if n >= 21 and not not_yet_seen():
+                break
             src = sample["net_input"]["src_tokens"]
             # fairseq: from the batch's padded source width, capped by the model's positions.
             max_len = min(int(max_len_a * src.size(1) + max_len_b), models[0].max_decoder_positions() - 1)
@@ -196,25 +237,12 @@ def test_stay_search_equals_per_sentence_reference(exact, float64_fairseq, name,
                 same = [t for t, _ in got] == [t for t, _ in expected] and all(
                     abs(a - b) < 1e-6 for (_, a), (_, b) in zip(got, expected))
                 if not same:
-                    differing.append((sid, expected[:2], got[:2]))
+                    differing.append(((subset, sid), expected[:2], got[:2]))
                 at_limit += any(len(t) == max_len + 1 for t, _ in expected)
                 raw = sorted(expected, key=lambda h: h[1] * len(h[0]) ** ref.len_penalty, reverse=True)
                 by_raw_differs += [t for t, _ in raw] != [t for t, _ in expected]
                 assert all(t[-1] == eos for t, _ in expected)
-    assert n == 21
+    assert n >= 21
     assert not differing, "{} of {} sentences differ from the reference, e.g. {}".format(
         len(differing), n, differing[:2])
-    # The test must exercise what it claims to: n-best lists whose order
-    # depends on the length normalization (ranking by raw log-probability
-    # would fail), the heuristics that are on, and (where set) the length limit.
-    # Under a binding length limit hypotheses are cut to about half the
-    # source, and whether any of the 21 n-best lists still reorders depends on
-    # the toy model (the toy LSTM trained on another CPU has none): there the
-    # limit is what is exercised, and the other cases cover normalization.
-    if not max_len_a:
-        assert by_raw_differs > 0
-    for h in ("rp", "ap", "rpl", "mc"):
-        if getattr(pruning, h) is not None and not (h == "mc" and pruning.mc >= k):  # M >= k cannot bind
-            assert ref.pruned[h] > 0, "{} never pruned anything".format(h)
-    if max_len_a:
-        assert at_limit > 0
+    assert not not_yet_seen(), "none of the {} sentences had {}".format(n, not_yet_seen())
