@@ -20,11 +20,18 @@ fairseq-fixed 0.12.3.1 with Hydra 1.3.2 needs these adjustments (see
   expands ``--preset`` (:mod:`fairseq_stream.presets`) and checks that the chosen search and generator combine and that the
   generation options suit the search (before fairseq asserts on them);
 * ``fairseq_cli.interactive.buffered_read`` decodes input line by line, so
-  that a line that is not UTF-8 is a one-line error naming it.
+  that a line that is not UTF-8 is a one-line error naming it;
+* ``data.iterators.BackgroundConsumer``, fairseq's data-loading thread, is
+  stopped and joined at exit (:mod:`fairseq_stream.exit_threads`): left
+  running into the interpreter's finalization inside a torch operator, it
+  aborted fairseq-generate after an error ("terminate called without an
+  active exception").
 """
 
 import functools
 import logging
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
@@ -59,6 +66,7 @@ def install():
     _patch_filter_indices_by_size()
     _patch_checkpoint_loading()
     _patch_interactive_input()
+    _patch_background_consumer()
     from fairseq_stream.errors import install_excepthook
 
     install_excepthook()
@@ -635,6 +643,48 @@ def _patch_interactive_input():
 
     buffered_read._fairseq_stream = True
     interactive.buffered_read = buffered_read
+
+
+def _patch_background_consumer():
+    """fairseq's data-loading thread stops between batches when asked, and is asked at exit."""
+    from fairseq.data import iterators
+
+    from fairseq_stream.exit_threads import join_at_exit
+
+    original = iterators.BackgroundConsumer.__init__
+    if getattr(original, "_fairseq_stream", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, batches, source, *args, **kwargs):
+        stop = threading.Event()
+        original(self, batches, _until(stop, source), *args, **kwargs)
+        join_at_exit(self, functools.partial(_stop_consumer, stop, batches))
+
+    __init__._fairseq_stream = True
+    iterators.BackgroundConsumer.__init__ = __init__
+
+
+def _until(stop: threading.Event, source):
+    """``source``'s items until ``stop`` is set (checked before each item is fetched)."""
+    items = iter(source)
+    while not stop.is_set():
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        yield item
+
+
+def _stop_consumer(stop: threading.Event, batches: queue.Queue):
+    stop.set()
+    # At exit nobody reads the queue: emptied, it takes the consumer's last batch and its end mark,
+    # so that the consumer returns instead of waiting on a full queue.
+    while True:
+        try:
+            batches.get_nowait()
+        except queue.Empty:
+            return
 
 
 # --- checkpoints ----------------------------------------------------------

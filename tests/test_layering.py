@@ -20,6 +20,7 @@ PACKAGE = REPO / "fairseq_stream"
 LAYERS = {
     "errors": 0, "stats": 0, "registry": 0, "inference_mode": 0, "host_sync": 0, "state_merge": 0,
     "text_input": 0, "checkpoint": 0, "cohort": 0, "presets": 0, "cpu_info": 0, "malloc_policy": 0,
+    "exit_threads": 0,
     "ops": 1,
     "runners": 2,
     "decoder": 3, "output_choice": 3, "search.pruning": 3, "search.selection": 3, "jacobi.decoder": 3,

@@ -18,7 +18,12 @@ Guarantees (tests/test_read_ahead.py):
 * the thread stops whenever the consumer stops: at the end, on an exception
   on either side, on KeyboardInterrupt, or when the consumer is closed or
   garbage-collected early (``close()``, a ``with`` block, a generator's
-  ``finally``); :meth:`close` joins it, so no thread outlives the decoding.
+  ``finally``); :meth:`close` joins it, so no thread outlives the decoding;
+* one still running when the interpreter exits (fairseq-generate never
+  closes its look-ahead: an error or Ctrl-C outside the pool leaves it
+  running) is stopped and joined at exit, before the interpreter finalizes
+  (:mod:`fairseq_stream.exit_threads`: a thread left inside a torch
+  operator then would abort the process).
 
 Torch releases the GIL inside its operators, so on a machine with a spare
 core the encoder's arithmetic overlaps the decoder's. On a GPU (``device``
@@ -31,12 +36,16 @@ for the producer while the consumer's kernels may still read it.
 """
 
 import contextlib
+import functools
 import os
 import queue
 import threading
+import weakref
 from typing import Iterable, Iterator, Optional
 
 import torch
+
+from fairseq_stream.exit_threads import join_at_exit
 
 _END = object()
 # Seconds between checks of the stop flag while a side waits on the queue.
@@ -124,6 +133,8 @@ class ReadAhead(Iterator):
         self._inference = torch.is_inference_mode_enabled()
         self._done = False
         self._thread = threading.Thread(target=self._produce, name=name, daemon=True)
+        # Weakly: the registry's entry must not keep this object, and through it its key (the thread), alive.
+        join_at_exit(self._thread, functools.partial(_close_if_alive, weakref.ref(self)))
         self._thread.start()
 
     def _produce(self):
@@ -205,6 +216,12 @@ class ReadAhead(Iterator):
         # A consumer dropped mid-stream must not leave the thread producing.
         if not self._done:
             self._stop.set()
+
+
+def _close_if_alive(ref):
+    ahead = ref()
+    if ahead is not None:
+        ahead.close(timeout=0)
 
 
 # The queue --encoder-queue's default takes where the thread is on.
