@@ -259,11 +259,26 @@ def generate_args(toy, *extra):
     (["--search", "greedy", "--generator", "topup", "--nbest", "2"], "--search greedy gives one hypothesis"),
     (["--search", "var-stream", "--beam", "2", "--nbest", "3"],
      "--nbest 3 asks for more hypotheses than --beam 2 keeps; raise --beam to 3 or more"),
+    # fairseq-generate printed the first sentence, then a KeyError or fairseq's AssertionError (issue 49, item 6).
+    (["--search", "greedy", "--print-step"], "--search greedy does not support --print-step: it prints what only "
+     "iterative refinement returns (--task translation_lev)"),
+    (["--search", "fixed", "--retain-iter-history"], "--search fixed does not support --retain-iter-history"),
+    (["--search", "fixed", "--replace-unk"], "--search fixed does not support --replace-unk: it needs alignments, "
+     "which our searches do not produce (use --search beam --print-alignment for it)"),
+    (["--search", "jacobi", "--replace-unk", "align.txt"], "--search jacobi does not support --replace-unk"),
 ])
 def test_option_errors_are_caught_when_parsing(toy, capsys, extra, says):
     args, error = parse_generate(generate_args(toy, *extra), capsys)
     assert args is None and error is not None
     assert ": error: " + says in error, error  # argparse's one line (the program name varies in-process)
+
+
+@pytest.mark.parametrize("tool, option", [("fairseq-generate", "--print-step"),
+                                          ("fairseq-interactive", "--replace-unk")])
+def test_options_for_other_generators_are_one_line_errors_before_any_output(toy, tool, option):
+    proc = run_tool([tool] + generate_args(toy, "--search", "greedy", option), check=False, input="s1 s2\n")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == ""
+    assert one_line_error(proc).startswith("{}: error: --search greedy does not support {}".format(tool, option))
 
 
 def test_greedy_ignores_the_beam_option(toy, capsys):

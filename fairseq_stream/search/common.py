@@ -66,6 +66,9 @@ UNSUPPORTED_GENERATION = (
     ("prefix_size", "--prefix-size"),
     ("score_reference", "--score-reference"),
 )
+# Options that print what only fairseq's iterative refinement generators return (--task translation_lev):
+# fairseq-generate reads it from each hypothesis and fails after the first sentence on ours.
+ITERATIVE_ONLY = (("print_step", "--print-step"), ("retain_iter_history", "--retain-iter-history"))
 
 
 def search_name(search_cls, search_cfg=None) -> str:
@@ -129,6 +132,15 @@ def check_generation_options(search_name, gen_cfg):
         raise FairseqStreamError(
             "--search {} does not support diverse beam search (use --search beam)".format(search_name)
         )
+    for attr, flag in ITERATIVE_ONLY:
+        if getattr(gen_cfg, attr, False):
+            raise FairseqStreamError("--search {} does not support {}: it prints what only iterative "
+                                     "refinement returns (--task translation_lev)".format(search_name, flag))
+    # Set even when empty (fairseq then copies the aligned source word).
+    if getattr(gen_cfg, "replace_unk", None) is not None:
+        raise FairseqStreamError("--search {} does not support --replace-unk: it needs alignments, which our "
+                                 "searches do not produce (use --search beam --print-alignment for it)"
+                                 .format(search_name))
 
 
 def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cfg=None):
