@@ -105,19 +105,32 @@ def test_ngram_windows_sized_by_cost_give_greedys_output_float64(exact, compiled
 @pytest.mark.parametrize("name,rules", [("transformer", True), ("ensemble", False), ("ensemble", True)])
 def test_trees_of_candidates_give_greedys_output_float64(exact, name, rules, compiled_attention):
     """--jacobi-candidates: windows shaped as trees (masked attention, positions by depth, branches
-    accepted off the first chain moved into place in the cache) still give greedy's output."""
+    accepted off the first chain moved into place in the cache) still give greedy's output.
+
+    A branch off the first chain must be accepted for the last path to run:
+    how often one is depends on the toy (it is trained per machine: 2 to 3
+    times in the 37 test sentences for this machine's, 5 to 8 for another),
+    so where the test set has none the test goes on through the valid set,
+    24 sentences at a time (200 more in all), each checked against greedy's
+    output too, until one is.
+    """
     models, task = exact(name)
     opts = RULES if rules else {}
-    batches = sorted_batches(task, 3, 1000)
-    expected = run(greedy_decoder(models, task, **opts), models, batches)
+    reference = greedy_decoder(models, task, **opts)
     greedy = greedy_decoder(models, task, **opts)
     greedy.runner.compiled_attention = compiled_attention
     dec = JacobiDecoder(greedy, "hgj", 4, "ngram", call_cost=1e6, candidates=6)
-    ours = run(dec, models, batches)
-    assert differences(expected, ours, tolerance=1e-9) == []
+    valid = sorted_batches(task, 3, 1000, subset="valid")
+    greedy_steps = 0
+    for part, batches in enumerate([sorted_batches(task, 3, 1000)] + [valid[i:i + 8] for i in range(0, len(valid), 8)]):
+        if part and dec.stats.summary()["off_chain"]:
+            break
+        expected = run(reference, models, batches)
+        assert differences(expected, run(dec, models, batches), tolerance=1e-9) == [], part
+        greedy_steps += sum(len(h[0]["tokens"]) for h in expected.values())
     s = dec.stats.summary()
     assert s["tree_windows"] > 0 and s["off_chain"] > 0
-    assert s["greedy_steps"] == sum(len(h[0]["tokens"]) for h in expected.values())
+    assert s["greedy_steps"] == greedy_steps
 
 
 def test_trees_run_only_where_candidates_are_asked_for(loaded):
