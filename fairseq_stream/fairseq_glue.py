@@ -20,7 +20,9 @@ fairseq-fixed 0.12.3.1 with Hydra 1.3.2 needs these adjustments (see
   expands ``--preset`` (:mod:`fairseq_stream.presets`) and checks that the chosen search and generator combine and that the
   generation options suit the search (before fairseq asserts on them);
 * ``fairseq_cli.interactive.buffered_read`` decodes input line by line, so
-  that a line that is not UTF-8 is a one-line error naming it;
+  that a line that is not UTF-8 is a one-line error naming it, and
+  ``make_batches`` names an over-long line by its number (fairseq: its index
+  in the buffer);
 * ``data.iterators.BackgroundConsumer``, fairseq's data-loading thread, is
   stopped and joined at exit (:mod:`fairseq_stream.exit_threads`): left
   running into the interpreter's finalization inside a torch operator, it
@@ -36,6 +38,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
+
+from fairseq_stream.errors import FairseqStreamError
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +191,7 @@ def _check_after_parsing(parser, args, input_args):
     if error:
         parser.error(error)
     _log_ignored_beam(args, input_args)
+    _greedy_beam(args)
     global maxi_batch
     maxi_batch = getattr(args, "maxi_batch", None)
     if maxi_batch is not None and maxi_batch < 1:
@@ -318,6 +323,14 @@ def _log_ignored_beam(args, argv):
         note = ignored_beam_note(search, _search_registry()[search], getattr(args, "beam", None))
         if note:
             logger.warning(note)
+
+
+def _greedy_beam(args):
+    """``--beam 1`` for a search that decodes greedily (greedy, Jacobi), so that what fairseq prints of the
+    beam (fairseq-generate's "Generate test with beam=...: BLEU4 = ...") says what ran."""
+    search = getattr(args, "search", None)
+    if search in _search_registry() and not getattr(_search_registry()[search], "uses_beam", True):
+        args.beam = 1
 
 
 def _search_registry():
@@ -584,6 +597,18 @@ def maxi_batched(indices: np.ndarray, m: int, batch_size: Optional[int]) -> np.n
     return np.concatenate(parts).astype(indices.dtype)
 
 
+class OverLongInput(FairseqStreamError):
+    """fairseq's "Size of sample #N is invalid" as a one-line error; ``index`` (N) and ``length`` (its source
+    tokens, EOS included) for fairseq-interactive to name the input line."""
+
+    def __init__(self, error: Exception, dataset, max_positions):
+        super().__init__("an input is longer than the model's positions: {}".format(error))
+        self.index = int(str(error)[len("Size of sample #"):].split()[0])
+        sizes = getattr(dataset, "src_sizes", None)
+        self.length = int(sizes[self.index]) if sizes is not None else None
+        self.limit = max_positions[0] if isinstance(max_positions, tuple) else max_positions
+
+
 def _patch_filter_indices_by_size():
     """Over-long inputs: fairseq's behaviour, as a one-line error or an explicit warning."""
     from fairseq.tasks.fairseq_task import FairseqTask
@@ -595,16 +620,12 @@ def _patch_filter_indices_by_size():
 
     @functools.wraps(original)
     def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
-        from fairseq_stream.errors import FairseqStreamError
-
         try:
             kept = original(self, indices, dataset, max_positions, ignore_invalid_inputs)
         except Exception as e:  # fairseq raises a bare Exception here
             if not str(e).startswith("Size of sample #"):
                 raise
-            raise FairseqStreamError(
-                "an input is longer than the model's positions: {}".format(e)
-            ) from None
+            raise OverLongInput(e, dataset, max_positions) from None
         dropped = len(indices) - len(kept)
         # The streaming generator's read-ahead filters the same dataset again: warn once.
         key = (id(dataset), dropped)
@@ -622,7 +643,7 @@ def _patch_filter_indices_by_size():
 
 
 def _patch_interactive_input():
-    """fairseq-interactive reads its input line by line as UTF-8, naming a line that is not."""
+    """fairseq-interactive reads its input line by line as UTF-8, naming a line that is not (or is too long)."""
     from fairseq_cli import interactive
 
     original = interactive.buffered_read
@@ -632,17 +653,42 @@ def _patch_interactive_input():
 
     @functools.wraps(original)
     def buffered_read(input, buffer_size):
+        global _lines_before_buffer
+        _lines_before_buffer = 0
         buffer = []
         for line in read_lines(input):
             buffer.append(line.strip())
             if len(buffer) >= buffer_size:
                 yield buffer
+                _lines_before_buffer += len(buffer)
                 buffer = []
         if buffer:
             yield buffer
 
     buffered_read._fairseq_stream = True
     interactive.buffered_read = buffered_read
+    _patch_interactive_batches(interactive)
+
+
+# Input lines fairseq-interactive read before its current buffer (fairseq numbers a buffer's lines from 0).
+_lines_before_buffer = 0
+
+
+def _patch_interactive_batches(interactive):
+    """An over-long input line is named by its number in the input (fairseq: "sample #0" of its buffer)."""
+    original = interactive.make_batches
+
+    @functools.wraps(original)
+    def make_batches(lines, *args, **kwargs):
+        try:
+            yield from original(lines, *args, **kwargs)
+        except OverLongInput as e:
+            raise FairseqStreamError(
+                "input line {} is longer than the model's positions: {} tokens (EOS included), at most {}; "
+                "shorten or split it, or skip such lines with --skip-invalid-size-inputs-valid-test"
+                .format(_lines_before_buffer + e.index + 1, e.length, e.limit)) from None
+
+    interactive.make_batches = make_batches
 
 
 def _patch_background_consumer():

@@ -284,6 +284,10 @@ def test_options_for_other_generators_are_one_line_errors_before_any_output(toy,
 def test_greedy_ignores_the_beam_option(toy, capsys):
     args, error = parse_generate(generate_args(toy, "--search", "greedy", "--beam", "0"), capsys)
     assert error is None and args.search == "greedy"
+    # What fairseq prints of the beam (the BLEU line) says what ran (issue 49, item 9).
+    assert args.beam == 1
+    args, error = parse_generate(generate_args(toy, "--search", "fixed", "--beam", "4"), capsys)
+    assert error is None and args.beam == 4
 
 
 def test_jacobi_and_greedy_say_that_they_ignore_the_beam(toy):
@@ -295,6 +299,8 @@ def test_jacobi_and_greedy_say_that_they_ignore_the_beam(toy):
         assert hypotheses(proc.stdout) == hypotheses(greedy.stdout)
         assert ("fairseq-stream: --search {} decodes greedily (one hypothesis, beam 1): --beam 5 is ignored"
                 .format(search)) in proc.stderr
+        # fairseq-generate's BLEU line said beam=5 (issue 49, item 9).
+        assert "\nGenerate test with beam=1: BLEU4 = " in proc.stdout
 
 
 def test_nbest_with_greedy_is_a_one_line_error_on_the_command_line(toy):

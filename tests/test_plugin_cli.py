@@ -158,3 +158,20 @@ def test_over_long_input_is_a_one_line_error_or_an_explicit_warning(toy, tmp_pat
     assert "1 input sentence(s) exceed the model's positions" in proc.stderr
 
 
+@pytest.mark.parametrize("buffer", [1, 2])
+def test_interactive_names_the_over_long_line(toy, buffer):
+    """fairseq-interactive named it "sample #0", its index in the buffer of lines (issue 49, item 9)."""
+    long_line = " ".join("s{}".format(i % 300) for i in range(1100))  # > 1024 positions
+    proc = run_tool(
+        ["fairseq-interactive", toy.data_bin, "--path", toy.transformer, "--source-lang", "src",
+         "--target-lang", "tgt", "--cpu", "--buffer-size", buffer, "--batch-size", buffer,
+         "--user-dir", "fairseq_stream", "--search", "greedy"],
+        input="s1 s2\ns3 s4 s5\n{}\ns1\n".format(long_line), check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert sorted(hypotheses(proc.stdout)) == [0, 1]
+    # The statistics' line may follow it, at exit.
+    assert [line for line in proc.stderr.splitlines() if "error" in line] == [
+        "fairseq-stream: error: input line 3 is longer than the model's positions: 1101 tokens (EOS included), "
+        "at most 1024; shorten or split it, or skip such lines with --skip-invalid-size-inputs-valid-test"]
+
+
