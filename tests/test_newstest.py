@@ -271,7 +271,9 @@ def test_bleu_is_scored_on_the_detokenized_d_lines(toy, escaping_toy, tmp_path):
     assert open(row["hypotheses"]).read().splitlines() == hyps
     refs = (escaping_toy / "test.tgt").read_text().splitlines()[:12]
     assert row["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
-    assert row["bleu"] > round(BLEU().corpus_score(tokenized, [refs]).score, 2) + 10  # the H- lines score far lower
+    # The H- lines score lower, so that scoring them would fail the line above (0 against 36 to 39 on toys
+    # trained on different CPUs; a margin, as this had, would ask the toy, trained per machine, for some BLEU).
+    assert row["bleu"] > round(BLEU().corpus_score(tokenized, [refs]).score, 2)
 
 
 def test_the_default_output_folders_are_not_added_to_the_repository():
