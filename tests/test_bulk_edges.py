@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import REPO, run_tool, tool_env
+from conftest import REPO, run_plain_fairseq_generate, run_tool, tool_env
 from fairseq_stream.errors import FairseqStreamError
 from test_bulk import CHUNK, corpus, expected  # noqa: F401  (fixtures)
 
@@ -113,10 +113,36 @@ def test_a_symlink_is_followed_and_kept(toy, corpus, finished, tmp_path):  # noq
     assert link.is_symlink() and os.readlink(str(link)) == target.name
     assert target.read_bytes() == finished[0].read_bytes()
     assert stat.S_IMODE(target.stat().st_mode) == 0o640  # the replaced file keeps its permissions
+
+def test_a_symlink_to_nothing_is_refused(toy, corpus, finished, tmp_path):  # noqa: F811
+    """Writing through it created its target and the folders on the way (issue 49, item 8)."""
     dangling = tmp_path / "dangling.txt"
     dangling.symlink_to("new/made.txt")
-    merge_into(toy, corpus, finished, dangling)
-    assert dangling.is_symlink() and (tmp_path / "new" / "made.txt").read_bytes() == finished[0].read_bytes()
+    message = r"^--output .*/dangling.txt is a symbolic link to new/made.txt, which does not exist; "
+    with pytest.raises(FairseqStreamError, match=message):
+        merge_into(toy, corpus, finished, dangling)
+    with pytest.raises(FairseqStreamError, match=message):  # refused before the model loads
+        bulk_main(toy, "translate", "--input", corpus[0], "--output", dangling)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.txt"]
+
+
+def test_a_read_only_output_is_refused(toy, corpus, finished, tmp_path):  # noqa: F811
+    """A 0444 file was replaced silently (the rename needs only its folder writable; issue 49, item 8)."""
+    out, link = tmp_path / "kept.txt", tmp_path / "link.txt"
+    out.write_text("mine\n")
+    os.chmod(str(out), 0o444)
+    link.symlink_to(out.name)
+    for output in (out, link):
+        with pytest.raises(FairseqStreamError, match=r"^--output .*/{} is read-only \(mode 444\); make it "
+                           r"writable".format(output.name)):
+            merge_into(toy, corpus, finished, output)
+    with pytest.raises(FairseqStreamError, match=r"is read-only"):
+        bulk_main(toy, "translate", "--input", corpus[0], "--output", out, "--work-dir", tmp_path / "work")
+    assert out.read_text() == "mine\n" and stat.S_IMODE(out.stat().st_mode) == 0o444
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.txt", "link.txt"]
+    os.chmod(str(out), 0o644)  # made writable, it is replaced as before
+    merge_into(toy, corpus, finished, out)
+    assert out.read_bytes() == finished[0].read_bytes()
 
 
 def test_proc_and_directories_are_one_line_errors(toy, corpus, finished, tmp_path):  # noqa: F811
@@ -215,6 +241,73 @@ def test_nbest_writes_every_hypothesis_in_generate_format(toy, corpus, expected,
     for i, h in hypotheses.items():
         assert [s for s, _ in h] == sorted((s for s, _ in h), reverse=True)
         assert h[0][1] == expected[i][0]  # the best first, as in the text output
+
+
+def printed_lines(text, kinds=("S-", "H-")):
+    """{sentence id: its S-/H- lines in the order printed}."""
+    out = {}
+    for line in text.splitlines():
+        if line[:2] in kinds:
+            out.setdefault(int(line.split("\t")[0][2:]), []).append(line)
+    return out
+
+
+@pytest.mark.parametrize("nbest", [1, 2])
+def test_generate_format_is_fairseq_generates_s_and_h_lines(toy, tmp_path, nbest):
+    """Base-2 scores printed as fairseq prints them (issue 49, item 8: they were natural logs).
+
+    One sentence at a time on both sides, so that --search fixed (fairseq's
+    finalization) computes what SequenceGenerator does, bit for bit.
+    """
+    from fairseq_stream.bulk import main
+
+    out = tmp_path / "out.txt"
+    main([str(a) for a in ["translate", "--input", toy.raw / "test.src", "--output", out, "--path", toy.transformer,
+                           "--data", toy.data_bin, "--search", "fixed", "--beam", "5", "--pool", "1", "--cpu",
+                           "--no-progress-bar", "--format", "generate", "--option", "nbest={}".format(nbest)]])
+    plain = run_plain_fairseq_generate([toy.data_bin, "--path", toy.transformer, "--gen-subset", "test", "--cpu",
+                                        "--batch-size", "1", "--required-batch-size-multiple", "1", "--beam", "5",
+                                        "--nbest", nbest]).stdout
+    ours = printed_lines(out.read_text())
+    assert sorted(ours) == list(range(37)) and all(len(lines) == 1 + nbest for lines in ours.values())
+    assert ours == printed_lines(plain)
+
+
+# --- Ctrl-C ----------------------------------------------------------------------------------------
+
+def test_ctrl_c_is_one_line_and_a_rerun_resumes(toy, tmp_path):
+    """SIGINT once a chunk is written: one line, exit status 130, no partial file; a rerun skips the chunk."""
+    from fairseq_stream.bulk import INTERRUPTED
+
+    source = tmp_path / "big.txt"
+    source.write_text(toy.raw.joinpath("train.src").read_text())  # far more than a chunk's work is left
+    out, manifests = tmp_path / "out.txt", tmp_path / "out.txt.chunks" / "chunks"
+    argv = [sys.executable, "-m", "fairseq_stream.bulk", "translate", "--input", str(source), "--output", str(out)]
+    argv += [str(a) for a in common(toy, "translate") if a != "--no-progress-bar"]  # the bar's thread stops too
+    # SIGINT as a terminal sends it, even where this test runs with it ignored (a background job).
+    proc = subprocess.Popen(argv, cwd=str(REPO), env=tool_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 300
+        while not list(manifests.glob("*.json")) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the job ended before it was interrupted"
+        proc.send_signal(signal.SIGINT)
+        stderr = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert (proc.returncode, stderr.strip().splitlines()[-1]) == (130, INTERRUPTED)
+    names = sorted(p.name for p in manifests.iterdir())
+    assert names and not [n for n in names if ".tmp." in n]  # the chunk being written left nothing behind
+    done = len([n for n in names if n.endswith(".json")])
+    # The same chunks of a shorter input: every chunk written before Ctrl-C is found done.
+    lines = source.read_text().splitlines(keepends=True)
+    source.write_text("".join(lines[:done * CHUNK]))
+    proc = run_tool([sys.executable, "-m", "fairseq_stream.bulk", "translate", "--input", source, "--output", out]
+                    + common(toy, "translate"))
+    assert "rank 0 translated 0 chunk(s), found {} done".format(done) in proc.stderr
 
 
 # --- over-long lines -------------------------------------------------------------------------------

@@ -16,8 +16,10 @@ redoes missing, partial, corrupt or stale ones. Rank 0 shows the progress of
 the whole job and, at the end, merges the chunks into ``--output`` in input
 order. Every input line gets exactly one output line (an empty line an empty
 translation; with ``--long-lines skip`` an over-long line an empty one too).
-A regular ``--output`` file is replaced atomically; a device, fifo or pipe
-(``/dev/null``, ``/dev/fd/N``) is written into, never replaced. Under
+A regular ``--output`` file is replaced atomically (a read-only one, or a
+symbolic link to nothing, is refused); a device, fifo or pipe
+(``/dev/null``, ``/dev/fd/N``) is written into, never replaced. Ctrl-C ends a
+run with one line and exit status 130; the same command resumes it. Under
 torchrun, a rank exits when its launcher does (see :mod:`.launcher`).
 """
 
@@ -36,13 +38,15 @@ def parser() -> argparse.ArgumentParser:
                             ("merge", "merge finished chunks into --output again (e.g. in another --format)")):
         c = sub.add_parser(name, help=help_text)
         c.add_argument("--input", required=True, help="plain text, one sentence per line")
-        c.add_argument("--output", required=True, help="where the merged translations go")
+        c.add_argument("--output", required=True, help="where the merged translations go (a regular file is "
+                       "replaced; a read-only one or a symbolic link to nothing is refused)")
         c.add_argument("--work-dir", help="chunk outputs and manifests (default: OUTPUT.chunks); shared by all "
                        "ranks: on several machines, a shared file system")
         c.add_argument("--chunk-size", type=int, default=10000, help="input lines per chunk (default 10000)")
         c.add_argument("--format", choices=["text", "scores", "generate"], default="text",
-                       help="text: one translation per line; scores: score<TAB>translation; generate: "
-                       "fairseq-generate's S-/H- lines (H: score and detokenized translation)")
+                       help="text: one translation per line; scores: score<TAB>translation (the score in natural "
+                       "log, as the Python API gives it); generate: fairseq-generate's S-/H- lines (H: the score "
+                       "in base 2 as fairseq-generate prints it, and the detokenized translation)")
         c.add_argument("--path", required=True, help="checkpoint(s), colon-separated for an ensemble")
         c.add_argument("--data", help="data-bin directory with the dictionaries (default: the checkpoint's)")
         c.add_argument("--search", default="var-stream", help="var-stream (default), var, var-batch, fixed, greedy")
@@ -74,12 +78,27 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+INTERRUPTED = "fairseq-stream-bulk: interrupted; rerun the same command to resume"
+
+
 def main(argv=None):
-    """The ``fairseq-stream-bulk`` command."""
+    """The ``fairseq-stream-bulk`` command; Ctrl-C ends it with one line and exit status 130."""
     from fairseq_stream.bulk.launcher import die_with_launcher
 
     die_with_launcher()  # first: a rank must not outlive a torchrun that is killed during start-up
     install_excepthook()
+    try:
+        _main(argv)
+        return
+    except KeyboardInterrupt:
+        pass  # leaving the except block frees the traceback: the translation's generators close
+    # The threads have stopped (the progress bar's in a finally block, the encoder's as its generator
+    # closes, or at exit) and every finished chunk is on disk, where a rerun finds it.
+    print(INTERRUPTED, file=sys.stderr)
+    sys.exit(130)
+
+
+def _main(argv):
     args = parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
                         stream=sys.stderr)
@@ -129,4 +148,4 @@ def _long_lines_note(summary: dict) -> str:
                    for mode, n in sorted(counts.items()))
 
 
-__all__ = ["main", "parser", "FairseqStreamError"]
+__all__ = ["main", "parser", "FairseqStreamError", "INTERRUPTED"]

@@ -17,11 +17,14 @@ written into anything else (a device, a fifo, a pipe), never replacing it.
 
 import hashlib
 import json
+import math
 import os
 import stat
 import tempfile
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
+
+import torch
 
 from fairseq_stream.errors import FairseqStreamError
 
@@ -245,7 +248,13 @@ class OutputTarget:
 
 
 def output_target(output: str) -> OutputTarget:
-    """How ``output`` would be written (see :class:`OutputTarget`); a directory is an error."""
+    """How ``output`` would be written (see :class:`OutputTarget`).
+
+    Raises:
+        FairseqStreamError: ``output`` is a directory, a read-only file (not
+            replaced unasked) or a symbolic link to nothing (writing through
+            it would create its target and the folders on its way).
+    """
     if _through_proc(output):
         # /dev/stdout, /dev/fd/N, /proc/self/fd/N: an open file of this process (or /proc itself);
         # resolving or renaming over it would write somewhere else than the caller meant.
@@ -253,14 +262,30 @@ def output_target(output: str) -> OutputTarget:
     try:
         st = os.stat(output)  # follows symbolic links
     except FileNotFoundError:
+        if os.path.islink(output):
+            raise FairseqStreamError("--output {} is a symbolic link to {}, which does not exist; remove the link "
+                                     "or create its target".format(output, os.readlink(output))) from None
         return OutputTarget(os.path.realpath(output), False, "new file")
     except OSError as e:
         raise FairseqStreamError("cannot use --output {}: {}".format(output, e.strerror or e)) from None
     if stat.S_ISDIR(st.st_mode):
         raise FairseqStreamError("--output {} is a directory; name a file in it".format(output))
     if stat.S_ISREG(st.st_mode):
+        _refuse_read_only(output, st)
         return OutputTarget(os.path.realpath(output), False, "regular file")
     return OutputTarget(output, True, _file_kind(st.st_mode))
+
+
+def _refuse_read_only(output: str, st: os.stat_result):
+    """A regular file that its permissions keep from being written is not replaced.
+
+    The rename that replaces it needs only its folder to be writable, and
+    root may write anything, so its mode bits are checked as well as access.
+    """
+    if stat.S_IMODE(st.st_mode) & 0o222 and os.access(output, os.W_OK):
+        return
+    raise FairseqStreamError("--output {} is read-only (mode {:o}); make it writable (chmod u+w) or remove it to "
+                             "have it replaced".format(output, stat.S_IMODE(st.st_mode)))
 
 
 def _file_kind(mode: int) -> str:
@@ -385,6 +410,18 @@ def _score(score) -> str:
     return "nan" if score is None else str(score)
 
 
+def generate_score(score) -> str:
+    """An H- line's score as fairseq-generate prints it: base 2, from the float32 natural-log score.
+
+    fairseq-generate prints ``hypo["score"] / math.log(2)``, a float32 tensor
+    divided by a Python float; the same torch operation on the same float32
+    value gives the same bits, so the text is the same as fairseq's.
+    """
+    if score is None:
+        return "nan"
+    return "{}".format((torch.tensor(score, dtype=torch.float32) / math.log(2)).item())
+
+
 def _formatted(n: int, record: dict, source: Optional[str], fmt: str) -> str:
     if fmt == "text":
         return record["text"] + "\n"
@@ -393,4 +430,5 @@ def _formatted(n: int, record: dict, source: Optional[str], fmt: str) -> str:
     # generate: every hypothesis of an n-best list (nbest > 1), else the best one.
     hypotheses = record.get("hypotheses") or [[record["score"], record["text"]]]
     return "S-{n}\t{src}\n".format(n=n, src=source) + "".join(
-        "H-{n}\t{score}\t{text}\n".format(n=n, score=_score(score), text=text) for score, text in hypotheses)
+        "H-{n}\t{score}\t{text}\n".format(n=n, score=generate_score(score), text=text)
+        for score, text in hypotheses)
