@@ -355,8 +355,10 @@ def test_fairseq_generate_rnn_int16(toy, loaded, capsys):
     the 237 toy sentences on a toy trained under ATEN_CPU_CAPABILITY=avx2),
     and the near-ties are the business of the test above. int16 rows are
     computed each on its own, so fairseq-generate's batches give the same
-    bits; that the switch took effect shows in the scores, which differ from
-    float32's on every sentence (the products' rounding, 1e-6 to 1e-3).
+    translations, and scores to a few float32 roundings (2 units in the last
+    place under ATEN_CPU_CAPABILITY=avx2); that the switch took effect shows
+    in the scores, which differ from float32's on every sentence (the
+    products' rounding, 1e-6 to 1e-3).
     """
     import math
 
@@ -369,7 +371,7 @@ def test_fairseq_generate_rnn_int16(toy, loaded, capsys):
     assert sorted(ours) == sorted(ref) == list(range(37))
     assert {s: text for s, (_, text) in ours.items()} == \
         {s: task.target_dictionary.string(h["tokens"]) for s, h in expected.items()}
-    assert all(score == pytest.approx(float(expected[s]["score"]) / math.log(2), rel=1e-6, abs=1e-7)
+    assert all(score == pytest.approx(float(expected[s]["score"]) / math.log(2), rel=1e-6, abs=1e-6)
                for s, (score, _) in ours.items())
     assert all(score != ref[s][0] for s, (score, _) in ours.items())
     off = printed(toy, capsys, "--search", "var-stream", "--rnn-int16", "--no-rnn-embed-table",
