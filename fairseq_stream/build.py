@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.ops.threads import check_cpu_threads
 from fairseq_stream.runners.rnn import RnnOptions
 from fairseq_stream.search.common import check_search_options, search_name
 from fairseq_stream.search.pruning import Pruning
@@ -80,6 +81,7 @@ class DecoderSpec:
     runner: str = "auto"
     quantize: str = "none"  # --quantize: none, int8, int16
     output_layer: str = "auto"
+    cpu_threads: Optional[int] = None  # --cpu-threads: None chooses (ops/threads.py)
     rnn: RnnOptions = field(default_factory=RnnOptions)
     stats_file: Optional[str] = None
     stats_steps: bool = False
@@ -115,6 +117,7 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
         runner=str(getattr(search_cfg, "runner", "auto")),
         quantize=str(getattr(search_cfg, "quantize", "none")),
         output_layer=str(getattr(search_cfg, "output_layer", "auto")),
+        cpu_threads=check_cpu_threads(getattr(search_cfg, "cpu_threads", None)),
         rnn=RnnOptions.from_config(search_cfg),
         stats_file=getattr(search_cfg, "stats_file", None),
         stats_steps=bool(getattr(search_cfg, "stats_steps", False)),
@@ -169,12 +172,22 @@ def build_decoder(spec: DecoderSpec, task, models):
     )
     if spec.quantize != "none":
         _release_float_weights(decoder.runner, spec.quantize)
+    _lay_out_threads(decoder.runner, models, spec.cpu_threads)
     if s.wrap is not None:
         decoder = s.wrap(decoder)
     # The outermost decoder's counters are the run's (Jacobi's add their own to greedy's); the reporter
     # writes them at exit, which keeps it alive.
     StatsReporter(spec.search, decoder.stats, spec.stats_file)
     return decoder
+
+
+def _lay_out_threads(runner, models, cpu_threads):
+    """Our runners on the CPU: threads to our kernels, torch's ops on one (ops/threads.py says why)."""
+    from fairseq_stream.ops.threads import apply_layout, choose_layout
+
+    on_cpu = all(p.device.type == "cpu" for m in models for p in m.parameters())
+    if on_cpu and getattr(runner, "name", None) in ("lean", "rnn"):
+        apply_layout(choose_layout(cpu_threads))
 
 
 def _release_float_weights(runner, quantize: str):

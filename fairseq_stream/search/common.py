@@ -46,6 +46,12 @@ class DecodeStatsConfig(RnnRunnerConfig):
                   "where AVX2 is the CPU's best int8 code), int8w8 / int8w7 (that width on every CPU) or "
                   "int16; transformers on the lean runner, LSTMs (int16) on the rnn runner; none keeps float"},
     )
+    cpu_threads: Optional[int] = field(
+        default=None,
+        metadata={"help": "threads a CPU decode on our runners (lean, rnn) uses: our kernels split their "
+                  "work over them, torch's ops run on one (default: the cores this process may use, at "
+                  "most torch's thread count, OMP_NUM_THREADS); fairseq's runner keeps torch's threads"},
+    )
     output_layer: OutputLayerChoice = field(
         default="auto",
         metadata={"help": "output layer: torch (log-softmax over the vocabulary, then the rules and "

@@ -17,7 +17,7 @@
 
 #include "vector_math_cpu.h"
 
-#include <ATen/Parallel.h>
+#include "parallel_cpu.h"
 
 #include <algorithm>
 #include <limits>
@@ -164,7 +164,7 @@ Tensor cached_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
     const auto [qp, kp, vp, K, V, o] = pointers<scalar_t>(q, k, v, keys, values, out);
     const CachedRows<scalar_t> job{qp, kp, vp, q.stride(0), k.stride(0), v.stride(0), K, V, slot_of,
                                    H, capacity, hd, length, static_cast<scalar_t>(scale), o};
-    at::parallel_for(0, rows * H, grain(length + 1, hd), [&](int64_t begin, int64_t end) { job.run(begin, end); });
+    fs::parallel_for(0, rows * H, grain(length + 1, hd), [&](int64_t begin, int64_t end) { job.run(begin, end); });
   });
   return out;
 }
@@ -197,7 +197,7 @@ Tensor source_attention(const Tensor& q, const Tensor& keys, const Tensor& value
     const scalar_t s = static_cast<scalar_t>(scale);
     const auto [first, span] = source_spans(M, S, T);
     const SourceRows<scalar_t> job{qp, q.stride(0), K, V, M, first.data(), span.data(), sentence_of, H, T, hd, s, o};
-    at::parallel_for(0, rows * H, grain(T, hd), [&](int64_t begin, int64_t end) { job.run(begin, end); });
+    fs::parallel_for(0, rows * H, grain(T, hd), [&](int64_t begin, int64_t end) { job.run(begin, end); });
   });
   return out;
 }
@@ -243,7 +243,7 @@ Tensor window_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
     const scalar_t* M = mask.defined() ? mask.data_ptr<scalar_t>() : nullptr;
     const int64_t W = mask.defined() ? mask.size(1) : 0;
     // Writes first: a query reads the keys of the window positions before it.
-    at::parallel_for(0, N * H, 1, [&](int64_t begin, int64_t end) {
+    fs::parallel_for(0, N * H, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const int64_t n = i / H, h = i % H;
         const int64_t at = ((row_of[n] * H + h) * capacity + step_of[n]) * hd;
@@ -251,7 +251,7 @@ Tensor window_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
         std::copy_n(vp + n * v.stride(0) + h * hd, hd, V + at);
       }
     });
-    at::parallel_for(0, N * H, grain(longest, hd), [&](int64_t begin, int64_t end) {
+    fs::parallel_for(0, N * H, grain(longest, hd), [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> scores(longest), query(hd);
       for (int64_t i = begin; i < end; ++i) {
         const int64_t n = i / H, h = i % H;
@@ -293,7 +293,7 @@ Tensor sentence_attention(const Tensor& qkv, const std::vector<int64_t>& starts,
     const int64_t row = qkv.stride(0);
     scalar_t* o = out.data_ptr<scalar_t>();
     const scalar_t s = static_cast<scalar_t>(scale);
-    at::parallel_for(0, N * H, grain(std::max<int64_t>(1, longest), hd), [&](int64_t begin, int64_t end) {
+    fs::parallel_for(0, N * H, grain(std::max<int64_t>(1, longest), hd), [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> scores(longest), query(hd);
       for (int64_t i = begin; i < end; ++i) {
         const int64_t n = i / H, h = i % H;

@@ -20,7 +20,7 @@
 #include "cpu_isa_cpu.h"
 #include "quantized_tiles_cpu.h"
 
-#include <ATen/Parallel.h>
+#include "parallel_cpu.h"
 
 #include <algorithm>
 #include <array>
@@ -238,7 +238,10 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor 
   const float* inv_w = weight_inv.data_ptr<float>();
   float* y = out.data_ptr<float>();
   // Split over groups of panels: each thread streams its own part of the (large) weight once.
-  at::parallel_for(0, (n_panels + kern.panels - 1) / kern.panels, 1, [&](int64_t first, int64_t last) {
+  // A group's multiply-adds: each chunk holds enough of them to pay for waking a thread.
+  const int64_t group_work = rows * kern.panels * kCols * 2 * k_pairs;
+  fs::parallel_for(0, (n_panels + kern.panels - 1) / kern.panels, fs::grain_for(group_work, fs::kMinChunkWork),
+                   [&](int64_t first, int64_t last) {
     int32_t acc[kAccRows * kAccStride];
     for (int64_t group = first; group < last; ++group) {
       const int64_t p0 = group * kern.panels;

@@ -27,7 +27,7 @@
 
 #include "cpu_isa_cpu.h"
 
-#include <ATen/Parallel.h>
+#include "parallel_cpu.h"
 
 #include <algorithm>
 #include <array>
@@ -515,7 +515,10 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor w
   const float* inv_w = weight_inv.data_ptr<float>();
   const int32_t* shift = kern.format == Format::kShifted8 ? excess.data_ptr<int32_t>() : nullptr;
   float* y = out.data_ptr<float>();
-  at::parallel_for(0, (n_panels + shape.panels - 1) / shape.panels, 1, [&](int64_t first, int64_t last) {
+  // A group's multiply-adds: each chunk holds enough of them to pay for waking a thread.
+  const int64_t group_work = rows * shape.panels * kCols * quads * 4;
+  fs::parallel_for(0, (n_panels + shape.panels - 1) / shape.panels, fs::grain_for(group_work, fs::kMinChunkWork),
+                   [&](int64_t first, int64_t last) {
     int32_t acc[kAccRows * kAccStride];
     for (int64_t group = first; group < last; ++group) {
       const int64_t p0 = group * shape.panels;

@@ -16,7 +16,7 @@
 // runs on every AVX-512 machine, and the build machine here has no AVX-512 to test a second path.
 
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "parallel_cpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -635,7 +635,7 @@ void run(const Problem<T>& P) {
   // Enough words per task that a thread's start-up is paid back (decoder steps often have
   // a handful of rows).
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (P.V * P.M));
-  at::parallel_for(0, P.rows, grain, [&](int64_t begin, int64_t end) {
+  fs::parallel_for(0, P.rows, grain, [&](int64_t begin, int64_t end) {
     Scratch<T> S;
     S.x.resize(P.M);
     S.max.resize(P.M);
@@ -713,6 +713,10 @@ std::vector<at::Tensor> topk_log_softmax(const std::vector<at::Tensor>& logits, 
 }
 
 
+namespace fs {
+void register_parallel(pybind11::module& m);  // parallel_cpu.cpp
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fairseq-stream fused output layer (CPU): log-softmax + search rules + top-n per row";
   m.def("topk_log_softmax", &topk_log_softmax,
@@ -735,4 +739,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_lean_step(m);
   register_quantized_linear(m);
   register_search_loop(m);
+  fs::register_parallel(m);
 }

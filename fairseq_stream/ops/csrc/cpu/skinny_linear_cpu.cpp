@@ -22,7 +22,7 @@
 #include "cpu_isa_cpu.h"
 #include "skinny_tiles_cpu.h"
 
-#include <ATen/Parallel.h>
+#include "parallel_cpu.h"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -159,7 +159,7 @@ void skinny_linear(const float* x, int64_t rows, const float* w, int64_t n, int6
   const int64_t tile = wide ? kSkinnyTileAvx512 : kSkinnyTileAvx2;
   const int64_t count = (n + tile - 1) / tile;
   // Tiles are independent and each output is computed within one: threads change nothing but speed.
-  at::parallel_for(0, count, 16, [&](int64_t first, int64_t last) {
+  fs::parallel_for(0, count, 16, [&](int64_t first, int64_t last) {
     if (wide) {
       tiles(x, rows, w, n, k, bias, y, first, last, residual, relu);
     } else {

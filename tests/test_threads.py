@@ -1,0 +1,164 @@
+"""How a CPU decode uses the cores (issue 50): our kernels' own parallel loop, torch's ops on one thread.
+
+No timing here (speed is benchmarks/bench_threads.py's): the collapse on a
+busy core came from OpenMP regions whose waiting threads spin, so the tests
+count them, and check how our loop splits work and that threads never
+change a result.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import REPO, hypotheses, run_tool, tool_env
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.ops import threads
+from fairseq_stream.ops.output_layer import compiled_module
+
+module = compiled_module("cpu")
+needs_kernels = pytest.mark.skipif(module is None or not hasattr(module, "set_kernel_threads"),
+                                   reason="the compiled CPU kernels are not built")
+
+
+@pytest.fixture
+def kernel_threads():
+    """Set our kernels' threads for one test (torch's ops on one thread, as a decode has them)."""
+    before_torch = torch.get_num_threads()
+
+    def use(n):
+        module.set_kernel_threads(n)
+        torch.set_num_threads(1)
+
+    yield use
+    module.set_kernel_threads(0)
+    torch.set_num_threads(before_torch)
+
+
+@needs_kernels
+@pytest.mark.parametrize("threads_", [1, 2, 3, 8])
+@pytest.mark.parametrize("n, grain", [(0, 1), (1, 1), (7, 1), (1000, 3), (100000, 64), (100000, 100000)])
+def test_every_item_runs_once_whatever_the_threads(kernel_threads, threads_, n, grain):
+    kernel_threads(threads_)
+    total, wrong = module.parallel_sum_of_squares(n, grain)
+    assert (total, wrong) == (sum(i * i for i in range(n)), 0)
+
+
+@needs_kernels
+def test_a_small_product_stays_on_the_calling_thread_and_a_large_one_is_shared(kernel_threads):
+    """The split: a call with less than a chunk's worth of work never wakes a thread."""
+    from fairseq_stream.ops import quantized_linear
+
+    kernel_threads(2)
+    torch.manual_seed(0)
+    weight = torch.randn(512, 256)
+    product = quantized_linear.linear(weight, None, "int8w8")
+    _, shared_before, _ = module.parallel_counters()
+    product(torch.randn(1, 256))
+    _, shared_small, _ = module.parallel_counters()
+    product(torch.randn(320, 256))
+    _, shared_large, _ = module.parallel_counters()
+    assert shared_small == shared_before, "one row's 131k multiply-adds woke a thread"
+    assert shared_large == shared_small + 1, "320 rows' 42M multiply-adds ran on the caller alone"
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 5, 64, 65, 333])
+def test_mkl_rows_split_over_threads_give_the_same_bits(kernel_threads, rows):
+    """The float32 product's rows spread over our threads: the same bits as on one thread."""
+    from fairseq_stream.ops import prepacked_linear
+
+    if not prepacked_linear.available():
+        pytest.skip("MKL's packed sgemm is not in this torch build: " + prepacked_linear.missing_reason())
+    torch.manual_seed(rows)
+    weight, bias, x = torch.randn(1024, 512), torch.randn(1024), torch.randn(rows, 512)
+    product = module.PrepackedLinear(weight, bias)
+    kernel_threads(1)
+    alone = product.mkl_product(x)
+    for threads_ in (2, 3):
+        kernel_threads(threads_)
+        assert torch.equal(product.mkl_product(x), alone)
+
+
+def test_the_layout_follows_the_option_then_the_cores_and_torch(monkeypatch):
+    monkeypatch.setattr(threads, "usable_cores", lambda: 4)
+    monkeypatch.setattr(threads, "_torch_threads", lambda: 2)
+    assert threads.choose_layout(3) == threads.ThreadLayout(3, 1, "--cpu-threads 3")
+    chosen = threads.choose_layout(None)
+    assert (chosen.kernel_threads, chosen.torch_threads) == (2, 1)
+    assert "OMP_NUM_THREADS" in chosen.reason
+    monkeypatch.setattr(threads, "_torch_threads", lambda: 8)
+    assert threads.choose_layout(None).kernel_threads == 4
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "2", True])
+def test_a_bad_thread_count_is_refused(bad):
+    with pytest.raises(FairseqStreamError, match="--cpu-threads must be a whole number of at least 1"):
+        threads.check_cpu_threads(bad)
+
+
+def test_fairseq_generate_says_the_layout_and_refuses_a_bad_one(toy):
+    common = ["fairseq-generate", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
+              "--gen-subset", "test", "--beam", "5", "--cpu", "--search", "var-batch"]
+    ok = run_tool(common + ["--cpu-threads", "2"])
+    assert "CPU threads: 2 threads for our kernels, torch's ops on 1 (--cpu-threads 2)" in ok.stderr
+    bad = run_tool(common + ["--cpu-threads", "0"], check=False)
+    assert bad.returncode != 0
+    assert "--cpu-threads must be a whole number of at least 1, got 0" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+# A decode on our runner with two threads, run with openmp_regions.so preloaded: prints the OpenMP
+# regions of more than one thread entered while decoding, our calls shared with a worker, and the
+# translations.
+DECODE_COUNTING_REGIONS = textwrap.dedent("""
+    import ctypes, json, sys
+    from fairseq_stream.api import Translator
+    from fairseq_stream.ops import threads
+    counter = ctypes.CDLL(None)
+    toy, quantize, lines = sys.argv[1], sys.argv[2], open(sys.argv[3]).read().splitlines()
+    translator = Translator([toy + "/transformer/checkpoint_best.pt"], data=toy + "/data-bin", search="var-batch",
+                            beam=5, batch_size=200, cpu=True, quantize=quantize, cpu_threads=2)
+    list(translator.translate(lines[:8]))
+    counter.openmp_regions_reset()
+    _, shared_before, _ = threads.parallel_counters()
+    out = [t.text for t in translator.translate(lines)]
+    _, shared_after, _ = threads.parallel_counters()
+    print(json.dumps({"regions": counter.openmp_regions(), "shared": shared_after - shared_before, "out": out}))
+""")
+
+
+@pytest.fixture(scope="module")
+def region_counter(tmp_path_factory):
+    """openmp_regions.so, compiled from tests/data/openmp_regions.c."""
+    out = tmp_path_factory.mktemp("shim") / "openmp_regions.so"
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(REPO / "tests" / "data" / "openmp_regions.c"), "-o",
+                    str(out), "-ldl"], check=True)
+    return out
+
+
+@needs_kernels
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_a_two_thread_decode_enters_no_openmp_region(toy, region_counter, quantize):
+    """The collapse's cause counted: no region whose threads spin at a barrier, while our loop shares work.
+
+    With OMP_NUM_THREADS=2 and torch's ops on two threads, this decode of the
+    toy's valid set entered about 3,000 such regions (each a stall when
+    another process holds a core); our kernels' calls of one batch of 200
+    sentences are large enough to be shared with the second thread.
+    """
+    proc = subprocess.run([sys.executable, "-c", DECODE_COUNTING_REGIONS, str(toy.root), quantize,
+                           str(toy.raw / "valid.src")], cwd=REPO, capture_output=True, text=True,
+                          env=dict(tool_env(), LD_PRELOAD=str(region_counter), OMP_NUM_THREADS="2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["regions"] == 0
+    assert result["shared"] > 0
+    one = run_tool([sys.executable, "-c", DECODE_COUNTING_REGIONS.replace("cpu_threads=2", "cpu_threads=1"),
+                    str(toy.root), quantize, str(toy.raw / "valid.src")],
+                   env=dict(LD_PRELOAD=str(region_counter), OMP_NUM_THREADS="1"))
+    assert json.loads(one.stdout.strip().splitlines()[-1])["out"] == result["out"]
