@@ -82,6 +82,14 @@ def test_mkl_rows_split_over_threads_give_the_same_bits(kernel_threads, rows):
         assert torch.equal(product.mkl_product(x), alone)
 
 
+@needs_kernels
+def test_the_loops_own_ops_check_their_arguments():
+    for call in (lambda: module.parallel_sum_of_squares(-1, 1), lambda: module.parallel_sum_of_squares(5, 0),
+                 lambda: module.set_kernel_threads(-1)):
+        with pytest.raises(RuntimeError, match="parallel_sum_of_squares|set_kernel_threads"):
+            call()
+
+
 def test_the_layout_follows_the_option_then_the_cores_and_torch(monkeypatch):
     monkeypatch.setattr(threads, "usable_cores", lambda: 4)
     monkeypatch.setattr(threads, "_torch_threads", lambda: 2)

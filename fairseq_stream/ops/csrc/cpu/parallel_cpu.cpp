@@ -157,7 +157,10 @@ int kernel_threads() {
   return std::max(1, wanted > 0 ? wanted : at::get_num_threads());
 }
 
-void set_kernel_threads(int threads) { wanted_threads.store(std::max(0, threads), std::memory_order_relaxed); }
+void set_kernel_threads(int threads) {
+  TORCH_CHECK(threads >= 0, "set_kernel_threads: 0 (torch's count) or more threads, got ", threads);
+  wanted_threads.store(threads, std::memory_order_relaxed);
+}
 
 int64_t grain_for(int64_t work_per_item, int64_t min_work) {
   return std::max<int64_t>(1, (min_work + std::max<int64_t>(1, work_per_item) - 1) / std::max<int64_t>(1, work_per_item));
@@ -202,6 +205,7 @@ void register_parallel(pybind11::module& m) {
   }, "(kernel calls, calls shared with worker threads, chunks the workers ran) since the process started");
   m.def("parallel_sum_of_squares", [](int64_t n, int64_t grain) {
     // A parallel loop's own test: every item counted once, whatever the threads (exact in int64).
+    TORCH_CHECK(n >= 0 && grain >= 1, "parallel_sum_of_squares: n >= 0 and grain >= 1, got ", n, " and ", grain);
     std::vector<int64_t> out(n, 0);
     parallel_for(0, n, grain, [&](int64_t first, int64_t last) {
       for (int64_t i = first; i < last; ++i) out[i] += i * i;
