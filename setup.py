@@ -13,10 +13,16 @@ install would silently run every fast path on torch ops.
 FAIRSEQ_STREAM_NO_KERNELS=1 installs without the kernels on purpose (the
 plugin then logs at run time what runs slower). The CUDA kernel is skipped,
 with a note, where torch has CUDA but no CUDA toolkit is found.
+
+The kernels' generic code compiles for a baseline every x86-64 machine of the
+last decade runs (x86-64-v3: AVX2, FMA), so a build moves to other machines;
+the AVX-512 kernels are compiled on their own and chosen at run time.
+FAIRSEQ_STREAM_MARCH=native builds for this machine only (target_cpu).
 """
 
 import glob
 import os
+import platform
 import sys
 
 from setuptools import find_packages, setup
@@ -58,16 +64,36 @@ def kernels_wanted(environ=os.environ):
     return environ.get(NO_KERNELS_VARIABLE, "").strip().lower() in ("", "0", "false", "no")
 
 
-def target_cpu(environ=os.environ):
-    """The CPU the kernels are compiled for: this one (``native``) unless ``FAIRSEQ_STREAM_MARCH`` names another.
+# The generic code's target on x86-64 where FAIRSEQ_STREAM_MARCH names none: AVX2, FMA, BMI2, F16C, MOVBE (every
+# Intel CPU since Haswell, 2013, every AMD since Excavator, 2015). Not x86-64-v2 (SSE4.2): it would
+# compile the vectorized loops at half width and without FMA on every machine, for the few
+# AVX-less CPUs still running (Atom-class); such a CPU gets a one-line refusal and torch ops
+# (fairseq_stream/ops/output_layer.py) rather than an illegal instruction.
+BASELINE_MARCH = "x86-64-v3"
 
-    A build for ``native`` may use instructions other machines lack (AVX-512 on
-    a Xeon): a virtual environment shared by machines of several kinds (a
-    cluster's bulk translation) is built for the oldest, e.g.
-    ``FAIRSEQ_STREAM_MARCH=x86-64-v3`` (AVX2). The kernels that need more
-    (AVX-512 VNNI) are compiled for it on their own and chosen at run time.
+
+def target_cpu(environ=os.environ, machine=None):
+    """The ``-march`` the kernels are compiled for ("" for the compiler's default).
+
+    ``FAIRSEQ_STREAM_MARCH`` where set (``native``: this machine's every
+    extension, e.g. AVX-512 on a Xeon, for a build that stays here); else the
+    baseline: x86-64-v3 on x86-64, the compiler's default elsewhere. A
+    baseline build runs on every machine of its architecture (a cluster's
+    shared virtual environment, a wheel); the kernels that need more (the
+    AVX-512 and VNNI tiles) are compiled for it on their own, with target
+    attributes, and chosen at run time from what the CPU reports.
     """
-    return environ.get("FAIRSEQ_STREAM_MARCH", "").strip() or "native"
+    given = environ.get("FAIRSEQ_STREAM_MARCH", "").strip()
+    if given:
+        return given
+    machine = (machine if machine is not None else platform.machine()).lower()
+    return BASELINE_MARCH if machine in ("x86_64", "amd64") else ""
+
+
+def march_flags(environ=os.environ, machine=None):
+    """The compiler flags for :func:`target_cpu`: ``["-march=..."]``, or none for the compiler's default."""
+    march = target_cpu(environ, machine)
+    return ["-march=" + march] if march else []
 
 
 def kernel_problem(what, environ=os.environ):
@@ -104,7 +130,7 @@ def optional_extensions():
                 # -fno-trapping-math: lets loops with selects vectorize (rnn_step_cpu.cpp); no result changes.
                 # -g0 overrides the -g of Python's CFLAGS: debug info for torch's headers was a quarter of each
                 # file's compile time (66 s -> 51 s for int16_linear_cpu.cpp on the AVX2 EPYC).
-                extra_compile_args=["-O3", "-g0", "-march=" + target_cpu(), "-fopenmp", "-fno-trapping-math"],
+                extra_compile_args=["-O3", "-g0"] + march_flags() + ["-fopenmp", "-fno-trapping-math"],
                 extra_link_args=["-fopenmp"],
             )
         )

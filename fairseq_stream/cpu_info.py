@@ -11,13 +11,16 @@ So anything timed is recorded, and cached, with :func:`cpu_model` and
 import os
 import platform
 from functools import lru_cache
-from typing import FrozenSet
+from typing import FrozenSet, Iterable, List, Optional
 
 # Widest first: the first whose flags are all present is the CPU's level.
 SIMD_LEVELS = (("avx512_vnni", ("avx512f", "avx512_vnni")), ("avx512f", ("avx512f",)), ("avx2", ("avx2", "fma")))
 # ATen's ATEN_CPU_CAPABILITY values that lower its dispatch, as levels here: the compiled kernels follow
 # ATen's cap (csrc/cpu/cpu_isa_cpu.h), so timings taken under it are those of the capped level.
 CAPS = {"default": "portable", "avx2": "avx2"}
+# What the compiled kernels carry in their data (csrc/cpu/cpu_isa_cpu.cpp): this, then the extensions their
+# generic code was compiled to assume, space-separated, as /proc/cpuinfo names them.
+BUILD_NEEDS_MARKER = b"fairseq-stream-build-needs:"
 
 
 @lru_cache(maxsize=1)
@@ -84,3 +87,30 @@ def simd_level() -> str:
 def describe() -> str:
     """``model (level)``, e.g. "AMD EPYC (avx2)": the CPU as logs and benchmark records name it."""
     return "{} ({})".format(cpu_model(), simd_level())
+
+
+def build_needs(path: str) -> Optional[FrozenSet[str]]:
+    """The CPU extensions the compiled library at ``path`` assumes throughout, or None where it records none.
+
+    Read from the file, not by loading it: a library built for extensions the
+    CPU lacks dies with an illegal instruction as it loads.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    start = data.find(BUILD_NEEDS_MARKER)
+    if start < 0:  # built before the record, or not by setup.py
+        return None
+    end = data.find(b"\0", start)
+    return frozenset(data[start + len(BUILD_NEEDS_MARKER):end].decode("ascii", "replace").split())
+
+
+def missing_extensions(needs: Iterable[str], flags: Optional[FrozenSet[str]] = None) -> List[str]:
+    """Those of ``needs`` that this CPU (or ``flags``) lacks, sorted; none where /proc/cpuinfo cannot tell."""
+    if flags is None:
+        _, flags = _cpuinfo_fields()
+    if flags is None:
+        return []
+    return sorted(set(needs) - flags)

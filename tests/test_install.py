@@ -81,12 +81,6 @@ def test_a_failed_kernel_is_skipped_only_on_request(setup_module, monkeypatch, c
         assert setup_module.kernels_wanted({"FAIRSEQ_STREAM_NO_KERNELS": value}) is wanted
 
 
-def test_kernels_compile_for_this_cpu_unless_the_build_names_another(setup_module):
-    assert setup_module.target_cpu({}) == "native"
-    assert setup_module.target_cpu({"FAIRSEQ_STREAM_MARCH": " "}) == "native"
-    assert setup_module.target_cpu({"FAIRSEQ_STREAM_MARCH": "x86-64-v3"}) == "x86-64-v3"
-
-
 def test_running_without_the_kernels_says_so_once(monkeypatch, caplog):
     from fairseq_stream.ops import output_layer as ol
 

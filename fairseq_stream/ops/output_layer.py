@@ -54,6 +54,7 @@ word indices not already returned.
 """
 
 import importlib
+import importlib.util
 import logging
 import math
 from typing import List, NamedTuple, Optional, Sequence, Union
@@ -61,6 +62,7 @@ from typing import List, NamedTuple, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from fairseq_stream import cpu_info
 from fairseq_stream.errors import FairseqStreamError
 
 BACKENDS = ("auto", "torch", "cpu", "cuda")
@@ -94,7 +96,7 @@ def compiled_module(kind: str):
     """
     if kind not in _EXTENSIONS:
         try:
-            _EXTENSIONS[kind] = importlib.import_module("fairseq_stream._ops_" + kind)
+            _EXTENSIONS[kind] = _load("fairseq_stream._ops_" + kind)
         except ImportError as e:  # not built (optional), or built for another torch
             _EXTENSIONS[kind] = None
             _MISSING[kind] = str(e)
@@ -105,6 +107,32 @@ def compiled_module(kind: str):
                     "slower torch ops; build them with `pip install --no-build-isolation -e .` after torch "
                     "(README: Install)", kind.upper(), kind, e)
     return _EXTENSIONS[kind]
+
+
+def _load(name: str):
+    """Import the compiled module ``name``, unless it was built for CPU extensions this CPU lacks (ImportError).
+
+    A build for an AVX-512 machine (FAIRSEQ_STREAM_MARCH=native) moved to an
+    AVX2-only one, or the x86-64-v3 baseline on a CPU without AVX2, would die
+    with an illegal instruction while loading; refused, it runs on torch ops
+    and the caller logs why, in one line.
+    """
+    path = _library_path(name)
+    missing = cpu_info.missing_extensions(cpu_info.build_needs(path) or ()) if path else []
+    if missing:
+        raise ImportError("{} was built for CPU extensions this CPU ({}) lacks: {}; rebuild it: with "
+                          "FAIRSEQ_STREAM_MARCH unset for every AVX2 machine, =native for this one".format(
+                              path, cpu_info.cpu_model(), " ".join(missing)))
+    return importlib.import_module(name)
+
+
+def _library_path(name: str) -> Optional[str]:
+    """The file the import of ``name`` would load, found without loading it; None where there is none."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # the import itself then raises what is wrong
+        return None
+    return spec.origin if spec is not None else None
 
 
 def missing_reason(kind: str) -> str:

@@ -28,6 +28,9 @@
 #include <algorithm>
 
 namespace {
+// The AVX-512 code, in a namespace of that name: the generic code compiles for a baseline without AVX-512
+// (setup.py), and tests/test_install.py checks that AVX-512 instructions lie only in such functions.
+namespace avx512 {
 
 constexpr int64_t kTile = kSkinnyTileAvx512;
 
@@ -132,6 +135,7 @@ __attribute__((target("avx512f"))) void tiles(const float* x, int64_t rows, cons
   }
 }
 
+}  // namespace avx512
 }  // namespace
 
 namespace {
@@ -161,7 +165,7 @@ void skinny_linear(const float* x, int64_t rows, const float* w, int64_t n, int6
   // Tiles are independent and each output is computed within one: threads change nothing but speed.
   fs::parallel_for(0, count, 16, [&](int64_t first, int64_t last) {
     if (wide) {
-      tiles(x, rows, w, n, k, bias, y, first, last, residual, relu);
+      avx512::tiles(x, rows, w, n, k, bias, y, first, last, residual, relu);
     } else {
       skinny_tiles_avx2(x, rows, w, n, k, bias, y, first, last, residual, relu);
     }
