@@ -438,6 +438,18 @@ def _standin_table(results, doc, key):
     return out + [""] + provenance(results, doc, key)
 
 
+def table_build_target(results, doc):
+    """Each item's CPU time on the native build and the x86-64-v3 one, at the CPU's level and capped at AVX2."""
+    data = results.data("build_target")
+    first, last = list(data["builds"])[0], list(data["builds"])[-1]
+    level = {"none": "own (AVX-512)", "avx2": "capped at AVX2"}
+    rows = [[level[r["caps"]], r["item"], "{:.4g}".format(r["cpu_ms"][first]), "{:.4g}".format(r["cpu_ms"][last]),
+             "{:.3f}".format(r["ratio"]), "yes" if r["same_outputs"] else "NO"] for r in data["rows"]]
+    out = table(["CPU level", "item", "{} ms".format(first), "{} ms".format(last),
+                 "{} / {}".format(last, first), "same outputs"], rows)
+    return out + [""] + provenance(results, doc, "build_target")
+
+
 def table_output_layer(results, doc):
     rows = []
     for r in results.data("fused_decode")["results"]:
@@ -594,6 +606,7 @@ TABLES = {
     "quantize-avx2": table_quantize_avx2,
     "quantize-standin": table_quantize_standin,
     "quantize-standin-avx2": table_quantize_standin_avx2,
+    "build-target": table_build_target,
 }
 
 
