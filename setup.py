@@ -64,8 +64,8 @@ def kernels_wanted(environ=os.environ):
     return environ.get(NO_KERNELS_VARIABLE, "").strip().lower() in ("", "0", "false", "no")
 
 
-# The generic code's target on x86-64 where FAIRSEQ_STREAM_MARCH names none: AVX2, FMA, BMI2, F16C, MOVBE (every
-# Intel CPU since Haswell, 2013, every AMD since Excavator, 2015). Not x86-64-v2 (SSE4.2): it would
+# The generic code's target on x86-64 where FAIRSEQ_STREAM_MARCH names none: AVX2, FMA, BMI2, F16C, MOVBE (Intel
+# Core and Xeon since Haswell, 2013, AMD since Excavator, 2015). Not x86-64-v2 (SSE4.2): it would
 # compile the vectorized loops at half width and without FMA on every machine, for the few
 # AVX-less CPUs still running (Atom-class); such a CPU gets a one-line refusal and torch ops
 # (fairseq_stream/ops/output_layer.py) rather than an illegal instruction.
