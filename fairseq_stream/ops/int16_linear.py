@@ -39,6 +39,12 @@ row's (or the weight's) largest magnitude.
 inv_w[n] + b[n]``, each a float32 operation, with ``inv_a[m] = float32(1 /
 s_a[m])`` and ``inv_w[n] = float32(1 / s_w[n])``.
 
+**Rows integers cannot hold** (:func:`float_rows`: a NaN or an infinity in
+the row, or values so small that its scale overflows float32) are multiplied
+in float32 on the dequantized weight (:func:`float_product`), by the kernels
+and the reference alike: a NaN gives NaN outputs, an infinity what float32
+gives. Converting them to integers would be undefined behaviour in C++.
+
 **Error bound** against float arithmetic, per output: ``|y - y_float| <=
 ||x||_1 / (2 s_w[n]) + ||W[n]||_1 / (2 s_a) + in_features / (4 s_a s_w[n])``,
 plus float32 rounding of the int32 sum's conversion, the two multiplies and
@@ -150,15 +156,49 @@ def integer_reference(x: Tensor, a_max: int, weight: Tensor, weight_inv: Tensor,
     * inv_a) * inv_w + b`` in float32. The int16 kernels' (``a_max`` from the
     scale rule) and the int8 ones' (``a_max`` = 127,
     :mod:`fairseq_stream.ops.quantized_linear`).
+
+    A row that integers cannot hold (:func:`float_rows`) is multiplied in
+    float32 instead, by :func:`float_product`.
     """
     x = x.float()
     peak = x.abs().amax(dim=1)
     scale = torch.where(peak > 0, torch.tensor(float(a_max)) / peak, torch.ones_like(peak))
-    qx = torch.round(x * scale[:, None]).to(torch.int64)
+    in_float = float_rows(x, scale)
+    scale = torch.where(in_float, torch.ones_like(scale), scale)  # their integer sums are not used
+    qx = torch.round(torch.where(in_float[:, None], 0.0, x) * scale[:, None]).to(torch.int64)
     acc = qx @ weight.to(torch.int64).t()
     inv_a = (1.0 / scale.double()).float()
     y = (acc.float() * inv_a[:, None]) * weight_inv[None, :]
-    return y + bias if bias is not None else y
+    y = y + bias if bias is not None else y
+    if in_float.any():
+        y[in_float] = float_product(x[in_float], weight, weight_inv, bias)
+    return y
+
+
+def float_rows(x: Tensor, scale: Tensor) -> Tensor:
+    """Which rows of ``x`` (rows, in) the quantized kernels multiply in float32: those holding a NaN or an
+    infinity, and those whose scale ``a_max / max |x|`` (``scale``, float32) overflows, values so small
+    (all below ``a_max / 3.4e38``: 3.7e-37 for int8) that no integer scale exists in float32.
+
+    Rounding such a row to integers would convert a NaN or an infinity to an integer, which C++ leaves
+    undefined (x86 gives INT_MIN: a NaN row came out finite, a +inf row NaN).
+    """
+    return ~torch.isfinite(x).all(dim=1) | ~torch.isfinite(scale)
+
+
+def float_product(x: Tensor, weight: Tensor, weight_inv: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """The quantized kernels' outputs for rows that integers cannot hold (:func:`float_rows`): the float32
+    product on the dequantized weight, ``sum_k x[k] * (float(w[n, k]) * inv_w[n]) + b[n]``, each product and
+    sum rounded to float32 in order of ``k``, as the kernels compute it (``float_row`` in
+    ``csrc/cpu/quantized_tiles_cpu.h``): the same bits. As float arithmetic has it, a NaN makes every output
+    of its row NaN, an infinity gives +-inf (NaN where its weight is 0 or infinities of both signs meet), and
+    values too small to scale give about the bias.
+    """
+    dequantized = weight.float() * weight_inv[:, None]  # (out, in)
+    acc = torch.zeros(x.size(0), weight.size(0))
+    for k in range(x.size(1)):
+        acc = acc + x[:, k:k + 1] * dequantized[None, :, k]
+    return acc + bias if bias is not None else acc
 
 
 def error_bound(x: Tensor, weight: Tensor, p) -> Tensor:

@@ -37,6 +37,12 @@ in_features`` on the others): below ``2^31`` for any input up to
 No instruction saturates (vpdpbusd sums four byte products into 32 bits;
 vpmaddwd two int16 products into 32 bits).
 
+**Rows integers cannot hold.** A row of ``x`` with a NaN or an infinity, or
+with values so small that ``127 / max |x|`` overflows float32, has no
+integer form: every kernel multiplies it in float32 on the dequantized
+weight instead, as the reference does
+(:func:`fairseq_stream.ops.int16_linear.float_product`), bit for bit.
+
 **int16** is :mod:`fairseq_stream.ops.int16_linear`'s packing and kernels
 (the int16 LSTM's), whose scale rule balances the two sides' precision under
 the same no-overflow bound.

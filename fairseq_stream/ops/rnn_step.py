@@ -14,7 +14,7 @@ section 4.4: vectorized activations).
 the torch path. The rest is float32 in another order than torch's, and the
 activations are approximations: :func:`exp_approx` is within 1 ulp of the
 true exp on [-87, 88] and clamped outside it (so exp(-inf) is 1.6e-38, not
-0; masked attention positions are skipped instead), :func:`sigmoid_approx`
+0; masked attention positions are skipped instead), NaN for NaN, :func:`sigmoid_approx`
 and :func:`tanh_approx` within 1e-7 absolute, as torch's own float32 ones
 (``tests/test_rnn_step.py`` checks these bounds). So the step's results
 differ from the torch int16 step's by float rounding, far below the int16

@@ -64,6 +64,20 @@ void check_rows(const Tensor& t, const char* name, int64_t rows, int64_t width, 
               name, ": (", rows, ", ", width, ") CPU rows of the query's type, contiguous within a row");
 }
 
+// Keys and values (4-d, one shape `layout`), contiguous CPU tensors of one floating type: the kernels read
+// them through raw pointers at offsets from their sizes.
+void check_keys_values(const Tensor& keys, const Tensor& values, const char* op, const char* layout) {
+  TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes() &&
+                  keys.device().is_cpu() && values.device().is_cpu() && keys.scalar_type() == values.scalar_type(),
+              op, ": keys and values ", layout, ", contiguous CPU tensors of one shape and type");
+}
+
+// An index tensor read through a raw pointer: int64 on the CPU, `count` entries.
+void check_index(const Tensor& t, int64_t count, const char* op, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kLong && t.numel() == count, op, ": ", name, " must be (",
+              count, ",) int64 on the CPU; got ", t.sizes(), " ", t.scalar_type());
+}
+
 // The data of a cached attention's queries, new keys and values, cache and output.
 template <typename T>
 std::tuple<const T*, const T*, const T*, T*, T*, T*> pointers(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -142,8 +156,8 @@ int64_t grain(int64_t positions, int64_t hd) { return std::max<int64_t>(1, 16384
 // positions 0..length of that slot.
 Tensor cached_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tensor keys, Tensor values,
                          std::optional<Tensor> slot, int64_t length, double scale) {
-  TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes(),
-              "cached_attention_: keys and values (slots, heads, capacity, head_dim), contiguous");
+  check_keys_values(keys, values, "cached_attention_", "(slots, heads, capacity, head_dim)");
+  TORCH_CHECK(q.dim() == 2, "cached_attention_: q must be (rows, heads * head_dim)");
   const int64_t slots = keys.size(0), H = keys.size(1), capacity = keys.size(2), hd = keys.size(3);
   const int64_t rows = q.size(0);
   TORCH_CHECK(length >= 0 && length < capacity, "cached_attention_: position ", length, " past the capacity ",
@@ -153,7 +167,7 @@ Tensor cached_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
   Tensor slot_c;
   if (slot) {
     slot_c = slot->contiguous();
-    TORCH_CHECK(slot_c.scalar_type() == at::kLong && slot_c.numel() == rows, "cached_attention_: slot (rows,) int64");
+    check_index(slot_c, rows, "cached_attention_", "slot");
     slot_of = slot_c.data_ptr<int64_t>();
     for (int64_t r = 0; r < rows; ++r) TORCH_CHECK(slot_of[r] >= 0 && slot_of[r] < slots, "cached_attention_: slot out of range");
   } else {
@@ -172,20 +186,20 @@ Tensor cached_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
 // Each row attends over its sentence's encoder keys and values (row_sentence), padding masked.
 Tensor source_attention(const Tensor& q, const Tensor& keys, const Tensor& values, const Tensor& row_sentence,
                         std::optional<Tensor> mask, double scale) {
-  TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes(),
-              "source_attention: keys and values (sentences, heads, source, head_dim), contiguous");
+  check_keys_values(keys, values, "source_attention", "(sentences, heads, source, head_dim)");
+  TORCH_CHECK(q.dim() == 2, "source_attention: q must be (rows, heads * head_dim)");
   const int64_t S = keys.size(0), H = keys.size(1), T = keys.size(2), hd = keys.size(3);
   const int64_t rows = q.size(0);
   check_rows(q, "q", rows, H * hd, keys.scalar_type());
   const Tensor sentence = row_sentence.contiguous();
-  TORCH_CHECK(sentence.scalar_type() == at::kLong && sentence.numel() == rows, "source_attention: row_sentence (rows,) int64");
+  check_index(sentence, rows, "source_attention", "row_sentence");
   const int64_t* sentence_of = sentence.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) TORCH_CHECK(sentence_of[r] >= 0 && sentence_of[r] < S, "source_attention: sentence out of range");
   Tensor mask_c;
   if (mask) {
     mask_c = mask->contiguous();
-    TORCH_CHECK(mask_c.numel() == S * T && mask_c.scalar_type() == keys.scalar_type(),
-                "source_attention: mask (sentences, 1, 1, source) additive, of the keys' type");
+    TORCH_CHECK(mask_c.device().is_cpu() && mask_c.numel() == S * T && mask_c.scalar_type() == keys.scalar_type(),
+                "source_attention: mask (sentences, 1, 1, source) additive, of the keys' type, on the CPU");
   }
   Tensor out = at::empty({rows, H * hd}, q.options());
   AT_DISPATCH_FLOATING_TYPES(keys.scalar_type(), "source_attention", [&] {
@@ -213,14 +227,13 @@ Tensor source_attention(const Tensor& q, const Tensor& keys, const Tensor& value
 Tensor window_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tensor keys, Tensor values,
                          const Tensor& window_row, const Tensor& window_step, double scale,
                          const std::optional<Tensor>& visible) {
-  TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes(),
-              "window_attention_: keys and values (rows, heads, capacity, head_dim), contiguous");
+  check_keys_values(keys, values, "window_attention_", "(rows, heads, capacity, head_dim)");
   const int64_t rows = keys.size(0), H = keys.size(1), capacity = keys.size(2), hd = keys.size(3);
   const int64_t N = window_row.numel();
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_rows(*t, name, N, H * hd, keys.scalar_type());
   const Tensor row = window_row.contiguous(), step = window_step.contiguous();
-  TORCH_CHECK(row.scalar_type() == at::kLong && step.scalar_type() == at::kLong && step.numel() == N,
-              "window_attention_: window_row and window_step (positions,) int64");
+  check_index(row, N, "window_attention_", "window_row");
+  check_index(step, N, "window_attention_", "window_step");
   const int64_t* row_of = row.data_ptr<int64_t>();
   const int64_t* step_of = step.data_ptr<int64_t>();
   int64_t longest = 0;
@@ -232,8 +245,8 @@ Tensor window_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
   Tensor mask;
   if (visible.has_value()) {
     mask = visible->contiguous();
-    TORCH_CHECK(mask.scalar_type() == keys.scalar_type() && mask.dim() == 2 && mask.size(0) == N &&
-                    mask.size(1) >= longest,
+    TORCH_CHECK(mask.device().is_cpu() && mask.scalar_type() == keys.scalar_type() && mask.dim() == 2 &&
+                    mask.size(0) == N && mask.size(1) >= longest,
                 "window_attention_: visible (positions, >= max(window_step) + 1) additive, of the keys' type");
   }
   Tensor out = at::empty({N, H * hd}, q.options());
@@ -273,6 +286,8 @@ Tensor window_attention_(const Tensor& q, const Tensor& k, const Tensor& v, Tens
 // products and a softmax, whose cost grows with its length squared where the loops' would.
 Tensor sentence_attention(const Tensor& qkv, const std::vector<int64_t>& starts, int64_t heads, double scale,
                           int64_t dense_from) {
+  // heads first: the width's test divides by it.
+  TORCH_CHECK(heads >= 1, "sentence_attention: heads must be at least 1, got ", heads);
   TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) % (3 * heads) == 0,
               "sentence_attention: qkv (tokens, 3 * heads * head_dim) CPU rows, contiguous within a row");
   const int64_t N = qkv.size(0), D = qkv.size(1) / 3, H = heads, hd = D / heads;
@@ -320,9 +335,9 @@ Tensor sentence_attention(const Tensor& qkv, const std::vector<int64_t>& starts,
 void copy_cache_slots_(torch::Tensor cache, const torch::Tensor& source, const torch::Tensor& target, int64_t length) {
   TORCH_CHECK(cache.dim() == 5 && cache.is_contiguous() && cache.device().is_cpu(),
               "copy_cache_slots_: a contiguous CPU cache (2 * layers, slots, heads, capacity, head_dim)");
-  TORCH_CHECK(source.scalar_type() == at::kLong && target.scalar_type() == at::kLong &&
-                  source.numel() == target.numel(),
-              "copy_cache_slots_: int64 source and target slots, as many of each");
+  TORCH_CHECK(source.device().is_cpu() && target.device().is_cpu() && source.scalar_type() == at::kLong &&
+                  target.scalar_type() == at::kLong && source.numel() == target.numel(),
+              "copy_cache_slots_: int64 CPU source and target slots, as many of each");
   const int64_t layers = cache.size(0), slots = cache.size(1), heads = cache.size(2), capacity = cache.size(3),
                 dim = cache.size(4);
   TORCH_CHECK(length >= 0 && length <= capacity, "copy_cache_slots_: length within the capacity");
@@ -335,11 +350,14 @@ void copy_cache_slots_(torch::Tensor cache, const torch::Tensor& source, const t
   char* base = static_cast<char*>(cache.data_ptr());
   const int64_t head_stride = capacity * dim * cache.element_size(), slot_stride = heads * head_stride,
                 layer_stride = slots * slot_stride;
-  for (int64_t l = 0; l < layers; ++l)
-    for (int64_t i = 0; i < src.numel(); ++i)
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int64_t i = 0; i < src.numel(); ++i) {
+      if (from[i] == to[i]) continue;  // nothing to copy, and memcpy of a region onto itself is undefined
       for (int64_t h = 0; h < heads; ++h)
         std::memcpy(base + l * layer_stride + to[i] * slot_stride + h * head_stride,
                     base + l * layer_stride + from[i] * slot_stride + h * head_stride, bytes);
+    }
+  }
 }
 
 void register_attention(pybind11::module& m) {

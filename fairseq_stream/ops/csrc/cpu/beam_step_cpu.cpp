@@ -190,13 +190,28 @@ void check_common(const Tensor& cand, const std::optional<Tensor>& local, const 
   TORCH_CHECK(cand.scalar_type() == at::kFloat || cand.scalar_type() == at::kDouble, op,
               ": cand must be float32 or float64");
   if (local) {
-    TORCH_CHECK(local->sizes() == cand.sizes() && local->scalar_type() == cand.scalar_type(), op,
-                ": local must be shaped and typed as cand");
+    TORCH_CHECK(local->device().is_cpu() && local->sizes() == cand.sizes() && local->scalar_type() == cand.scalar_type(),
+                op, ": local must be a CPU tensor shaped and typed as cand");
   }
   if (word_of) {
-    TORCH_CHECK(word_of->sizes() == cand.sizes() && word_of->scalar_type() == at::kLong, op,
-                ": word_of must be int64 and shaped as cand");
+    TORCH_CHECK(word_of->device().is_cpu() && word_of->sizes() == cand.sizes() && word_of->scalar_type() == at::kLong,
+                op, ": word_of must be an int64 CPU tensor shaped as cand");
   }
+}
+
+// One entry per sentence (best_finished, max_lens, empty, ids): the loops read S of each, so a shorter
+// tensor would be read past its end.
+void check_per_sentence(const Tensor& t, const char* name, int64_t S, at::ScalarType type, const char* op) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 1 && t.size(0) == S && t.scalar_type() == type, op, ": ", name,
+              " must be a (", S, ",) ", type, " CPU tensor, one entry per sentence; got ", t.sizes(), " ",
+              t.scalar_type(), " on ", t.device());
+}
+
+// done_len: (S, k) int64, each sentence's finalized lengths.
+void check_done_len(const Tensor& done_len, int64_t S, int64_t k, const char* op) {
+  TORCH_CHECK(done_len.device().is_cpu() && done_len.scalar_type() == at::kLong && done_len.dim() == 2 &&
+                  done_len.size(0) == S && done_len.size(1) == k,
+              op, ": done_len must be an (S, k) = (", S, ", ", k, ") int64 CPU tensor; got ", done_len.sizes());
 }
 
 std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tensor>& local,
@@ -207,13 +222,12 @@ std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tenso
   check_common(cand, local, word_of, "fairseq_select");
   const PruneOptions prune = prune_options(rp, ap, rpl, mc);
   TORCH_CHECK(!(prune.rpl >= 0) || local.has_value(), "fairseq_select: --prune-rpl needs local");
-  TORCH_CHECK(best_finished.scalar_type() == cand.scalar_type(), "fairseq_select: best_finished dtype");
-  TORCH_CHECK(done_len.scalar_type() == at::kLong && max_lens.scalar_type() == at::kLong &&
-                  ids.scalar_type() == at::kLong && empty.scalar_type() == at::kBool,
-              "fairseq_select: done_len, max_lens, ids must be int64 and empty bool");
   const int64_t S = cand.size(0), W = cand.size(1);
-  TORCH_CHECK(done_len.dim() == 2 && done_len.size(0) == S && done_len.size(1) == k,
-              "fairseq_select: done_len must be (S, k)");
+  check_done_len(done_len, S, k, "fairseq_select");
+  check_per_sentence(best_finished, "best_finished", S, cand.scalar_type(), "fairseq_select");
+  check_per_sentence(max_lens, "max_lens", S, at::kLong, "fairseq_select");
+  check_per_sentence(empty, "empty", S, at::kBool, "fairseq_select");
+  check_per_sentence(ids, "ids", S, at::kLong, "fairseq_select");
   // fairseq's bound (size - 1) on whole-vocabulary candidates; pre-selected ones are all usable.
   const int64_t n = std::min(2 * k, W - (word_of ? 0 : 1));
   TORCH_CHECK(n >= k && per_slot > 0, "fairseq_select: fewer candidates than the beam");
@@ -319,12 +333,12 @@ std::vector<Tensor> stay_select(const Tensor& cand, const std::optional<Tensor>&
   const PruneOptions prune = prune_options(rp, ap, rpl, mc);
   TORCH_CHECK(!(prune.rpl >= 0) || local.has_value(), "stay_select: --prune-rpl needs local");
   const int64_t S = cand.size(0), W = cand.size(1);
-  TORCH_CHECK(done_len.scalar_type() == at::kLong && done_len.dim() == 2 && done_len.size(0) == S &&
-                  done_len.size(1) == k,
-              "stay_select: done_len must be (S, k) int64");
-  TORCH_CHECK(scores.dim() == 2 && scores.size(0) == S * k && scores.scalar_type() == cand.scalar_type(),
-              "stay_select: scores must be (S * k, width) of cand's dtype");
-  TORCH_CHECK(empty.scalar_type() == at::kBool && ids.scalar_type() == at::kLong, "stay_select: empty, ids");
+  check_done_len(done_len, S, k, "stay_select");
+  TORCH_CHECK(scores.device().is_cpu() && scores.dim() == 2 && scores.size(0) == S * k &&
+                  scores.scalar_type() == cand.scalar_type(),
+              "stay_select: scores must be an (S * k, width) CPU tensor of cand's dtype");
+  check_per_sentence(empty, "empty", S, at::kBool, "stay_select");
+  check_per_sentence(ids, "ids", S, at::kLong, "stay_select");
   TORCH_CHECK(W >= 1 && per_slot > 0, "stay_select: no candidates");
   // The finished entries compete with the expansions: their cumulative scores, -inf for other slots.
   Tensor done_scores = at::empty({S, k}, cand.options());
@@ -388,12 +402,16 @@ void reorder_beam(Tensor tokens, Tensor scores, const Tensor& flat_parent, const
                   const Tensor& new_token, const Tensor& new_score, int64_t step) {
   TORCH_CHECK(tokens.device().is_cpu() && tokens.scalar_type() == at::kLong && tokens.dim() == 2,
               "reorder_beam_: tokens must be a 2-d int64 CPU tensor");
-  TORCH_CHECK(scores.dim() == 2 && scores.size(0) == tokens.size(0) && new_score.scalar_type() == scores.scalar_type(),
-              "reorder_beam_: scores must be (rows, width) of new_score's dtype");
-  TORCH_CHECK(tokens.size(1) > step + 1 && scores.size(1) > step, "reorder_beam_: step beyond the histories");
+  TORCH_CHECK(scores.device().is_cpu() && scores.dim() == 2 && scores.size(0) == tokens.size(0) &&
+                  new_score.scalar_type() == scores.scalar_type(),
+              "reorder_beam_: scores must be a (rows, width) CPU tensor of new_score's dtype");
+  TORCH_CHECK(step >= 0 && tokens.size(1) > step + 1 && scores.size(1) > step, "reorder_beam_: step ", step,
+              " outside the histories (tokens ", tokens.sizes(), ", scores ", scores.sizes(), ")");
   const int64_t R = tokens.size(0);
   TORCH_CHECK(flat_parent.numel() == R && extended.numel() == R && new_token.numel() == R && new_score.numel() == R,
               "reorder_beam_: one parent, flag, token and score per row");
+  for (const Tensor* t : {&flat_parent, &extended, &new_token, &new_score})
+    TORCH_CHECK(t->device().is_cpu(), "reorder_beam_: CPU tensors only");
   TORCH_CHECK(extended.scalar_type() == at::kBool && flat_parent.scalar_type() == at::kLong &&
                   new_token.scalar_type() == at::kLong,
               "reorder_beam_: flat_parent and new_token int64, extended bool");

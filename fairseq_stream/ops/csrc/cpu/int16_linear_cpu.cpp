@@ -50,24 +50,36 @@ constexpr int64_t kAccStride = kAccPanels * kCols;  // int32 sums per row in a t
 using Tile = void (*)(const int32_t* xq, int64_t k_pairs, const int16_t* packed, int64_t panel0, int32_t* acc);
 
 // Rows of x quantized: q[m][k] = round(x[m][k] * scale[m]), scale[m] = a_max / max_k |x[m][k]|
-// (1 for an all-zero row), packed tile by tile (tiles of tile_rows rows, the last one shorter):
-// tile t starts at xq + t * tile_rows * k_pairs. K is padded to an even count with 0.
+// (1 for an all-zero row; a row that integers cannot hold gets kFloatRow and zeros, its outputs written by
+// float_rows), packed tile by tile (tiles of tile_rows rows, the last one shorter): tile t starts at
+// xq + t * tile_rows * k_pairs. K is padded to an even count with 0.
 void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t k_pairs, int32_t a_max, int64_t tile_rows,
                    int32_t* xq, float* scale) {
   int16_t* out = reinterpret_cast<int16_t*>(xq);
   for (int64_t m = 0; m < rows; ++m) {
     const float* row = x + m * k;
-    float peak = 0.f;
-    for (int64_t i = 0; i < k; ++i) peak = std::max(peak, std::fabs(row[i]));
-    const float s = peak > 0.f ? static_cast<float>(a_max) / peak : 1.f;
+    const float s = fs_quant::row_scale(row, k, static_cast<float>(a_max));
     scale[m] = s;
     const int64_t m0 = m - m % tile_rows, r = m - m0, R = std::min(tile_rows, rows - m0);
     int16_t* tile = out + 2 * m0 * k_pairs;
-    for (int64_t i = 0; i < k; ++i)
-      tile[2 * ((i / 2) * R + r) + i % 2] = static_cast<int16_t>(std::nearbyint(row[i] * s));
+    if (s == fs_quant::kFloatRow) {
+      for (int64_t i = 0; i < k; ++i) tile[2 * ((i / 2) * R + r) + i % 2] = 0;
+    } else {
+      for (int64_t i = 0; i < k; ++i)
+        tile[2 * ((i / 2) * R + r) + i % 2] = static_cast<int16_t>(std::nearbyint(row[i] * s));
+    }
     if (k % 2) tile[2 * ((k / 2) * R + r) + 1] = 0;
   }
 }
+
+// w(n, i) of the packed int16 weight (int16_linear.pack): panels of 16 outputs, each input pair's 32 values.
+struct PackedWeightAt {
+  const int16_t* packed;
+  int64_t k_pairs;
+  int16_t operator()(int64_t n, int64_t i) const {
+    return packed[((n / kCols) * k_pairs + i / 2) * 2 * kCols + 2 * (n % kCols) + i % 2];
+  }
+};
 
 // Each kernel: the most rows and panels of one tile, and tile<R, P> computing acc[r][p * 16 + c]
 // for the tile's R rows and the columns of panels [panel0, panel0 + P).
@@ -209,23 +221,23 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor 
                            std::optional<torch::Tensor> bias, const std::string& kernel) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() == 2,
               "int16_linear: x must be a 2-d float32 CPU tensor");
-  TORCH_CHECK(packed.scalar_type() == torch::kShort && packed.dim() == 3 && packed.size(2) == 2 * kCols,
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kShort && packed.dim() == 3 &&
+                  packed.size(2) == 2 * kCols,
               "int16_linear: packed must come from int16_linear.pack");
   TORCH_CHECK(a_max >= 1 && a_max <= 32767, "int16_linear: a_max must be in [1, 32767]");
-  TORCH_CHECK(weight_inv.scalar_type() == torch::kFloat && weight_inv.dim() == 1,
-              "int16_linear: weight_inv must be the packed weight's float32 row scales");
-  weight_inv = weight_inv.contiguous();
   const int64_t out_features = weight_inv.numel();
+  fs_quant::check_scales_and_bias(weight_inv, bias, out_features, "int16_linear");
+  weight_inv = weight_inv.contiguous();
   const Kernel& kern = find_kernel(kernel);
   x = x.contiguous();
   packed = packed.contiguous();
   const int64_t rows = x.size(0), k = x.size(1), k_pairs = packed.size(1);
   const int64_t n_panels = packed.size(0);
-  TORCH_CHECK((k + 1) / 2 == k_pairs && out_features <= n_panels * kCols,
-              "int16_linear: x has ", k, " features, the packed weight ", 2 * k_pairs);
+  TORCH_CHECK((k + 1) / 2 == k_pairs, "int16_linear: x has ", k, " features, the packed weight ", 2 * k_pairs);
+  TORCH_CHECK(n_panels == (out_features + kCols - 1) / kCols, "int16_linear: the packed weight has ", n_panels,
+              " panels of ", kCols, " outputs for ", out_features, " scales");
   const float* b = nullptr;
   if (bias) {
-    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->numel() == out_features, "int16_linear: bias");
     *bias = bias->contiguous();
     b = bias->data_ptr<float>();
   }
@@ -234,6 +246,7 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor 
   std::vector<float> scale(rows);
   quantize_rows(x.data_ptr<float>(), rows, k, k_pairs, static_cast<int32_t>(a_max), kern.rows, xq.data(),
                 scale.data());
+  const std::vector<float> inv_a = fs_quant::inverses(scale);
   const int16_t* w = packed.data_ptr<int16_t>();
   const float* inv_w = weight_inv.data_ptr<float>();
   float* y = out.data_ptr<float>();
@@ -252,12 +265,12 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor 
         for (int i = 0; i < r; ++i) {
           const int64_t n0 = p0 * kCols;
           fs_quant::dequantize(acc + i * kAccStride, std::min<int64_t>(panels * kCols, out_features - n0),
-                               fs_quant::inverse(scale[m0 + i]), inv_w + n0, b ? b + n0 : nullptr,
-                               y + (m0 + i) * out_features + n0);
+                               inv_a[m0 + i], inv_w + n0, b ? b + n0 : nullptr, y + (m0 + i) * out_features + n0);
         }
       }
     }
   });
+  fs_quant::float_rows(x.data_ptr<float>(), k, scale, out_features, PackedWeightAt{w, k_pairs}, inv_w, b, y);
   return out;
 }
 

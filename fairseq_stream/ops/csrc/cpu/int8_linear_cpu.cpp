@@ -353,25 +353,6 @@ const Kernel& find_kernel(const std::string& name, int64_t weight_max) {
   return all.front();  // portable sums any weight
 }
 
-// The largest |x[i]| of a row. Sixteen running maxima, not one: GCC vectorizes this loop (a chain of
-// std::max on one accumulator stays scalar), and max is exact in any order.
-float row_peak(const float* row, int64_t k) {
-  float lane[16] = {0.f};
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16)
-    for (int j = 0; j < 16; ++j) lane[j] = std::max(lane[j], std::fabs(row[i + j]));
-  float peak = 0.f;
-  for (int j = 0; j < 16; ++j) peak = std::max(peak, lane[j]);
-  for (; i < k; ++i) peak = std::max(peak, std::fabs(row[i]));
-  return peak;
-}
-
-// A row's scale: 127 / max |x| (1 for an all-zero row), as quantized_linear.reference_int8 has it.
-float row_scale(const float* row, int64_t k) {
-  const float peak = row_peak(row, k);
-  return peak > 0.f ? fs_quant::kInt8Max / peak : 1.f;
-}
-
 // q[i] = round(row[i] * s) (to nearest, ties to even: the default rounding mode, as torch.round), for
 // i < k, and 0 up to `padded`. A loop GCC vectorizes (-fno-trapping-math lets nearbyint become vroundps).
 void round_row(const float* row, int64_t k, int64_t padded, float s, int32_t* q) {
@@ -380,7 +361,7 @@ void round_row(const float* row, int64_t k, int64_t padded, float s, int32_t* q)
 }
 
 // Rows of x quantized to [-127, 127] (q = round(x * scale), scale = 127 / max |x|, 1 for an all-zero
-// row) and laid out tile by tile as the format wants them: tile t (rows t * tile_rows ..) starts at
+// row; a row that integers cannot hold gets kFloatRow and zeros) and laid out tile by tile as the format wants them: tile t (rows t * tile_rows ..) starts at
 // element t * tile_rows * quads; within it, quad p of row r is element p * R + r.
 template <typename T>
 void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t quads, int64_t tile_rows, Format format,
@@ -395,8 +376,11 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t quads, int64
   const int32_t shift = format == Format::kShifted8 ? 128 : 0;
   for (int64_t m = 0; m < rows; ++m) {
     const float* row = x + m * k;
-    scale[m] = row_scale(row, k);
-    round_row(row, k, padded, scale[m], q.data());
+    scale[m] = fs_quant::row_scale(row, k, fs_quant::kInt8Max);
+    if (scale[m] == fs_quant::kFloatRow)
+      std::fill(q.begin(), q.end(), 0);  // its integer sums are not used (float_rows writes the row)
+    else
+      round_row(row, k, padded, scale[m], q.data());
     if (format == Format::kWide16)
       for (int64_t i = 0; i < padded; ++i) wide[i] = static_cast<int16_t>(q[i]);
     else
@@ -406,6 +390,30 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t quads, int64
     for (int64_t p = 0; p < quads; ++p) tile[p * R + r] = packed[p];
   }
 }
+
+// w(n, i) of the weight that int8_linear's `packed` holds (quantized_linear.pack_int8), in quad order or,
+// for the "avx2" kernel, in pair order (quantized_linear.pair_order): float_rows reads it.
+struct PackedWeightAt {
+  const int8_t* packed;
+  int64_t quads;
+  bool pair_order;
+  int8_t operator()(int64_t n, int64_t i) const {
+    const int64_t c = n % kCols, j = i % kQuad;
+    const int64_t byte = pair_order ? 32 * (j / 2) + 2 * c + j % 2 : 4 * c + j;
+    return packed[((n / kCols) * quads + i / kQuad) * kPanelBytes + byte];
+  }
+};
+
+// w(n, i) of the transposed weight (in, out) that oneDNN's product takes.
+struct TransposedWeightAt {
+  const int8_t* kn;
+  int64_t out;
+  int8_t operator()(int64_t n, int64_t i) const { return kn[i * out + n]; }
+};
+
+// The most input features whose int32 sums cannot overflow: 255 * 127 * in < 2^31 (the VNNI kernel's
+// unsigned operand; quantized_linear.INT8_MAX_IN_FEATURES).
+constexpr int64_t kMaxInFeatures = ((int64_t{1} << 31) - 1) / (255 * 127);
 
 }  // namespace
 
@@ -441,11 +449,14 @@ torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() == 2,
               "int8_linear: x must be a 2-d float32 CPU tensor");
   TORCH_CHECK(int8_onednn_exact(), "int8_linear: oneDNN's int8 product is not exact on this CPU (or not built)");
-  TORCH_CHECK(weight_kn.scalar_type() == torch::kChar && weight_kn.dim() == 2 && weight_kn.size(0) == x.size(1) &&
-                  weight_kn.size(1) == weight_inv.numel(),
+  TORCH_CHECK(weight_kn.device().is_cpu() && weight_kn.scalar_type() == torch::kChar && weight_kn.dim() == 2 &&
+                  weight_kn.size(0) == x.size(1) && weight_kn.size(1) == weight_inv.numel(),
               "int8_linear: weight_kn must be the quantized weight transposed, (in, out) int8");
-  x = x.contiguous();
   const int64_t rows = x.size(0), k = x.size(1), out_features = weight_kn.size(1);
+  fs_quant::check_scales_and_bias(weight_inv, bias, out_features, "int8_linear");
+  TORCH_CHECK(k <= kMaxInFeatures, "int8_linear: ", k, " input features could overflow int32 sums (at most ",
+              kMaxInFeatures, ")");
+  x = x.contiguous();
   auto out = torch::empty({rows, out_features}, x.options());
   if (rows == 0) return out;
   // The rows quantized exactly as the own kernels quantize them (signed, row-major).
@@ -455,18 +466,25 @@ torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn
   const float* xs = x.data_ptr<float>();
   int8_t* qs = xq.data_ptr<int8_t>();
   for (int64_t m = 0; m < rows; ++m) {
-    scale[m] = row_scale(xs + m * k, k);
-    round_row(xs + m * k, k, k, scale[m], q.data());
+    scale[m] = fs_quant::row_scale(xs + m * k, k, fs_quant::kInt8Max);
+    if (scale[m] == fs_quant::kFloatRow)
+      std::fill(q.begin(), q.end(), 0);
+    else
+      round_row(xs + m * k, k, k, scale[m], q.data());
     for (int64_t i = 0; i < k; ++i) qs[m * k + i] = static_cast<int8_t>(q[i]);
   }
-  const auto acc = at::_int_mm(xq, weight_kn.contiguous());
+  const torch::Tensor kn = weight_kn.contiguous(), inv_t = weight_inv.contiguous();
+  const torch::Tensor b_t = bias ? bias->contiguous() : torch::Tensor();
+  const auto acc = at::_int_mm(xq, kn);
   const int32_t* a = acc.data_ptr<int32_t>();
-  const float* inv_w = weight_inv.contiguous().data_ptr<float>();
-  const float* b = bias ? bias->data_ptr<float>() : nullptr;
+  const float* inv_w = inv_t.data_ptr<float>();
+  const float* b = bias ? b_t.data_ptr<float>() : nullptr;
   float* y = out.data_ptr<float>();
+  const std::vector<float> inv_a = fs_quant::inverses(scale);
   for (int64_t m = 0; m < rows; ++m)
-    fs_quant::dequantize(a + m * out_features, out_features, fs_quant::inverse(scale[m]), inv_w, b,
-                         y + m * out_features);
+    fs_quant::dequantize(a + m * out_features, out_features, inv_a[m], inv_w, b, y + m * out_features);
+  fs_quant::float_rows(xs, k, scale, out_features, TransposedWeightAt{kn.data_ptr<int8_t>(), out_features}, inv_w, b,
+                       y);
   return out;
 }
 
@@ -474,22 +492,25 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor w
                           std::optional<torch::Tensor> bias, const std::string& kernel, int64_t weight_max) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() == 2,
               "int8_linear: x must be a 2-d float32 CPU tensor");
-  TORCH_CHECK(packed.scalar_type() == torch::kChar && packed.dim() == 3 && packed.size(2) == kPanelBytes,
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kChar && packed.dim() == 3 &&
+                  packed.size(2) == kPanelBytes,
               "int8_linear: packed must come from quantized_linear.packed_for");
-  TORCH_CHECK(weight_inv.scalar_type() == torch::kFloat && weight_inv.dim() == 1,
-              "int8_linear: weight_inv must be the packed weight's float32 row scales");
   const int64_t out_features = weight_inv.numel();
-  TORCH_CHECK(excess.scalar_type() == torch::kInt && excess.numel() == out_features,
+  fs_quant::check_scales_and_bias(weight_inv, bias, out_features, "int8_linear");
+  TORCH_CHECK(excess.device().is_cpu() && excess.scalar_type() == torch::kInt && excess.numel() == out_features,
               "int8_linear: excess must be 128 * each row's sum of quantized weights (int32)");
   const Kernel& kern = find_kernel(kernel, weight_max);
   x = x.contiguous(), packed = packed.contiguous(), weight_inv = weight_inv.contiguous();
   excess = excess.contiguous();
   const int64_t rows = x.size(0), k = x.size(1), quads = packed.size(1), n_panels = packed.size(0);
-  TORCH_CHECK((k + kQuad - 1) / kQuad == quads && out_features <= n_panels * kCols,
-              "int8_linear: x has ", k, " features, the packed weight ", kQuad * quads);
+  TORCH_CHECK((k + kQuad - 1) / kQuad == quads, "int8_linear: x has ", k, " features, the packed weight ",
+              kQuad * quads);
+  TORCH_CHECK(n_panels == (out_features + kCols - 1) / kCols, "int8_linear: the packed weight has ", n_panels,
+              " panels of ", kCols, " outputs for ", out_features, " scales");
+  TORCH_CHECK(k <= kMaxInFeatures, "int8_linear: ", k, " input features could overflow int32 sums (at most ",
+              kMaxInFeatures, ")");
   const float* b = nullptr;
   if (bias) {
-    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->numel() == out_features, "int8_linear: bias");
     *bias = bias->contiguous();
     b = bias->data_ptr<float>();
   }
@@ -510,6 +531,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor w
   else
     quantize_rows(x.data_ptr<float>(), rows, k, quads, tile_rows, kern.format, static_cast<int32_t*>(xq),
                   scale.data());
+  const std::vector<float> inv_a = fs_quant::inverses(scale);
   const int64_t element = kern.format == Format::kWide16 ? 8 : 4;
   const int8_t* w = packed.data_ptr<int8_t>();
   const float* inv_w = weight_inv.data_ptr<float>();
@@ -532,11 +554,13 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor w
           int32_t* a = acc + i * kAccStride;
           if (shift)
             for (int64_t c = 0; c < count; ++c) a[c] -= shift[n0 + c];
-          fs_quant::dequantize(a, count, fs_quant::inverse(scale[m0 + i]), inv_w + n0, b ? b + n0 : nullptr,
+          fs_quant::dequantize(a, count, inv_a[m0 + i], inv_w + n0, b ? b + n0 : nullptr,
                                y + (m0 + i) * out_features + n0);
         }
       }
     }
   });
+  fs_quant::float_rows(x.data_ptr<float>(), k, scale, out_features,
+                       PackedWeightAt{w, quads, kern.format == Format::kWide16}, inv_w, b, y);
   return out;
 }

@@ -13,6 +13,7 @@
 #include "prepacked_linear_cpu.h"
 #include "quantized_linear_cpu.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,20 @@ void set_sublayers(Sublayers& layer, const char* kind, bool pre_norm, int64_t ac
 
 Tensor joined(std::vector<Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts); }
 
+// Encoder keys and values: one tensor of each per layer (the loops index them by layer).
+void check_per_layer(const std::vector<Tensor>& keys, const std::vector<Tensor>& values, size_t layers,
+                     const char* op) {
+  TORCH_CHECK(keys.size() == layers && values.size() == layers, op, ": encoder keys and values for each of the ",
+              layers, " layers; got ", keys.size(), " and ", values.size());
+}
+
+// Segment boundaries: 0 = starts[0] <= starts[1] <= ... <= starts.back() = rows.
+void check_starts(const std::vector<int64_t>& starts, int64_t rows, const char* op) {
+  TORCH_CHECK(!starts.empty() && starts.front() == 0 && starts.back() == rows &&
+                  std::is_sorted(starts.begin(), starts.end()),
+              op, ": starts must run in order from 0 to the ", rows, " rows");
+}
+
 // The layers of one model for one Jacobi window call (runners/lean_window.py, op for op): window
 // position n is row window_row[n]'s token at cache position window_step[n] (row = sentence), x and
 // the result (positions, dim).
@@ -45,6 +60,8 @@ Tensor lean_window_layers(Tensor x, const std::vector<LeanLayer>& layers, const 
                           const Tensor& window_step, const std::vector<Tensor>& enc_keys,
                           const std::vector<Tensor>& enc_values, std::optional<Tensor> mask,
                           const std::optional<Tensor>& visible) {
+  check_per_layer(enc_keys, enc_values, layers.size(), "lean_window_layers");
+  TORCH_CHECK(x.dim() == 2, "lean_window_layers: x must be (positions, dim)");
   const int64_t D = x.size(-1);
   for (size_t l = 0; l < layers.size(); ++l) {
     const LeanLayer& layer = layers[l];
@@ -91,6 +108,9 @@ Tensor lean_layers(Tensor x, const std::vector<LeanLayer>& layers, const std::ve
                   enc_keys.size() == segments && enc_values.size() == segments && masks.size() == segments &&
                   row_sentences.size() == segments,
               "lean_layers: one entry per segment in every list (starts: one more)");
+  TORCH_CHECK(x.dim() == 2, "lean_layers: x must be (rows, dim)");
+  check_starts(starts, x.size(0), "lean_layers");
+  for (size_t s = 0; s < segments; ++s) check_per_layer(enc_keys[s], enc_values[s], layers.size(), "lean_layers");
   const int64_t D = x.size(-1);
   std::vector<Tensor> outs(segments);
   for (size_t l = 0; l < layers.size(); ++l) {

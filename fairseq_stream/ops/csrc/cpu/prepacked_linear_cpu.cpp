@@ -87,7 +87,8 @@ PrepackedLinear prepack_linear(const Tensor& weight, std::optional<Tensor> bias)
   const Tensor w = weight.contiguous();
   m.pack(kRowMajor, kBMatrix, kTrans, 1, n, k, 1.0f, w.data_ptr<float>(), k, packed.data_ptr<float>());
   if (bias) {
-    TORCH_CHECK(bias->numel() == n && bias->scalar_type() == at::kFloat, "prepack_linear: bias of ", n, " floats");
+    TORCH_CHECK(bias->numel() == n && bias->scalar_type() == at::kFloat && bias->device().is_cpu(),
+                "prepack_linear: bias of ", n, " floats on the CPU");
     bias = bias->contiguous();
   }
   return PrepackedLinear{packed, n, k, bias, w};
@@ -97,7 +98,7 @@ namespace {
 
 // x as float32 rows of in_features, and the output's shape.
 std::pair<Tensor, std::vector<int64_t>> rows_of(const Tensor& x, int64_t in_features, int64_t out_features) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.size(-1) == in_features,
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.dim() >= 1 && x.size(-1) == in_features,
               "prepacked linear: float32 CPU input of ", in_features, " features");
   auto shape = x.sizes().vec();
   shape.back() = out_features;

@@ -12,7 +12,7 @@
 using torch::Tensor;
 
 Tensor QuantizedLinear::operator()(const Tensor& x) const {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.size(-1) == in_features,
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.dim() >= 1 && x.size(-1) == in_features,
               "quantized linear: float32 CPU input of ", in_features, " features");
   auto shape = x.sizes().vec();
   shape.back() = out_features;

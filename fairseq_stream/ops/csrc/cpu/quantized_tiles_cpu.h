@@ -2,9 +2,13 @@
 // width of their packed weights, picking a kernel by name, and the dequantization of a row's integer sums.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +56,90 @@ inline void prefetch_ahead(const void* p) {
 
 // float32(1 / scale), computed in double as the torch reference computes it.
 inline float inverse(float scale) { return static_cast<float>(1.0 / static_cast<double>(scale)); }
+
+// The scale row_scale gives a row the integers cannot hold: float_row computes its outputs instead.
+constexpr float kFloatRow = 0.f;
+
+// The largest |x[i]| of a row, and whether every x[i] is finite. Sixteen running maxima, not one: GCC
+// vectorizes this loop (a chain of std::max on one accumulator stays scalar), and max is exact in any order.
+// std::max passes over a NaN, so finiteness is a second sum, of x[i] * 0: 0 for finite values, NaN from
+// the first NaN or infinity on (not folded away: without -ffast-math, x * 0 is not 0 for those).
+struct RowPeak {
+  float peak;
+  bool finite;
+};
+
+inline RowPeak row_peak(const float* row, int64_t k) {
+  float lane[16] = {0.f}, probe[16] = {0.f};
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    for (int j = 0; j < 16; ++j) {
+      lane[j] = std::max(lane[j], std::fabs(row[i + j]));
+      probe[j] += row[i + j] * 0.f;
+    }
+  }
+  float peak = 0.f, nonfinite = 0.f;
+  for (int j = 0; j < 16; ++j) peak = std::max(peak, lane[j]), nonfinite += probe[j];
+  for (; i < k; ++i) peak = std::max(peak, std::fabs(row[i])), nonfinite += row[i] * 0.f;
+  return {peak, nonfinite == 0.f};
+}
+
+// A row's scale: a_max / max |x| (1 for an all-zero row), as int16_linear.integer_reference has it; or
+// kFloatRow where integers cannot hold the row: a NaN or an infinity in it, or values so small that the
+// scale overflows float32 (a peak below a_max / FLT_MAX, 3.7e-37 for int8). Rounding x * scale to an
+// integer there would convert a NaN or an infinity to an integer, which is undefined behaviour (x86 gives
+// INT_MIN: a NaN row came out finite, a +inf row NaN). Checked once a row, outside the products.
+inline float row_scale(const float* row, int64_t k, float a_max) {
+  const RowPeak p = row_peak(row, k);
+  if (!p.finite) return kFloatRow;
+  if (!(p.peak > 0.f)) return 1.f;
+  const float s = a_max / p.peak;
+  return std::isfinite(s) ? s : kFloatRow;
+}
+
+// Each row's 1 / scale for dequantize, once a row (0 for a kFloatRow row, whose outputs float_row writes).
+inline std::vector<float> inverses(const std::vector<float>& scale) {
+  std::vector<float> inv(scale.size());
+  for (size_t m = 0; m < scale.size(); ++m) inv[m] = scale[m] == kFloatRow ? 0.f : inverse(scale[m]);
+  return inv;
+}
+
+// The outputs of a row the integers cannot hold (kFloatRow) in float32, as the float product on the
+// dequantized weight gives them: y[n] = sum_i x[i] * (float(w(n, i)) * inv_w[n]) + b[n], each product and
+// sum rounded to float32 and summed in order of i (no FMA, as int16_linear.integer_reference computes such
+// rows). A NaN in x makes every output NaN; an infinity gives +-inf, or NaN where its weight is 0 or
+// infinities of both signs meet, as float arithmetic does; values too small to scale give about b. Such
+// rows are rare, hence plain loops.
+template <class WeightAt>
+__attribute__((optimize("fp-contract=off"), noinline)) void float_row(const float* x, int64_t k, int64_t out,
+                                                                      const WeightAt& w, const float* inv_w,
+                                                                      const float* bias, float* y) {
+  for (int64_t n = 0; n < out; ++n) {
+    float acc = 0.f;
+    for (int64_t i = 0; i < k; ++i) acc += x[i] * (static_cast<float>(w(n, i)) * inv_w[n]);
+    y[n] = bias ? acc + bias[n] : acc;
+  }
+}
+
+// float_row for every kFloatRow row of a product's rows x (rows, k) into y (rows, out).
+template <class WeightAt>
+void float_rows(const float* x, int64_t k, const std::vector<float>& scale, int64_t out, const WeightAt& w,
+                const float* inv_w, const float* bias, float* y) {
+  for (size_t m = 0; m < scale.size(); ++m)
+    if (scale[m] == kFloatRow) float_row(x + m * k, k, out, w, inv_w, bias, y + m * out);
+}
+
+// The float32 scales and bias a quantized product dequantizes with: (out,) CPU tensors each (the callers make
+// them contiguous).
+inline void check_scales_and_bias(const at::Tensor& weight_inv, const std::optional<at::Tensor>& bias,
+                                  int64_t out_features, const char* op) {
+  TORCH_CHECK(weight_inv.device().is_cpu() && weight_inv.scalar_type() == at::kFloat && weight_inv.dim() == 1 &&
+                  weight_inv.numel() == out_features,
+              op, ": weight_inv must be the packed weight's (", out_features, ",) float32 row scales");
+  TORCH_CHECK(!bias || (bias->device().is_cpu() && bias->scalar_type() == at::kFloat && bias->dim() == 1 &&
+                        bias->numel() == out_features),
+              op, ": bias must be a (", out_features, ",) float32 CPU tensor");
+}
 
 // y[c] = (float(acc[c]) * inv_a) * inv_w[c] + bias[c], each operation rounded to float32 as the torch
 // reference rounds it: contracting a multiply and the add into one FMA (GCC does by default) would

@@ -58,10 +58,62 @@ bool kernel_takes(const Norm& n) {
   return true;
 }
 
+// A norm of width D: its weight and bias (where present) hold D values each, as ATen's kernel reads them.
+bool norm_of_width(const Norm& n, int64_t D) {
+  for (const Tensor* t : {&n.weight, &n.bias})
+    if (t->defined() && t->numel() != D) return false;
+  return true;
+}
+
+// A product from `in` features to `out` (out < 0: any).
+bool maps(const Product& p, int64_t in, int64_t out) {
+  if (!p.packed && !p.quantized && p.weight.dim() != 2) return false;
+  return in_features(p) == in && (out < 0 || out_features(p) == out);
+}
+
+// Every layer's products and norms of the model's width D (the feed-forward's own width in between).
+bool layers_fit(const LeanDecoderModel& m, int64_t D) {
+  for (const LeanLayer& layer : m.layers) {
+    const bool attention = maps(layer.qkv, D, 3 * D) && maps(layer.self_out, D, D) && maps(layer.cross_q, D, D) &&
+                           maps(layer.cross_out, D, D);
+    const bool feed_forward = maps(layer.fc1, D, -1) && maps(layer.fc2, out_features(layer.fc1), D);
+    const bool norms = norm_of_width(layer.self_norm, D) && norm_of_width(layer.cross_norm, D) &&
+                       norm_of_width(layer.final_norm, D);
+    if (!attention || !feed_forward || !norms) return false;
+  }
+  return maps(m.output, D, -1) && (!m.embed_norm || norm_of_width(*m.embed_norm, D)) &&
+         (!m.final_norm || norm_of_width(*m.final_norm, D));
+}
+
+// One (S, heads, T, head_dim) float32 table of keys and one of values per layer, all of one shape (the spans
+// are layer 0's), S covering the sentences; the mask (S, T) where present.
+bool encoder_fits(const LeanDecoderModel& m, const std::vector<Tensor>& keys, const std::vector<Tensor>& values,
+                  const std::optional<Tensor>& mask, int64_t sentences) {
+  if (keys.size() != m.layers.size() || values.size() != m.layers.size() || keys.empty()) return false;
+  const Tensor& first = keys[0];
+  if (first.dim() != 4 || first.size(0) < sentences || first.size(1) != m.heads || first.size(3) != m.head_dim)
+    return false;
+  for (size_t l = 0; l < keys.size(); ++l)
+    for (const Tensor* t : {&keys[l], &values[l]})
+      if (t->sizes() != first.sizes() || t->scalar_type() != at::kFloat || !t->device().is_cpu()) return false;
+  return !mask || (mask->scalar_type() == at::kFloat && mask->device().is_cpu() &&
+                   mask->numel() == first.size(0) * first.size(2));
+}
+
 }  // namespace
 
+bool RawStep::consistent(const LeanDecoderModel& m, const std::vector<Tensor>& enc_keys,
+                         const std::vector<Tensor>& enc_values, const std::optional<Tensor>& mask, int64_t sentences) {
+  if (m.embed.dim() != 2 || m.layers.empty() || m.heads < 1 || m.head_dim < 1) return false;
+  const int64_t D = m.embed.size(1);
+  if (m.heads * m.head_dim != D) return false;
+  if (m.positions && (m.positions->dim() != 2 || m.positions->size(1) != D || m.positions->scalar_type() != at::kFloat))
+    return false;
+  return layers_fit(m, D) && encoder_fits(m, enc_keys, enc_values, mask, sentences);
+}
+
 bool RawStep::fits(const LeanDecoderModel& m, int64_t rows) {
-  if (m.embed.scalar_type() != at::kFloat || m.embed.stride(1) != 1 || m.project_in || m.project_out || rows < 1 ||
+  if (m.embed.dim() != 2 || m.embed.scalar_type() != at::kFloat || m.embed.stride(1) != 1 || m.project_in || m.project_out || rows < 1 ||
       rows > kSkinnyMaxRows)
     return false;
   if (m.positions && !m.positions->is_contiguous()) return false;
@@ -144,9 +196,15 @@ void RawStep::layer(const LeanLayer& layer, size_t l, const Tensor& cache, const
 Tensor RawStep::logits(const Tensor& cache, const int64_t* last, const int64_t* sentence, const int64_t* slot,
                        int64_t rows, int64_t step) {
   // LeanDecoderModel::embed_at: embed[token] * scale (float32), + the position's row.
-  const int64_t D = x_.size(1);
+  const int64_t D = x_.size(1), row = m_.padding_idx + step + 1;
+  // The rows of the tables read below exist (at::embedding and select check them on the ATen path).
+  TORCH_CHECK(!m_.positions || (row >= 0 && row < m_.positions->size(0)), "the decoder step: position ", row,
+              " outside the position table (", m_.positions ? m_.positions->size(0) : 0, " rows)");
+  for (int64_t r = 0; r < rows; ++r)
+    TORCH_CHECK(last[r] >= 0 && last[r] < m_.embed.size(0), "the decoder step: token ", last[r],
+                " outside the embedding (", m_.embed.size(0), " rows)");
   const float scale = static_cast<float>(m_.embed_scale);
-  const float* position = m_.positions ? m_.positions->data_ptr<float>() + (m_.padding_idx + step + 1) * D : nullptr;
+  const float* position = m_.positions ? m_.positions->data_ptr<float>() + row * D : nullptr;
   float* x = x_.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
     const float* e = m_.embed.data_ptr<float>() + last[r] * m_.embed.stride(0);

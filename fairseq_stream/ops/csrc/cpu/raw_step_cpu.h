@@ -15,6 +15,12 @@ class __attribute__((visibility("hidden"))) RawStep {
   // Whether the step runs here: float32, no input or output projection, at most kSkinnyMaxRows rows.
   static bool fits(const LeanDecoderModel& m, int64_t rows);
 
+  // Whether the model's and the encoder's shapes are those the buffers and raw loops assume (every product,
+  // norm and encoder table of the model's width, heads * head_dim; `sentences` sentences): they read and
+  // write through raw pointers, where the ATen path checks its shapes. False: the search takes that path.
+  static bool consistent(const LeanDecoderModel& m, const std::vector<Tensor>& enc_keys,
+                         const std::vector<Tensor>& enc_values, const std::optional<Tensor>& mask, int64_t sentences);
+
   // Whether a step of `rows` rows fits the buffers (made for the most rows the search's steps have here).
   bool takes(int64_t rows) const { return rows <= x_.size(0); }
 

@@ -123,8 +123,10 @@ std::vector<Tensor> rnn_step(const Tensor& x_in, const Tensor& feed_in, const Te
   Tensor x = contiguous_float(x_in, "x");
   const Tensor feed = contiguous_float(feed_in, "feed");
   const Tensor h_prev = contiguous_float(h_in, "h"), c_prev = contiguous_float(c_in, "c");
+  TORCH_CHECK(h_prev.dim() == 3 && h_prev.size(0) >= 1 && x.dim() == 2,
+              "rnn_step: h must be (layers >= 1, parents, hidden) and x (rows, 4 * hidden)");
   const int64_t rows = x.size(0), L = h_prev.size(0), P = h_prev.size(1), H = h_prev.size(2);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == 4 * H, "rnn_step: x must be (rows, 4 * hidden)");
+  TORCH_CHECK(x.size(1) == 4 * H, "rnn_step: x must be (rows, 4 * hidden)");
   TORCH_CHECK(c_prev.sizes() == h_prev.sizes() && feed.dim() == 2 && feed.size(0) == P,
               "rnn_step: h and c must be (layers, parents, hidden) and feed (parents, features)");
   TORCH_CHECK(static_cast<int64_t>(recurrent.size()) == L && static_cast<int64_t>(upper_input.size()) == L - 1,
@@ -133,7 +135,8 @@ std::vector<Tensor> rnn_step(const Tensor& x_in, const Tensor& feed_in, const Te
   Tensor parent_t;
   if (parent_in) {
     parent_t = parent_in->contiguous();
-    TORCH_CHECK(parent_t.scalar_type() == at::kLong && parent_t.numel() == rows, "rnn_step: parent must be (rows,) int64");
+    TORCH_CHECK(parent_t.device().is_cpu() && parent_t.scalar_type() == at::kLong && parent_t.numel() == rows,
+                "rnn_step: parent must be (rows,) int64 on the CPU");
     const int64_t* pp = parent_t.data_ptr<int64_t>();
     for (int64_t r = 0; r < rows; ++r) TORCH_CHECK(pp[r] >= 0 && pp[r] < P, "rnn_step: parent out of range");
     parent = pp;
@@ -152,7 +155,9 @@ std::vector<Tensor> rnn_step(const Tensor& x_in, const Tensor& feed_in, const Te
       x = upper_input[layer - 1](x).contiguous();
     }
     const Tensor rec = recurrent[layer](rec_in).contiguous();
-    TORCH_CHECK(rec.size(1) == 4 * H && x.size(1) == 4 * H, "rnn_step: gate width");
+    TORCH_CHECK(rec.dim() == 2 && rec.size(0) == P && rec.size(1) == 4 * H && x.dim() == 2 && x.size(0) == rows &&
+                    x.size(1) == 4 * H,
+                "rnn_step: gate width");
     float* h = h_new[layer].data_ptr<float>();
     cells(x.data_ptr<float>(), rec.data_ptr<float>(), c_prev[layer].data_ptr<float>(), parent, rows, H, h,
           c_new[layer].data_ptr<float>());
@@ -183,9 +188,11 @@ std::vector<Tensor> rnn_step(const Tensor& x_in, const Tensor& feed_in, const Te
       const Tensor mg = masks[g].contiguous(), rs = row_sentences[g].contiguous();
       const int64_t n = rs.numel(), S = kg.size(0);
       TORCH_CHECK(kg.dim() == 3 && kg.size(2) == H && vg.sizes() == kg.sizes(), "rnn_step: keys and values (S, T, hidden)");
-      TORCH_CHECK(mg.scalar_type() == at::kBool && mg.dim() == 2 && mg.size(0) == S && mg.size(1) == kg.size(1),
-                  "rnn_step: mask must be (S, T) bool");
-      TORCH_CHECK(rs.scalar_type() == at::kLong && at_row + n <= rows, "rnn_step: row_sentence");
+      TORCH_CHECK(mg.device().is_cpu() && mg.scalar_type() == at::kBool && mg.dim() == 2 && mg.size(0) == S &&
+                      mg.size(1) == kg.size(1),
+                  "rnn_step: mask must be (S, T) bool on the CPU");
+      TORCH_CHECK(rs.device().is_cpu() && rs.scalar_type() == at::kLong && at_row + n <= rows,
+                  "rnn_step: row_sentence: int64 CPU sentence indices, no more than the rows");
       const int64_t* sent = rs.data_ptr<int64_t>();
       for (int64_t r = 0; r < n; ++r) TORCH_CHECK(sent[r] >= 0 && sent[r] < S, "rnn_step: row_sentence out of range");
       attend(hidden.data_ptr<float>() + at_row * H, n, H, kg, vg, mg, sent, mixed.data_ptr<float>() + at_row * H);
@@ -194,7 +201,8 @@ std::vector<Tensor> rnn_step(const Tensor& x_in, const Tensor& feed_in, const Te
     TORCH_CHECK(at_row == rows, "rnn_step: the groups' rows must add up to the rows");
     // tanh(mixed + W_out_hidden h), as fairseq's AttentionLayer with the context half pre-computed.
     Tensor projected = (*out_hidden)(hidden).contiguous();
-    TORCH_CHECK(projected.size(1) == H, "rnn_step: the attention's output width");
+    TORCH_CHECK(projected.dim() == 2 && projected.size(0) == rows && projected.size(1) == H,
+                "rnn_step: the attention's output width");
     float* o = mixed.data_ptr<float>();
     const float* pr = projected.data_ptr<float>();
     const int64_t total = rows * H;

@@ -69,14 +69,17 @@ std::vector<Tensor> new_caches(const std::vector<LeanDecoderModel>& models, int6
   return caches;
 }
 
-// The step on kept buffers (RawStep) for a search of one float32 model whose rows are few enough, made once.
+// The step on kept buffers (RawStep) for a search of one float32 model whose rows are few enough, made once:
+// `rows` the most rows a step has, `sentences` the batch's.
 std::optional<RawStep> raw_step(const std::vector<LeanDecoderModel>& models,
                                 const std::vector<std::vector<Tensor>>& enc_keys,
                                 const std::vector<std::vector<Tensor>>& enc_values,
-                                const std::vector<std::optional<Tensor>>& masks, int64_t rows) {
+                                const std::vector<std::optional<Tensor>>& masks, int64_t rows, int64_t sentences) {
   std::optional<RawStep> raw;
   rows = std::min(rows, kSkinnyMaxRows);
-  if (models.size() != 1 || !RawStep::fits(models[0], rows)) return raw;
+  if (models.size() != 1 || !RawStep::fits(models[0], rows) ||
+      !RawStep::consistent(models[0], enc_keys[0], enc_values[0], masks[0], sentences))
+    return raw;
   for (size_t l = 0; l < enc_keys[0].size(); ++l)
     if (!enc_keys[0][l].is_contiguous() || !enc_values[0][l].is_contiguous()) return raw;
   raw.emplace(models[0], enc_keys[0], enc_values[0], masks[0], rows);
@@ -232,7 +235,7 @@ std::vector<Tensor> greedy_decode(const std::vector<LeanDecoderModel>& models,
   Tensor last = at::full({S}, bos, lng);
   std::vector<std::vector<int64_t>> words(S);
   std::vector<std::vector<float>> sums(S);
-  std::optional<RawStep> raw = raw_step(models, enc_keys, enc_values, masks, S);
+  std::optional<RawStep> raw = raw_step(models, enc_keys, enc_values, masks, S, S);
   for (int64_t step = 0; !live.empty(); ++step) {
     if (step > 0) check_signals();
     const int64_t rows = static_cast<int64_t>(live.size());
@@ -394,7 +397,7 @@ std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
   std::iota(b.slot.begin(), b.slot.end(), 0);
   std::vector<std::vector<std::pair<Tensor, Tensor>>> kept(S);
   std::vector<int64_t> steps(S, 0);
-  std::optional<RawStep> raw = raw_step(models, enc_keys, enc_values, masks, S * k);
+  std::optional<RawStep> raw = raw_step(models, enc_keys, enc_values, masks, S * k, S);
   for (int64_t step = 0; !b.sentence.empty(); ++step) {
     if (step > 0) check_signals();
     const int64_t running = static_cast<int64_t>(b.sentence.size());

@@ -8,17 +8,33 @@
 
 namespace {
 
-// The float whose bits are `bits` (std::bit_cast is C++20; torch < 2.13's extensions build as C++17,
-// and a memcpy of 4 bytes compiles to the same register move).
-inline float float_of_bits(int32_t bits) {
+// The float whose bits are `bits`, and the bits of a float (std::bit_cast is C++20; torch < 2.13's
+// extensions build as C++17, and a memcpy of 4 bytes compiles to the same register move).
+inline float float_of_bits(uint32_t bits) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
 
+inline uint32_t bits_of_float(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
+
 // Cephes expf: x = n ln2 + r with |r| <= ln2 / 2, a degree-6 polynomial in r, 2^n from the
 // exponent bits. Straight-line code with no calls, so loops over it vectorize (setup.py compiles
 // with -fno-trapping-math, without which GCC keeps the clamps and selects as branches).
+//
+// Outside [-87, 88] x is clamped: exp_approx(-inf) is exp_approx(-87) = 1.6e-38 and exp_approx(+inf) is
+// exp_approx(88) = 1.7e38 (the callers skip masked -inf positions themselves). A NaN passes the clamp and
+// gives NaN: 2^n is built from n's bits after adding 1.5 * 2^23 and shifted in uint32, never by converting
+// n to an integer, which for a NaN n is undefined behaviour (x86 happens to give INT_MIN, but the compiler
+// may assume it never happens; UBSan's float-cast-overflow stops there). For every finite x the bits are
+// those of the former int32 conversion, so the results are the same.
+// Giving exp(-inf) = 0 and exp(+inf) = inf too took two more selects, which also stopped GCC from folding
+// the clamped lanes into constants: 28% more instructions in the LSTM cell loop (505 against 394 a 16-lane
+// iteration), against 1% for the NaN rule alone.
 inline float exp_approx(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
@@ -31,7 +47,9 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float y = p * r2 + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  // The bits of n + 1.5 * 2^23 are those of 1.5 * 2^23 plus the integer n (|n| < 2^22); adding 127 and
+  // shifting by 23 in uint32 leaves n + 127 in the exponent field, and only that.
+  const uint32_t bits = (bits_of_float(n + 12582912.0f) + 127u) << 23;
   return y * float_of_bits(bits);
 }
 
