@@ -93,8 +93,9 @@ def test_a_shipped_name_wins_over_a_file_of_that_name_in_the_working_directory(t
 @pytest.mark.parametrize("argv, expected, absent", [
     # The preset's jacobi options went to greedy's parser: "unrecognized arguments" naming DATA.
     (["--preset", "jacobi", "--search", "greedy"], dict(search="greedy", generator=None), ["jacobi_block"]),
-    # Jacobi runs on batch only: the preset's top-up goes, with its threshold; --beam stays.
-    (["--preset", "topup", "--search", "jacobi"], dict(search="jacobi", generator=None, beam=5), ["topup_threshold"]),
+    # Jacobi runs on batch only: the preset's top-up goes, with its threshold; its --beam 5 is ignored, and
+    # set to 1 so that fairseq's BLEU line says what ran (issue 49, item 9).
+    (["--preset", "topup", "--search", "jacobi"], dict(search="jacobi", generator=None, beam=1), ["topup_threshold"]),
     # var-stream brings its own generator: the preset's --generator stream would be refused.
     (["--preset", "fixed-stream", "--search", "var-stream"], dict(search="var-stream", generator=None, beam=50), []),
     (["--preset", "topup", "--generator", "stream"], dict(search="fixed", generator="stream", beam=5),
@@ -153,7 +154,8 @@ def test_a_200000_line_preset_reaches_argparse_as_one_option_each(tmp_path, monk
     expand = fairseq_glue.expand_presets
     monkeypatch.setattr(fairseq_glue, "expand_presets", lambda parser, argv: handed.append(expand(parser, argv))
                         or handed[-1])
-    args = parse_generate_args(["DATA", "--user-dir", plugin_dir(), "--preset", str(f), "--search", "greedy"])
+    # (var: a search that keeps --beam; greedy's is set to 1.)
+    args = parse_generate_args(["DATA", "--user-dir", plugin_dir(), "--preset", str(f), "--search", "var"])
     last = 39999
     assert (args.beam, args.batch_size, args.cpu) == (last % 9 + 1, last % 7 + 1, True)
     assert handed and max(len(argv) for argv in handed) < 20, handed
