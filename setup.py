@@ -96,6 +96,23 @@ def march_flags(environ=os.environ, machine=None):
     return ["-march=" + march] if march else []
 
 
+SANITIZE_VARIABLE = "FAIRSEQ_STREAM_SANITIZE"
+SANITIZERS = "-fsanitize=address,undefined,float-cast-overflow"
+
+
+def sanitizer_flags(environ=os.environ):
+    """(compile, link) flags for the kernels: AddressSanitizer and UBSan where ``FAIRSEQ_STREAM_SANITIZE=1``.
+
+    For scripts/sanitize_kernels.sh, which builds apart and runs the kernel tests under them. UBSan does not
+    check a float converted to an out-of-range integer (a NaN to int32) unless float-cast-overflow is named;
+    -fno-sanitize-recover makes any finding stop the process, so that the test that hit it fails; -g1 gives
+    the reports line numbers (the build's -g0 leaves none).
+    """
+    if environ.get(SANITIZE_VARIABLE, "").strip().lower() in ("", "0", "false", "no"):
+        return [], []
+    return [SANITIZERS, "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g1"], [SANITIZERS]
+
+
 def kernel_problem(what, environ=os.environ):
     """A kernel cannot be built: stop the install, or only warn where the user opted out."""
     message = "fairseq-stream: {}.".format(what)
@@ -123,6 +140,7 @@ def optional_extensions():
     extensions = []
     cpu_sources = _sources("cpu/*.cpp")
     if cpu_sources:
+        sanitize_compile, sanitize_link = sanitizer_flags()
         extensions.append(
             cpp_extension.CppExtension(
                 "fairseq_stream._ops_cpu",
@@ -130,8 +148,9 @@ def optional_extensions():
                 # -fno-trapping-math: lets loops with selects vectorize (rnn_step_cpu.cpp); no result changes.
                 # -g0 overrides the -g of Python's CFLAGS: debug info for torch's headers was a quarter of each
                 # file's compile time (66 s -> 51 s for int16_linear_cpu.cpp on the AVX2 EPYC).
-                extra_compile_args=["-O3", "-g0"] + march_flags() + ["-fopenmp", "-fno-trapping-math"],
-                extra_link_args=["-fopenmp"],
+                extra_compile_args=["-O3", "-g0"] + march_flags() + ["-fopenmp", "-fno-trapping-math"]
+                + sanitize_compile,
+                extra_link_args=["-fopenmp"] + sanitize_link,
             )
         )
     else:

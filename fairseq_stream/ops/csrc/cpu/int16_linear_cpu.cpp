@@ -243,10 +243,10 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor 
   }
   auto out = torch::empty({rows, out_features}, x.options());
   std::vector<int32_t> xq(rows * k_pairs);
-  std::vector<float> scale(rows);
+  std::vector<float> scale(rows);  // each row's scale, then its inverse (to_inverses)
   quantize_rows(x.data_ptr<float>(), rows, k, k_pairs, static_cast<int32_t>(a_max), kern.rows, xq.data(),
                 scale.data());
-  const std::vector<float> inv_a = fs_quant::inverses(scale);
+  fs_quant::to_inverses(scale);
   const int16_t* w = packed.data_ptr<int16_t>();
   const float* inv_w = weight_inv.data_ptr<float>();
   float* y = out.data_ptr<float>();
@@ -265,7 +265,7 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor 
         for (int i = 0; i < r; ++i) {
           const int64_t n0 = p0 * kCols;
           fs_quant::dequantize(acc + i * kAccStride, std::min<int64_t>(panels * kCols, out_features - n0),
-                               inv_a[m0 + i], inv_w + n0, b ? b + n0 : nullptr, y + (m0 + i) * out_features + n0);
+                               scale[m0 + i], inv_w + n0, b ? b + n0 : nullptr, y + (m0 + i) * out_features + n0);
         }
       }
     }

@@ -461,7 +461,7 @@ torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn
   if (rows == 0) return out;
   // The rows quantized exactly as the own kernels quantize them (signed, row-major).
   auto xq = torch::empty({rows, k}, x.options().dtype(torch::kChar));
-  std::vector<float> scale(rows);
+  std::vector<float> scale(rows);  // each row's scale, then its inverse (to_inverses)
   std::vector<int32_t> q(k);
   const float* xs = x.data_ptr<float>();
   int8_t* qs = xq.data_ptr<int8_t>();
@@ -480,9 +480,9 @@ torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn
   const float* inv_w = inv_t.data_ptr<float>();
   const float* b = bias ? b_t.data_ptr<float>() : nullptr;
   float* y = out.data_ptr<float>();
-  const std::vector<float> inv_a = fs_quant::inverses(scale);
+  fs_quant::to_inverses(scale);
   for (int64_t m = 0; m < rows; ++m)
-    fs_quant::dequantize(a + m * out_features, out_features, inv_a[m], inv_w, b, y + m * out_features);
+    fs_quant::dequantize(a + m * out_features, out_features, scale[m], inv_w, b, y + m * out_features);
   fs_quant::float_rows(xs, k, scale, out_features, TransposedWeightAt{kn.data_ptr<int8_t>(), out_features}, inv_w, b,
                        y);
   return out;
@@ -523,7 +523,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor w
   // int64 elements for every format (the AVX2 one needs 8 bytes; the others use the first half of the
   // buffer as int32).
   std::vector<int64_t> xq_storage(rows * quads);
-  std::vector<float> scale(rows);
+  std::vector<float> scale(rows);  // each row's scale, then its inverse (to_inverses)
   void* xq = xq_storage.data();
   if (kern.format == Format::kWide16)
     quantize_rows(x.data_ptr<float>(), rows, k, quads, tile_rows, kern.format, static_cast<int64_t*>(xq),
@@ -531,7 +531,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor w
   else
     quantize_rows(x.data_ptr<float>(), rows, k, quads, tile_rows, kern.format, static_cast<int32_t*>(xq),
                   scale.data());
-  const std::vector<float> inv_a = fs_quant::inverses(scale);
+  fs_quant::to_inverses(scale);
   const int64_t element = kern.format == Format::kWide16 ? 8 : 4;
   const int8_t* w = packed.data_ptr<int8_t>();
   const float* inv_w = weight_inv.data_ptr<float>();
@@ -554,7 +554,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor w
           int32_t* a = acc + i * kAccStride;
           if (shift)
             for (int64_t c = 0; c < count; ++c) a[c] -= shift[n0 + c];
-          fs_quant::dequantize(a, count, inv_a[m0 + i], inv_w + n0, b ? b + n0 : nullptr,
+          fs_quant::dequantize(a, count, scale[m0 + i], inv_w + n0, b ? b + n0 : nullptr,
                                y + (m0 + i) * out_features + n0);
         }
       }
