@@ -13,15 +13,21 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def _load_toy_cache():
-    """scripts/toy_cache.py: the one place that decides where the toy is cached (shared with the quickstart)."""
-    spec = importlib.util.spec_from_file_location("toy_cache", REPO / "scripts" / "toy_cache.py")
+def load_script(name, path):
+    """The Python file ``path`` imported as module ``name`` (a script's ``__main__`` part does not run)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-toy_cache = _load_toy_cache()
+def load_setup():
+    """setup.py imported as a module (its setup() call runs only as __main__)."""
+    return load_script("fairseq_stream_setup", REPO / "setup.py")
+
+
+# scripts/toy_cache.py: the one place that decides where the toy is cached (shared with the quickstart).
+toy_cache = load_script("toy_cache", REPO / "scripts" / "toy_cache.py")
 
 
 @dataclass

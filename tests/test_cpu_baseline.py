@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load_setup
 from fairseq_stream import cpu_info
 from fairseq_stream.ops import output_layer as ol
 
@@ -31,10 +31,7 @@ SKIPPED_PREFIXES = {"26", "2e", "36", "3e", "64", "65", "67"}
 
 @pytest.fixture(scope="module")
 def setup_module():
-    spec = importlib.util.spec_from_file_location("fairseq_stream_setup", REPO / "setup.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_setup()
 
 
 def built_kernels():

@@ -6,7 +6,6 @@ installs without them on purpose), and a process that runs without them says
 once what is slow and how to build them.
 """
 
-import importlib.util
 import logging
 import os
 import stat
@@ -14,18 +13,13 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_tool
-
-SETUP = REPO / "setup.py"
+from conftest import REPO, load_setup, run_tool
 
 
 @pytest.fixture(scope="module")
 def setup_module():
     """setup.py imported as a module (its setup() call runs only as __main__)."""
-    spec = importlib.util.spec_from_file_location("fairseq_stream_setup", SETUP)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_setup()
 
 
 def run_setup(argv, env=None, prelude=""):

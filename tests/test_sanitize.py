@@ -6,7 +6,6 @@ times slower than usual, so the suite runs it only where FAIRSEQ_STREAM_SANITIZE
 own): ``bash scripts/sanitize_kernels.sh`` is the same run by hand.
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,15 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, tool_env
-
-
-def load_setup():
-    """setup.py imported as a module (its setup() call runs only as __main__)."""
-    spec = importlib.util.spec_from_file_location("fairseq_stream_setup_sanitize", REPO / "setup.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import REPO, load_setup, tool_env
 
 
 def test_the_build_takes_sanitizers_only_when_asked():
