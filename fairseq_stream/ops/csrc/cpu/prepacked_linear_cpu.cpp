@@ -42,11 +42,15 @@ using Pack = void (*)(int layout, int identifier, int trans, int m, int n, int k
                       int ld, float* dest);
 using Compute = void (*)(int layout, int transa, int transb, int m, int n, int k, const float* a, int lda,
                          const float* b, int ldb, float beta, float* c, int ldc);
+// mkl_service.h's C entry (MKL_Set_Num_Threads_Local, the int by value; the lower-case symbol is the
+// Fortran one and takes a pointer): MKL's threads for the calling thread only, returning the previous.
+using SetLocalThreads = int (*)(int threads);
 
 struct Mkl {
   PackGetSize get_size = nullptr;
   Pack pack = nullptr;
   Compute compute = nullptr;
+  SetLocalThreads set_local_threads = nullptr;  // absent in some MKL builds: then MKL's global setting
   std::string missing;
 };
 
@@ -59,6 +63,7 @@ const Mkl& mkl() {
       m.get_size = reinterpret_cast<PackGetSize>(dlsym(handle, "cblas_sgemm_pack_get_size"));
       m.pack = reinterpret_cast<Pack>(dlsym(handle, "cblas_sgemm_pack"));
       m.compute = reinterpret_cast<Compute>(dlsym(handle, "cblas_sgemm_compute"));
+      m.set_local_threads = reinterpret_cast<SetLocalThreads>(dlsym(handle, "MKL_Set_Num_Threads_Local"));
       if (m.get_size && m.pack && m.compute) return m;
     }
     m = Mkl();
@@ -138,7 +143,15 @@ Tensor mkl_rows(const PrepackedLinear& p, const Tensor& a) {
   };
   if (at::get_num_threads() == 1) {
     // torch's ops on one thread (ops/threads.py): MKL runs sequentially, our loop spreads the blocks.
-    fs::parallel_for(0, rows, kRowBlock, blocks);
+    // Sequentially on every thread: torch's one thread is set on the thread that set it, and MKL on
+    // one of our workers would otherwise open an OpenMP team of all the cores, whose spinning is
+    // what issue 50's collapse was, and whose split of a block changes its bits (AVX2 MKL does).
+    fs::parallel_for(0, rows, kRowBlock, [&](int64_t first, int64_t last) {
+      const Mkl& m = mkl();
+      const int before = m.set_local_threads ? m.set_local_threads(1) : 0;
+      blocks(first, last);
+      if (m.set_local_threads) m.set_local_threads(before);
+    });
   } else {
     blocks(0, rows);
   }
