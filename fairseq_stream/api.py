@@ -74,7 +74,12 @@ class Translator:
             e.g. ``prune_ap=2.0``, ``stream_eps="1/4"``, ``lenpen=1.2``
             (generation options such as ``lenpen`` and ``max_len_b`` too);
             ``nbest=N`` keeps the best N of each sentence's hypotheses
-            (default: all the search kept).
+            (default: all the search kept). ``cpu_workers=N`` decodes
+            chunks of batches on N forked worker processes at once, results
+            in input order (default 1: the pool streams across every
+            batch; with workers each chunk is streamed on its own, so
+            float32 scores may move in the last bits, int8's do not;
+            :mod:`fairseq_stream.schedule.workers`).
             All options are checked before the checkpoints are loaded, each
             by the type its field (or this signature) declares; a string is
             read as the command line reads it (``beam="5"`` is 5), a value
@@ -108,6 +113,7 @@ class Translator:
         self._pool_args = pool_settings(stream_cfg)
         self.models, self.cfg, self.task, self.device = _load_models(paths, data, trust_checkpoint, cpu)
         self.decoder = build_decoder(spec, self.task, self.models)
+        self.layout = self.decoder.cpu_layout  # cpu_workers > 1: translate() decodes on worker processes
         self.pool_size = pool
         self.batch_size = batch_size or pool
         self.maxi_batch = maxi_batch
@@ -166,22 +172,9 @@ class Translator:
     def _translate(self, items: Iterator) -> Iterator[Translation]:
         sources = {}
         batches = self._batches(_numbered(items), sources)
-
-        def encoded():
-            # Runs in the encoder thread with --encoder-queue.
-            for net_input, ids in batches:
-                yield self.decoder.open(net_input, ids=ids)
-
-        with decoding():  # the encoder thread takes the mode of this thread as it starts
-            if isinstance(self.decoder, CohortDecoder):
-                cohorts = read_ahead(encoded(), self.encoder_queue, self.device)
-                finished = self._make_pool().run(cohorts)
-            else:
-                # A search that decodes whole batches (jacobi): fairseq's generate() per batch.
-                cohorts = None
-                finished = (pair for net_input, ids in batches
-                            for pair in zip(ids.tolist(), self.decoder.generate(self.models, {
-                                "net_input": net_input, "id": ids})))
+        on_workers = self.layout is not None and self.layout.workers > 1
+        finished, closer = self._on_workers(batches) if on_workers else self._finished(batches, self.encoder_queue)
+        completed = False
         try:
             while True:
                 # Decoding runs in the mode, one translation at a time; the caller's code between
@@ -189,6 +182,7 @@ class Translator:
                 with decoding():
                     pair = next(finished, None)
                 if pair is None:
+                    completed = True
                     return
                 index, hyps = pair
                 hyps = released(hyps)
@@ -198,9 +192,46 @@ class Translator:
                 yield Translation(index=index, source=sources.pop(index), text=self.decode(best["tokens"]),
                                   score=float(best["score"]), hypotheses=hyps)
         finally:
-            # An error, KeyboardInterrupt or a caller that stops early: the encoder thread stops too.
-            if cohorts is not None:
-                cohorts.close()
+            # An error, KeyboardInterrupt or a caller that stops early: the encoder thread (or the
+            # workers) stop too.
+            if closer is not None:
+                closer.close(**({"wait": completed} if on_workers else {}))
+
+    def _finished(self, batches, encoder_queue: int):
+        """((index, hypotheses) of the ``batches``' sentences as they finish, the read-ahead to close or None)."""
+        def encoded():
+            # Runs in the encoder thread with --encoder-queue.
+            for net_input, ids in batches:
+                yield self.decoder.open(net_input, ids=ids)
+
+        with decoding():  # the encoder thread takes the mode of this thread as it starts
+            if isinstance(self.decoder, CohortDecoder):
+                cohorts = read_ahead(encoded(), encoder_queue, self.device)
+                return self._make_pool().run(cohorts), cohorts
+            # A search that decodes whole batches (jacobi): fairseq's generate() per batch.
+            return (pair for net_input, ids in batches
+                    for pair in zip(ids.tolist(), self.decoder.generate(self.models, {
+                        "net_input": net_input, "id": ids}))), None
+
+    def _on_workers(self, batches):
+        """``cpu_workers``: chunks of :data:`STREAM_CHUNK` batches, each streamed by one worker process, in
+        input order; (the pairs as :meth:`_finished` gives them, the workers to close)."""
+        from fairseq_stream.schedule.workers import STREAM_CHUNK, Workers, chunks
+
+        workers = Workers(self.layout.workers, self._decode_chunk, self.decoder.stats)
+        return (pair for pairs in workers.map(chunks(batches, STREAM_CHUNK)) for pair in pairs), workers
+
+    def _decode_chunk(self, chunk) -> list:
+        """In a worker: [(index, hypotheses)] of a chunk of batches, in input order (no encoder thread: the
+        other workers hold the other cores)."""
+        finished, _ = self._finished(iter(chunk), 0)
+        pairs = []
+        while True:
+            with decoding():
+                pair = next(finished, None)
+            if pair is None:
+                return sorted(pairs, key=lambda p: p[0])
+            pairs.append((pair[0], released(pair[1])))
 
     def _batches(self, lines, sources):
         """(net_input, ids) batches of the numbered ``lines``; each one's text is kept in ``sources``.

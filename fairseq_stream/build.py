@@ -82,6 +82,7 @@ class DecoderSpec:
     quantize: str = "none"  # --quantize: none, int8, int16
     output_layer: str = "auto"
     cpu_threads: Optional[int] = None  # --cpu-threads: None chooses (ops/threads.py)
+    cpu_workers: Optional[int] = None  # --cpu-workers: None chooses (ops/threads.py, schedule/workers.py)
     rnn: RnnOptions = field(default_factory=RnnOptions)
     stats_file: Optional[str] = None
     stats_steps: bool = False
@@ -118,6 +119,7 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
         quantize=str(getattr(search_cfg, "quantize", "none")),
         output_layer=str(getattr(search_cfg, "output_layer", "auto")),
         cpu_threads=check_cpu_threads(getattr(search_cfg, "cpu_threads", None)),
+        cpu_workers=check_cpu_threads(getattr(search_cfg, "cpu_workers", None), "--cpu-workers"),
         rnn=RnnOptions.from_config(search_cfg),
         stats_file=getattr(search_cfg, "stats_file", None),
         stats_steps=bool(getattr(search_cfg, "stats_steps", False)),
@@ -155,8 +157,13 @@ def spec_from_options(search: str, beam: int, options: dict):
     return spec_from_configs(SEARCH_REGISTRY[search], gen_cfg, search_cfg), stream_cfg
 
 
-def build_decoder(spec: DecoderSpec, task, models):
-    """The decoder of ``spec`` for ``models``: runner, search and decoder (and what the search wraps around it)."""
+def build_decoder(spec: DecoderSpec, task, models, workers_by_default: bool = False):
+    """The decoder of ``spec`` for ``models``: runner, search and decoder (and what the search wraps around it).
+
+    Its ``cpu_layout`` is the CPU layout set for it (None where the runner
+    keeps torch's threads); ``workers_by_default``: the caller decodes each
+    batch on its own, so the default layout may take worker processes.
+    """
     from fairseq_stream.decoder import BeamDecoder
     from fairseq_stream.stats import DecodeStats, StatsReporter
 
@@ -172,22 +179,30 @@ def build_decoder(spec: DecoderSpec, task, models):
     )
     if spec.quantize != "none":
         _release_float_weights(decoder.runner, spec.quantize)
-    _lay_out_threads(decoder.runner, models, spec.cpu_threads)
+    layout = _lay_out_threads(decoder.runner, models, spec, workers_by_default)
     if s.wrap is not None:
         decoder = s.wrap(decoder)
+    decoder.cpu_layout = layout
     # The outermost decoder's counters are the run's (Jacobi's add their own to greedy's); the reporter
     # writes them at exit, which keeps it alive.
     StatsReporter(spec.search, decoder.stats, spec.stats_file)
     return decoder
 
 
-def _lay_out_threads(runner, models, cpu_threads):
-    """Our runners on the CPU: threads to our kernels, torch's ops on one (ops/threads.py says why)."""
+def _lay_out_threads(runner, models, spec: DecoderSpec, workers_by_default: bool):
+    """Our runners on the CPU: threads to our kernels, torch's ops on one (ops/threads.py says why); the
+    layout, or None where the runner keeps torch's threads (and so one worker: said where more were asked)."""
     from fairseq_stream.ops.threads import apply_layout, choose_layout
 
     on_cpu = all(p.device.type == "cpu" for m in models for p in m.parameters())
     if on_cpu and getattr(runner, "name", None) in ("lean", "rnn"):
-        apply_layout(choose_layout(cpu_threads))
+        layout = choose_layout(spec.cpu_threads, spec.cpu_workers, workers_by_default)
+        if apply_layout(layout):
+            return layout
+    if spec.cpu_workers not in (None, 1):
+        logger.warning("fairseq-stream: --cpu-workers %d is for our runners (lean, rnn) on the CPU with the "
+                       "kernels built; this decode runs on one", spec.cpu_workers)
+    return None
 
 
 def _release_float_weights(runner, quantize: str):
@@ -205,8 +220,14 @@ def build_generator(spec: DecoderSpec, task, models, gen_cfg=None):
     """:func:`build_decoder`'s decoder on ``spec``'s scheduler: what fairseq's ``task.build_generator`` returns."""
     from fairseq_stream.registry import GENERATOR_REGISTRY
 
-    decoder = build_decoder(spec, task, models)
-    return GENERATOR_REGISTRY[spec.scheduler].build(decoder, spec.scheduler_options, task, models, gen_cfg)
+    from fairseq_stream.schedule.workers import on_workers
+
+    scheduler = GENERATOR_REGISTRY[spec.scheduler]
+    # Workers by default only where each batch is decoded on its own: a stream across batches, split among
+    # workers, would put other sentences in its calls, and float32 scores move in the last bits.
+    decoder = build_decoder(spec, task, models, workers_by_default=not getattr(scheduler, "streams", False))
+    generator = scheduler.build(decoder, spec.scheduler_options, task, models, gen_cfg)
+    return on_workers(generator, decoder.cpu_layout, task, models, gen_cfg)
 
 
 class OurSearch:

@@ -22,7 +22,7 @@ fairseq-fixed 0.12.3.1 with Hydra 1.3.2 needs these adjustments (see
 * ``fairseq_cli.interactive.buffered_read`` decodes input line by line, so
   that a line that is not UTF-8 is a one-line error naming it, and
   ``make_batches`` names an over-long line by its number (fairseq: its index
-  in the buffer);
+  in the buffer) and announces a buffer's batches to ``--cpu-workers``;
 * ``data.iterators.BackgroundConsumer``, fairseq's data-loading thread, is
   stopped and joined at exit (:mod:`fairseq_stream.exit_threads`): left
   running into the interpreter's finalization inside a torch operator, it
@@ -680,13 +680,19 @@ def _patch_interactive_batches(interactive):
 
     @functools.wraps(original)
     def make_batches(lines, *args, **kwargs):
+        from fairseq_stream.schedule.workers import announce
+
         try:
-            yield from original(lines, *args, **kwargs)
+            # The buffer's batches at once (fairseq prints none of them before all are translated), so that
+            # --cpu-workers can decode them at once (schedule/workers.py).
+            batches = list(original(lines, *args, **kwargs))
         except OverLongInput as e:
             raise FairseqStreamError(
                 "input line {} is longer than the model's positions: {} tokens (EOS included), at most {}; "
                 "shorten or split it, or skip such lines with --skip-invalid-size-inputs-valid-test"
                 .format(_lines_before_buffer + e.index + 1, e.length, e.limit)) from None
+        announce([{"net_input": {"src_tokens": b.src_tokens, "src_lengths": b.src_lengths}} for b in batches])
+        yield from batches
 
     interactive.make_batches = make_batches
 

@@ -42,16 +42,21 @@ _applied = {"layout": None}
 
 @dataclass(frozen=True)
 class ThreadLayout:
-    """Threads for our kernels (the calling thread included) and for torch's ops, and why."""
+    """Worker processes decoding batches at once, threads for our kernels in each (the calling thread
+    included) and for torch's ops, and why."""
 
     kernel_threads: int
     torch_threads: int
     reason: str
+    workers: int = 1
 
     def describe(self) -> str:
         """The layout as the log line gives it."""
-        return "{} thread{} for our kernels, torch's ops on {} ({})".format(
+        threads = "{} thread{} for our kernels, torch's ops on {} ({})".format(
             self.kernel_threads, "" if self.kernel_threads == 1 else "s", self.torch_threads, self.reason)
+        if self.workers == 1:
+            return threads
+        return "{} workers decoding batches at once, each with {}".format(self.workers, threads)
 
 
 def usable_cores() -> int:
@@ -62,28 +67,48 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def check_cpu_threads(value) -> Optional[int]:
-    """``--cpu-threads``: None (choose) or a whole number of at least 1; one-line error otherwise."""
+def check_cpu_threads(value, flag: str = "--cpu-threads") -> Optional[int]:
+    """``--cpu-threads`` (or ``flag``): None (choose) or a whole number of at least 1; one-line error otherwise."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise FairseqStreamError("--cpu-threads must be a whole number of at least 1, got {!r}".format(value))
+        raise FairseqStreamError("{} must be a whole number of at least 1, got {!r}".format(flag, value))
     return value
 
 
-def choose_layout(cpu_threads: Optional[int] = None) -> ThreadLayout:
-    """The layout for ``--cpu-threads`` (None: the usable cores, at most torch's thread count)."""
+def choose_layout(cpu_threads: Optional[int] = None, cpu_workers: Optional[int] = None,
+                  workers_by_default: bool = False) -> ThreadLayout:
+    """The layout for ``--cpu-threads`` and ``--cpu-workers`` (None: chosen from the usable cores).
+
+    The cores: those this process may use, at most torch's thread count.
+    ``--cpu-threads`` alone keeps one worker (its meaning before workers
+    existed); ``--cpu-workers`` alone shares the cores among the workers;
+    neither: one worker a core where ``workers_by_default`` (each batch is
+    decoded on its own, so workers change no bit: schedule/workers.py), else
+    one worker with every core for its kernels.
+    """
     cpu_threads = check_cpu_threads(cpu_threads)
-    if cpu_threads is not None:
+    cpu_workers = check_cpu_threads(cpu_workers, "--cpu-workers")
+    cores, why = _cores()
+    if cpu_workers is None and cpu_threads is not None:
         return ThreadLayout(cpu_threads, 1, "--cpu-threads {}".format(cpu_threads))
+    if cpu_workers is None:
+        if workers_by_default and cores > 1:
+            return ThreadLayout(1, 1, why, workers=cores)
+        return ThreadLayout(cores, 1, why)
+    threads = cpu_threads if cpu_threads is not None else max(1, cores // cpu_workers)
+    given = "--cpu-workers {}".format(cpu_workers) + (", --cpu-threads {}".format(cpu_threads) if cpu_threads else
+                                                       ", {}".format(why))
+    return ThreadLayout(threads, 1, given, workers=cpu_workers)
+
+
+def _cores():
+    """(cores a decode may use, why that many): the usable cores, at most torch's thread count."""
     cores, torch_threads = usable_cores(), _torch_threads()
-    threads = min(cores, torch_threads)
     if torch_threads < cores:
-        reason = "torch's thread count {} (OMP_NUM_THREADS or torch.set_num_threads) of the {} usable cores".format(
-            torch_threads, cores)
-    else:
-        reason = "the {} core{} this process may use".format(cores, "" if cores == 1 else "s")
-    return ThreadLayout(threads, 1, reason)
+        return torch_threads, "torch's thread count {} (OMP_NUM_THREADS or torch.set_num_threads) of the {} " \
+            "usable cores".format(torch_threads, cores)
+    return cores, "the {} core{} this process may use".format(cores, "" if cores == 1 else "s")
 
 
 def _torch_threads() -> int:
@@ -102,9 +127,15 @@ def apply_layout(layout: ThreadLayout) -> bool:
     module.set_kernel_threads(layout.kernel_threads)
     torch.set_num_threads(layout.torch_threads)
     if before is None or before[0] != layout:
-        logger.info("fairseq-stream: CPU threads: %s; --cpu-threads to change", layout.describe())
+        logger.info("fairseq-stream: CPU threads: %s; --cpu-workers, --cpu-threads to change", layout.describe())
     _applied["layout"] = (layout, original)
     return True
+
+
+def applied_layout() -> Optional[ThreadLayout]:
+    """The layout this process runs (None: none set yet)."""
+    applied = _applied["layout"]
+    return applied[0] if applied is not None else None
 
 
 def kernel_threads() -> int:

@@ -230,6 +230,11 @@ class StreamGenerator:
         self.decoder.cuda()
         return self
 
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether this generator streams across fairseq-generate's batches (its look-ahead is on)."""
+        return self._batches is not None
+
     def pool(self, default_size: int) -> StreamPool:
         return StreamPool(self.decoder, self.pool_size or default_size, **self.pool_args)
 

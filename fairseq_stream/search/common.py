@@ -52,6 +52,13 @@ class DecodeStatsConfig(RnnRunnerConfig):
                   "work over them, torch's ops run on one (default: the cores this process may use, at "
                   "most torch's thread count, OMP_NUM_THREADS); fairseq's runner keeps torch's threads"},
     )
+    cpu_workers: Optional[int] = field(
+        default=None,
+        metadata={"help": "worker processes decoding batches at once on the CPU (CTranslate2's inter_threads), "
+                  "each with its own decoder state and --cpu-threads kernel threads; results in input order, "
+                  "the same bits as one worker where each batch is decoded on its own (default: one a core "
+                  "on --generator batch in fairseq-generate and fairseq-interactive, else 1; our runners only)"},
+    )
     output_layer: OutputLayerChoice = field(
         default="auto",
         metadata={"help": "output layer: torch (log-softmax over the vocabulary, then the rules and "

@@ -1,0 +1,434 @@
+"""``--cpu-workers N``: N batches decoded at once by forked worker processes (CTranslate2's inter_threads).
+
+Why processes, not threads. A decode on our runners spends part of its time
+in Python (the search loop between decoder calls, building hypotheses),
+which holds the GIL; our compiled calls and torch's operators release it.
+Measured on the toy transformer (docs/threads.md, "Several batches at
+once"): the compiled greedy and beam loops run 72-87% of a batch's time
+without the GIL, but var-batch's Python loop only about 41% of it, so two
+threads could not decode two var-batch batches at twice the rate of one.
+Forked processes share nothing but the weights (copy-on-write: they are
+never written after loading) and hold a GIL each; a batch is a few
+kilobytes of token ids in and of hypotheses out.
+
+What is exact. Each worker has its own decoder state (its own copy of the
+process, forked after the decoder was built) and decodes whole batches, one
+``generate`` call each, exactly as one process decodes them: where every
+batch is decoded on its own (``--generator batch``: fixed, var-batch, greedy,
+Jacobi; every sample of fairseq-interactive), the outputs are the one-worker
+outputs bit for bit. A stream across batches (var-stream, ``--generator
+stream``/``fifo``/``topup`` in fairseq-generate, the Python API's pool) is
+split into chunks of :data:`STREAM_CHUNK` batches, each streamed by one
+worker: the same searches and translations, but a decoder call then holds
+other sentences, and float32 products move in the last bits with the rows
+that share a call (as with another ``--batch-size``); int8's products are
+exact integer sums and give the one-worker bits. So workers are the default
+only where each batch is decoded on its own (ops/threads.py).
+
+Results come back in input order: the parent hands task i to worker i mod N
+(a fixed assignment, so a run's output does not depend on timing), keeps at
+most :data:`WINDOW_PER_WORKER` tasks a worker in flight, and answers in the
+order it handed them out. An error in a worker stops every worker and is
+raised in the parent as one line; Ctrl-C reaches the parent only (the
+workers ignore SIGINT) and ends every worker; the command-line tools then
+exit with one line and status 130, as the bulk tool does.
+"""
+
+import atexit
+import logging
+import multiprocessing
+import pickle
+import queue
+import signal
+import sys
+import time
+import weakref
+from collections import deque
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.inference_mode import decoding, released
+
+logger = logging.getLogger(__name__)
+
+# Batches a worker streams across in one task, where the scheduler streams across batches.
+STREAM_CHUNK = 8
+# Tasks handed out ahead per worker: one decoding, one waiting, so that no worker waits for the parent.
+WINDOW_PER_WORKER = 2
+# Seconds between checks that every worker is still alive while the parent waits.
+_POLL_S = 0.2
+INTERRUPTED = "fairseq-stream: interrupted; the CPU workers are stopped"
+
+
+class Workers:
+    """``n`` forked processes running ``decode(payload)`` on the payloads of :meth:`map`, in order.
+
+    ``decode`` runs in the workers, on what the process held when they were
+    forked (the built decoder, the models); payloads and results are pickled
+    (token ids, hypotheses). ``stats``: the decoder's counters; each worker's
+    additions are added to the parent's as its results arrive.
+    """
+
+    def __init__(self, n: int, decode: Callable[[Any], Any], stats=None):
+        context = multiprocessing.get_context("fork")
+        self.n = n
+        self.stats = stats
+        self._results = context.Queue()
+        self._inboxes = [context.Queue() for _ in range(n)]
+        for inbox in self._inboxes:
+            inbox.cancel_join_thread()  # at exit, a worker that is gone reads no more: do not wait for it
+        self._processes = []
+        for index in range(n):
+            process = context.Process(target=_serve, args=(index, n, self._inboxes[index], self._results, decode,
+                                                           stats), name="fairseq-stream-worker-{}".format(index),
+                                      daemon=True)
+            process.start()
+            self._processes.append(process)
+        logger.info("fairseq-stream: %d CPU workers started (processes %s)", n,
+                    " ".join(str(p.pid) for p in self._processes))
+        self._closed = False
+        self._sent = 0  # tasks handed out
+        atexit.register(_close_if_alive, weakref.ref(self))
+
+    def map(self, payloads: Iterable) -> Iterator:
+        """``decode(payload)`` of each payload, in order; payloads are read only a window ahead.
+
+        Task k of the pool (counted over every map) goes to worker k mod n.
+        """
+        items = iter(payloads)
+        done, keys, exhausted = {}, deque(), False
+        window = WINDOW_PER_WORKER * self.n
+        while True:
+            while not exhausted and len(keys) < window:
+                payload = next(items, _END)
+                if payload is _END:
+                    exhausted = True
+                    break
+                keys.append(self._sent)
+                self._inboxes[self._sent % self.n].put(pickle.dumps((self._sent, payload), pickle.HIGHEST_PROTOCOL))
+                self._sent += 1
+            if not keys:
+                return
+            while keys[0] not in done:
+                key, result = self._receive()
+                done[key] = result
+            yield done.pop(keys.popleft())
+
+    def _receive(self):
+        """The next (task, result) from any worker; one-line errors for a failed or vanished worker."""
+        while True:
+            try:
+                message = self._results.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                gone = self._gone()
+                if gone is None:
+                    continue
+            try:  # a worker that failed puts its error before it exits: read that rather than its exit
+                message = self._results.get(timeout=1.0)
+                break
+            except queue.Empty:
+                raise gone from None
+        key, index, kind, value, counters = pickle.loads(message)
+        if kind == "error":
+            raise FairseqStreamError("CPU worker {} of {}: {}".format(index + 1, self.n, value))
+        add_counters(self.stats, counters)
+        return key, value
+
+    def _gone(self) -> Optional[FairseqStreamError]:
+        """The error for a worker that has exited, or None while every worker runs."""
+        for index, process in enumerate(self._processes):
+            code = process.exitcode
+            if code is not None:
+                how = "killed by signal {}".format(-code) if code < 0 else "exit status {}".format(code)
+                return FairseqStreamError("CPU worker {} of {} stopped ({}) before it finished its batches; out "
+                                          "of memory? run with fewer --cpu-workers".format(index + 1, self.n, how))
+        return None
+
+    def close(self, wait: bool = True):
+        """End every worker: ask them to stop and wait (``wait``), then end any left (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if wait:
+            for inbox in self._inboxes:
+                inbox.put(None)
+            deadline = time.monotonic() + 10.0
+            for process in self._processes:
+                process.join(max(0.0, deadline - time.monotonic()))
+        for process in self._processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+        self._results.close()
+        self._results.cancel_join_thread()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *rest):
+        self.close(wait=exc_type is None)
+        return False
+
+
+_END = object()
+
+
+def _close_if_alive(ref):
+    workers = ref()
+    if workers is not None:
+        workers.close(wait=False)
+
+
+def _serve(index: int, n: int, inbox, results, decode, stats):
+    """A worker's loop: decode each task of ``inbox`` and put its result (or its error) in ``results``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
+    while True:
+        message = inbox.get()
+        if message is None:
+            return
+        key, payload = pickle.loads(message)
+        before = counters_of(stats)
+        try:
+            result = decode(payload)
+        except BaseException as e:  # noqa: B902  (every failure goes to the parent as one line)
+            detail = str(e) if isinstance(e, FairseqStreamError) else "{}: {}".format(type(e).__name__, e)
+            results.put(pickle.dumps((key, index, "error", detail, None)))
+            return
+        results.put(pickle.dumps((key, index, "ok", result, counters_since(stats, before)),
+                                 pickle.HIGHEST_PROTOCOL))
+
+
+# Counters the parent keeps itself (it times and counts the sentences of its own generate calls).
+_PARENT_COUNTERS = ("sentences", "wall_s")
+
+
+def counters_of(stats) -> dict:
+    """The numeric counters and step records of a decoder's statistics object (empty for None)."""
+    if stats is None:
+        return {}
+    return {k: (len(v) if isinstance(v, list) else v) for k, v in vars(stats).items()
+            if isinstance(v, (int, float, list)) and not isinstance(v, bool) and k not in _PARENT_COUNTERS}
+
+
+def counters_since(stats, before: dict) -> dict:
+    """What ``stats`` added since ``before`` (:func:`counters_of`): numbers as differences, lists as new items."""
+    out = {}
+    for key, old in before.items():
+        value = getattr(stats, key)
+        if isinstance(value, list):
+            out[key] = value[old:]
+        elif key.startswith("peak"):
+            out[key] = value
+        else:
+            out[key] = value - old
+    return out
+
+
+def add_counters(stats, counters: Optional[dict]):
+    """Add a worker's :func:`counters_since` to the parent's ``stats`` (peaks: the larger)."""
+    for key, value in (counters or {}).items():
+        old = getattr(stats, key, None)
+        if isinstance(old, list):
+            old.extend(value)
+        elif key.startswith("peak"):
+            setattr(stats, key, max(old, value))
+        elif old is not None:
+            setattr(stats, key, old + value)
+
+
+def chunks(items: Iterable, size: int) -> Iterator[list]:
+    """Lists of ``size`` consecutive items (the last may be shorter)."""
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+# --- fairseq-generate and fairseq-interactive ---------------------------------------------
+
+
+def on_workers(generator, layout, task, models, gen_cfg):
+    """``generator`` on ``layout.workers`` worker processes (itself where the layout has one, or none).
+
+    The hook where fairseq's ``task.build_generator`` hands out our
+    generator: fairseq-generate's batches are read ahead from a copy of its
+    epoch iterator (as the streaming look-ahead does), fairseq-interactive's
+    are announced by its batching (:func:`announce`).
+    """
+    if layout is None or layout.workers <= 1:
+        return generator
+    from omegaconf import DictConfig
+
+    from fairseq_stream.schedule.stream import fairseq_generate_batches
+
+    root = gen_cfg._get_root() if isinstance(gen_cfg, DictConfig) else None
+    batches = fairseq_generate_batches(task, models, root) if root is not None else None
+    return WorkersGenerator(generator, layout.workers, models, batches)
+
+
+# Generators that take fairseq-interactive's announced batches (weakly: one per built generator).
+_listening: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def announce(samples: list):
+    """fairseq-interactive's next batches (samples as it will pass them to ``generate``), before it asks."""
+    for generator in list(_listening):
+        generator.expect(samples)
+
+
+class WorkersGenerator:
+    """A fairseq generator whose batches are decoded by :class:`Workers`, answered in fairseq's order.
+
+    Args:
+        inner: the generator each worker runs (its copy, forked).
+        n: workers.
+        models: fairseq's models (``generate``'s argument).
+        batches: a callable building fairseq-generate's epoch iterator again, or None.
+    """
+
+    def __init__(self, inner, n: int, models, batches: Optional[Callable] = None):
+        self.inner, self.n, self.models = inner, n, models
+        self._batches = batches
+        self._workers = None
+        self._ahead = None  # None: not decided; False: decode here; else the results of the look-ahead
+        self._done = {}  # sentence id -> hypotheses, fairseq-generate's look-ahead
+        self._expected = deque()  # fairseq-interactive: (sample, its results' iterator) announced
+        _listening.add(self)
+
+    @property
+    def stats(self):
+        return self.inner.stats
+
+    @property
+    def eos(self):
+        return self.inner.eos
+
+    @property
+    def symbols_to_strip_from_output(self):
+        return self.inner.symbols_to_strip_from_output
+
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
+        """Translate a fairseq sample; one list of hypotheses per sentence, in sample order."""
+        from fairseq_stream.decoder import BeamDecoder
+
+        BeamDecoder.check_call(prefix_tokens, constraints)
+        start = time.perf_counter()
+        try:
+            results = self._from_workers(sample, bos_token)
+        except KeyboardInterrupt:
+            self.close(wait=False)
+            print(INTERRUPTED, file=sys.stderr)
+            sys.exit(130)
+        except BaseException:
+            self.close(wait=False)
+            raise
+        if results is None:
+            return self.inner.generate(models, sample, bos_token=bos_token, **kwargs)
+        self.stats.add_sentences(len(results), time.perf_counter() - start)
+        return results
+
+    def _from_workers(self, sample, bos_token) -> Optional[list]:
+        if self._expected:
+            return self._announced(sample)
+        ids = sample.get("id")
+        if self._ahead is None:
+            self._ahead = ids is not None and self._start_ahead(sample, bos_token)
+        if not self._ahead:
+            return None
+        return self._answer(ids.tolist())
+
+    def _pool(self) -> Workers:
+        if self._workers is None:
+            self._workers = Workers(self.n, lambda task: decode_samples(self.inner, self.models, *task),
+                                    self.stats)
+        return self._workers
+
+    def _start_ahead(self, sample, bos_token) -> bool:
+        itr = self._batches() if self._batches is not None else None
+        first = next(iter(itr), None) if itr is not None else None
+        if first is None or not torch.equal(first["id"].cpu(), sample["id"].cpu()):
+            logger.info("fairseq-stream: the batches are not fairseq-generate's; decoding them in this process, "
+                        "one at a time")
+            return False
+        size = STREAM_CHUNK if streams_across_batches(self.inner) else 1
+
+        def tasks():
+            batches = (b for b in _chained(first, itr) if "net_input" in b)
+            for chunk in chunks(batches, size):
+                yield chunk, bos_token
+
+        self._ahead = (pair for results in self._pool().map(tasks()) for pair in results)
+        return self._ahead
+
+    def _answer(self, wanted: list) -> list:
+        while any(i not in self._done for i in wanted):
+            pair = next(self._ahead, None)
+            if pair is None:
+                raise FairseqStreamError("the look-ahead never produced sentence(s) {}".format(
+                    [i for i in wanted if i not in self._done][:5]))
+            self._done[pair[0]] = pair[1]
+        return [self._done.pop(i) for i in wanted]
+
+    def expect(self, samples: list):
+        """fairseq-interactive's coming ``samples``: handed to the workers now, answered as they are asked."""
+        if len(samples) < 2:
+            return  # one batch: nothing to decode at once
+        tasks = (([_plain(s)], None) for s in samples)
+        results = self._pool().map(tasks)
+        for s in samples:
+            self._expected.append((s["net_input"]["src_tokens"], results))
+
+    def _announced(self, sample) -> Optional[list]:
+        tokens, results = self._expected.popleft()
+        answer = [hyps for _, hyps in next(results)]
+        if not torch.equal(tokens, sample["net_input"]["src_tokens"]):
+            self._expected.clear()
+            raise FairseqStreamError("fairseq-interactive asked for other batches than it announced")
+        return answer
+
+    def close(self, wait: bool = True):
+        """Stop the workers (fairseq never calls it; the end of the look-ahead, an error or exit does)."""
+        if self._workers is not None:
+            self._workers.close(wait=wait)
+
+
+def _chained(first, rest):
+    yield first
+    yield from rest
+
+
+def _plain(sample) -> dict:
+    """A sample as a worker gets it: the source tensors (no id: fairseq-interactive's have none)."""
+    return {"net_input": {k: v for k, v in sample["net_input"].items()}}
+
+
+def streams_across_batches(generator) -> bool:
+    """Whether ``generator`` streams across fairseq-generate's batches (it reads ahead into later ones)."""
+    return bool(getattr(generator, "reads_ahead", False))
+
+
+def decode_samples(generator, models, samples: list, bos_token=None) -> list:
+    """In a worker: [(sentence id or row, hypotheses)] of ``samples``, as one process decodes them.
+
+    A generator that streams across batches streams across these samples
+    (one pool, as its look-ahead does); any other decodes each sample with
+    one ``generate`` call.
+    """
+    if streams_across_batches(generator) and all("id" in s for s in samples):
+        cohorts = (generator.decoder.open(s["net_input"], ids=s["id"], bos_token=bos_token) for s in samples)
+        with decoding():
+            done = dict(generator.pool(samples[0]["id"].numel()).run(cohorts))
+        return [(i, released(done[i])) for s in samples for i in s["id"].tolist()]
+    out = []
+    for s in samples:
+        hypotheses = generator.generate(models, s, bos_token=bos_token)
+        ids = s["id"].tolist() if "id" in s else range(len(hypotheses))
+        out.extend(zip(ids, hypotheses))
+    return out
