@@ -205,21 +205,39 @@ def _serve(index: int, n: int, inbox, results, decode, stats):
 _PARENT_COUNTERS = ("sentences", "wall_s")
 
 
+class _Nested(dict):
+    """The counters of a statistics object inside another (Jacobi's over its greedy decoder's)."""
+
+
 def counters_of(stats) -> dict:
-    """The numeric counters and step records of a decoder's statistics object (empty for None)."""
-    if stats is None:
-        return {}
-    return {k: (len(v) if isinstance(v, list) else v) for k, v in vars(stats).items()
-            if isinstance(v, (int, float, list)) and not isinstance(v, bool) and k not in _PARENT_COUNTERS}
+    """The numeric counters, histograms and step records of a decoder's statistics (empty for None)."""
+    out = _Nested()
+    for key, value in (vars(stats).items() if stats is not None else ()):
+        if key in _PARENT_COUNTERS or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            out[key] = value
+        elif isinstance(value, list):
+            out[key] = len(value)
+        elif isinstance(value, dict):
+            out[key] = dict(value)
+        elif hasattr(value, "__dict__") and not callable(value):
+            out[key] = counters_of(value)
+    return out
 
 
 def counters_since(stats, before: dict) -> dict:
-    """What ``stats`` added since ``before`` (:func:`counters_of`): numbers as differences, lists as new items."""
-    out = {}
+    """What ``stats`` added since ``before`` (:func:`counters_of`): numbers and histograms as differences,
+    lists as their new items, peaks as they are."""
+    out = _Nested()
     for key, old in before.items():
         value = getattr(stats, key)
-        if isinstance(value, list):
+        if isinstance(old, _Nested):
+            out[key] = counters_since(value, old)
+        elif isinstance(value, list):
             out[key] = value[old:]
+        elif isinstance(value, dict):
+            out[key] = {k: v - old.get(k, 0) for k, v in value.items() if v != old.get(k, 0)}
         elif key.startswith("peak"):
             out[key] = value
         else:
@@ -231,8 +249,13 @@ def add_counters(stats, counters: Optional[dict]):
     """Add a worker's :func:`counters_since` to the parent's ``stats`` (peaks: the larger)."""
     for key, value in (counters or {}).items():
         old = getattr(stats, key, None)
-        if isinstance(old, list):
+        if isinstance(value, _Nested):
+            add_counters(old, value)
+        elif isinstance(old, list):
             old.extend(value)
+        elif isinstance(old, dict):
+            for k, v in value.items():
+                old[k] = old.get(k, 0) + v
         elif key.startswith("peak"):
             setattr(stats, key, max(old, value))
         elif old is not None:

@@ -1,0 +1,194 @@
+"""``--cpu-workers``: batches decoded at once by forked worker processes (schedule/workers.py, issue 50).
+
+Real decodes of the toy transformer on two workers against one: the same
+lines in the same order (bitwise where each batch is decoded on its own, and
+in int8 everywhere), every sentence once; the layout and its log line; a
+failing or vanished worker stops every worker with one line; Ctrl-C ends the
+run with one line and status 130. No timing is asserted.
+"""
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import BIN, REPO, run_tool, tool_env
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.ops import threads
+
+GENERATE_LINES = ("S-", "T-", "H-", "D-", "P-")
+
+
+def generate(toy, options, workers, subset="valid", extra_env=None):
+    """fairseq-generate's output lines (in its order) and stderr, on ``workers`` CPU workers."""
+    proc = run_tool(["fairseq-generate", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
+                     "--gen-subset", subset, "--batch-size", "16", "--cpu", "--cpu-workers", str(workers)] + options,
+                    env=dict({"OMP_NUM_THREADS": "2"}, **(extra_env or {})))
+    return [line for line in proc.stdout.splitlines() if line.startswith(GENERATE_LINES)], proc.stderr
+
+
+def hypothesis_ids(lines):
+    return [int(line.split("\t")[0][2:]) for line in lines if line.startswith("H-")]
+
+
+@pytest.mark.parametrize("options", [
+    ["--search", "fixed", "--beam", "5", "--runner", "lean"],
+    ["--search", "var-batch", "--beam", "5"],
+    ["--search", "greedy"],
+    ["--search", "jacobi"],
+    ["--search", "var-batch", "--beam", "5", "--quantize", "int8"],
+    ["--search", "var-stream", "--beam", "5", "--quantize", "int8"],
+], ids=["fixed", "var-batch", "greedy", "jacobi", "int8-var-batch", "int8-var-stream"])
+def test_two_workers_print_one_workers_lines_bit_for_bit(toy, options, tmp_path):
+    one, _ = generate(toy, options + ["--stats-file", str(tmp_path / "one.json")], 1)
+    two, log = generate(toy, options + ["--stats-file", str(tmp_path / "two.json")], 2)
+    assert "2 CPU workers started" in log
+    assert two == one
+    assert sorted(hypothesis_ids(two)) == list(range(200))
+    counts = [json.loads((tmp_path / name).read_text()) for name in ("one.json", "two.json")]
+    # A stream split into chunks makes other calls (timesteps) of the same expansions.
+    for key in ("sentences", "expansions") + (() if "var-stream" in options else ("timesteps",)):
+        assert counts[1][key] == counts[0][key], key
+
+
+def test_a_float32_stream_split_among_workers_keeps_every_translation(toy):
+    # Each worker streams its own chunks: other sentences share its calls, so float32 scores may move in
+    # the last bits (docs/threads.md); the translations and their order stay.
+    options = ["--search", "var-stream", "--beam", "5"]
+    one, _ = generate(toy, options, 1)
+    two, _ = generate(toy, options, 2)
+    hyps = [[line.split("\t") for line in lines if line.startswith("H-")] for lines in (one, two)]
+    assert [(h[0], h[2]) for h in hyps[1]] == [(h[0], h[2]) for h in hyps[0]]
+    assert all(abs(float(a[1]) - float(b[1])) < 1e-4 for a, b in zip(*hyps))
+    assert sorted(hypothesis_ids(two)) == list(range(200))
+
+
+def test_the_default_layout_takes_workers_only_where_batches_are_decoded_on_their_own(toy):
+    run = ["fairseq-generate", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
+           "--gen-subset", "test", "--cpu", "--beam", "5", "--search"]
+    env = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}  # torch's thread count reads both
+    batch = run_tool(run + ["var-batch"], env=env).stderr
+    assert "CPU threads: 2 workers decoding batches at once, each with 1 thread for our kernels" in batch
+    stream = run_tool(run + ["var-stream"], env=env).stderr
+    assert "CPU threads: 2 threads for our kernels, torch's ops on 1 (the 2 cores" in stream
+    one_core = run_tool(run + ["var-batch"], env={"OMP_NUM_THREADS": "1"}).stderr
+    assert "CPU threads: 1 thread for our kernels" in one_core and "CPU workers started" not in one_core
+
+
+def test_the_layout_combines_workers_and_threads(monkeypatch):
+    monkeypatch.setattr(threads, "usable_cores", lambda: 4)
+    monkeypatch.setattr(threads, "_torch_threads", lambda: 8)
+    assert threads.choose_layout(None, None, workers_by_default=True).workers == 4
+    assert (threads.choose_layout(None, None).workers, threads.choose_layout(None, None).kernel_threads) == (1, 4)
+    assert threads.choose_layout(2, None, workers_by_default=True) == threads.ThreadLayout(2, 1, "--cpu-threads 2")
+    both = threads.choose_layout(None, 2)
+    assert (both.workers, both.kernel_threads) == (2, 2)
+    assert "2 workers decoding batches at once, each with 2 threads" in both.describe()
+    given = threads.choose_layout(3, 2)
+    assert (given.workers, given.kernel_threads, given.reason) == (2, 3, "--cpu-workers 2, --cpu-threads 3")
+    with pytest.raises(FairseqStreamError, match="--cpu-workers must be a whole number of at least 1, got 0"):
+        threads.choose_layout(None, 0)
+
+
+def test_fairseq_generate_refuses_a_bad_worker_count(toy):
+    bad = run_tool(["fairseq-generate", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
+                    "--gen-subset", "test", "--cpu", "--search", "greedy", "--cpu-workers", "0"], check=False)
+    assert bad.returncode != 0
+    assert "--cpu-workers must be a whole number of at least 1, got 0" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("search", ["var-batch", "var-stream"])
+def test_fairseq_interactive_decodes_a_buffers_batches_on_workers(toy, search):
+    lines = "".join(open(toy.raw / "valid.src").readlines()[:100])
+    outputs = []
+    for workers in ("1", "2"):
+        proc = run_tool(["fairseq-interactive", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
+                         "--search", search, "--beam", "5", "--cpu", "--buffer-size", "32", "--batch-size", "8",
+                         "--cpu-workers", workers], input=lines, env={"OMP_NUM_THREADS": "2"})
+        outputs.append([line for line in proc.stdout.splitlines() if line.startswith(("S-", "H-", "D-", "P-"))])
+    assert "2 CPU workers started" in proc.stderr
+    assert outputs[1] == outputs[0]
+    assert hypothesis_ids(outputs[1]) == list(range(100))
+
+
+def translations(toy, workers, quantize="none", search="var-stream"):
+    from fairseq_stream.api import Translator
+
+    translator = Translator(str(toy.transformer), data=str(toy.data_bin), search=search, beam=5, cpu=True,
+                            batch_size=16, pool=16, quantize=quantize, cpu_workers=workers)
+    lines = open(toy.raw / "valid.src").read().splitlines()
+    return [(t.index, t.text, t.score, [h["positional_scores"].tolist() for h in t.hypotheses])
+            for t in translator.translate(lines)]
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_the_api_yields_every_sentence_once_in_input_order(toy, quantize):
+    one, two = sorted(translations(toy, 1, quantize)), translations(toy, 2, quantize)
+    assert [t[0] for t in two] == list(range(200))
+    assert [t[1] for t in two] == [t[1] for t in one]
+    if quantize == "int8":  # exact integer sums: the one-worker bits whatever shares a call
+        assert two == one
+    assert multiprocessing.active_children() == []
+
+
+def test_an_error_in_a_worker_stops_every_worker_with_one_line(toy):
+    from fairseq_stream.api import Translator
+
+    translator = Translator(str(toy.transformer), data=str(toy.data_bin), search="var-batch", beam=5, cpu=True,
+                            batch_size=16, pool=16, cpu_workers=2)
+    real_open = translator.decoder.open
+
+    def failing_open(net_input, ids=None, **kwargs):
+        if ids is not None and 150 in ids.tolist():
+            raise ValueError("a bad batch")
+        return real_open(net_input, ids=ids, **kwargs)
+
+    translator.decoder.open = failing_open  # before the workers fork: theirs fails too
+    lines = open(toy.raw / "valid.src").read().splitlines()
+    with pytest.raises(FairseqStreamError, match=r"^CPU worker [12] of 2: ValueError: a bad batch$"):
+        list(translator.translate(lines))
+    assert multiprocessing.active_children() == []
+
+
+def test_a_vanished_worker_is_named_in_one_line(toy):
+    from fairseq_stream.api import Translator
+
+    translator = Translator(str(toy.transformer), data=str(toy.data_bin), search="greedy", cpu=True,
+                            batch_size=8, pool=8, cpu_workers=2)
+    lines = open(toy.raw / "valid.src").read().splitlines() * 5
+    results = translator.translate(lines)
+    next(results)  # the first chunk is back; the second worker has chunks still to come
+    for child in multiprocessing.active_children():
+        if child.name.endswith("-1"):
+            os.kill(child.pid, signal.SIGKILL)
+    with pytest.raises(FairseqStreamError, match=r"CPU worker 2 of 2 stopped \(killed by signal 9\)"):
+        list(results)
+    assert multiprocessing.active_children() == []
+
+
+def test_ctrl_c_stops_the_workers_with_one_line_and_status_130(toy):
+    # Every sentence forced to 150 tokens: the decode runs long enough to be interrupted mid-way.
+    argv = [str(BIN / "fairseq-generate"), str(toy.data_bin), "--path", str(toy.transformer), "--user-dir",
+            "fairseq_stream", "--gen-subset", "valid", "--batch-size", "8", "--cpu", "--search", "fixed",
+            "--beam", "5", "--runner", "lean", "--min-len", "150", "--max-len-b", "150", "--cpu-workers", "2"]
+    proc = subprocess.Popen(argv, cwd=REPO, env=dict(tool_env(), OMP_NUM_THREADS="2"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen = ""
+    for line in proc.stderr:
+        seen += line
+        if "CPU workers started" in line:
+            break
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole process group
+    _, rest = proc.communicate(timeout=120)
+    assert proc.returncode == 130, seen + rest
+    assert "fairseq-stream: interrupted; the CPU workers are stopped" in rest
+    assert "Traceback" not in rest
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # no worker outlived the run
