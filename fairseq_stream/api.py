@@ -95,7 +95,7 @@ class Translator:
                  bpe_codes: Optional[str] = None, cpu: bool = False,
                  trust_checkpoint: bool = False, **options):
         import fairseq_stream  # noqa: F401  (registries, safe loading)
-        from fairseq_stream.build import build_decoder, spec_from_options
+        from fairseq_stream.build import build_decoder, cpu_layout_of, spec_from_options
         from fairseq_stream.schedule.pool import StreamPool
         from fairseq_stream.schedule.stream import pool_settings
 
@@ -113,7 +113,7 @@ class Translator:
         self._pool_args = pool_settings(stream_cfg)
         self.models, self.cfg, self.task, self.device = _load_models(paths, data, trust_checkpoint, cpu)
         self.decoder = build_decoder(spec, self.task, self.models)
-        self.layout = self.decoder.cpu_layout  # cpu_workers > 1: translate() decodes on worker processes
+        self.layout = cpu_layout_of(self.decoder)  # cpu_workers > 1: translate() decodes on worker processes
         self.pool_size = pool
         self.batch_size = batch_size or pool
         self.maxi_batch = maxi_batch

@@ -189,6 +189,11 @@ def build_decoder(spec: DecoderSpec, task, models, workers_by_default: bool = Fa
     return decoder
 
 
+def cpu_layout_of(decoder):
+    """The CPU layout :func:`build_decoder` set for ``decoder`` (workers, threads), or None."""
+    return getattr(decoder, "cpu_layout", None)
+
+
 def _lay_out_threads(runner, models, spec: DecoderSpec, workers_by_default: bool):
     """Our runners on the CPU: threads to our kernels, torch's ops on one (ops/threads.py says why); the
     layout, or None where the runner keeps torch's threads (and so one worker: said where more were asked)."""
@@ -227,7 +232,7 @@ def build_generator(spec: DecoderSpec, task, models, gen_cfg=None):
     # workers, would put other sentences in its calls, and float32 scores move in the last bits.
     decoder = build_decoder(spec, task, models, workers_by_default=not getattr(scheduler, "streams", False))
     generator = scheduler.build(decoder, spec.scheduler_options, task, models, gen_cfg)
-    return on_workers(generator, decoder.cpu_layout, task, models, gen_cfg)
+    return on_workers(generator, cpu_layout_of(decoder), task, models, gen_cfg)
 
 
 class OurSearch:
