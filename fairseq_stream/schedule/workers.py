@@ -107,7 +107,8 @@ class Workers:
                     exhausted = True
                     break
                 keys.append(self._sent)
-                self._inboxes[self._sent % self.n].put(pickle.dumps((self._sent, payload), pickle.HIGHEST_PROTOCOL))
+                self._inboxes[self._sent % self.n].put(pickle.dumps((self._sent, to_wire(payload)),
+                                                                    pickle.HIGHEST_PROTOCOL))
                 self._sent += 1
             if not keys:
                 return
@@ -135,7 +136,7 @@ class Workers:
         if kind == "error":
             raise FairseqStreamError("CPU worker {} of {}: {}".format(index + 1, self.n, value))
         add_counters(self.stats, counters)
-        return key, value
+        return key, from_wire(value)
 
     def _gone(self) -> Optional[FairseqStreamError]:
         """The error for a worker that has exited, or None while every worker runs."""
@@ -192,7 +193,7 @@ def _serve(index: int, n: int, inbox, results, decode, stats):
         key, payload = pickle.loads(message)
         before = counters_of(stats)
         try:
-            result = decode(payload)
+            result = to_wire(decode(from_wire(payload)))
         except BaseException as e:  # noqa: B902  (every failure goes to the parent as one line)
             detail = str(e) if isinstance(e, FairseqStreamError) else "{}: {}".format(type(e).__name__, e)
             results.put(pickle.dumps((key, index, "error", detail, None)))
@@ -260,6 +261,44 @@ def add_counters(stats, counters: Optional[dict]):
             setattr(stats, key, max(old, value))
         elif old is not None:
             setattr(stats, key, old + value)
+
+
+class _Array:
+    """A tensor on its way between processes, as a numpy array: pickling a torch tensor costs about 0.5 ms
+    (a 64-sentence batch's hypotheses, 1,300 tensors: 0.7 s there and back), a numpy array microseconds."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+    def __getstate__(self):
+        return self.array
+
+    def __setstate__(self, array):
+        self.array = array
+
+
+def to_wire(obj):
+    """``obj`` with every CPU tensor in its dicts, lists and tuples as an :class:`_Array` (same dtype, same bits)."""
+    if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and obj.dtype != torch.bfloat16:
+        return _Array(obj.detach().numpy())
+    if isinstance(obj, dict):
+        return {k: to_wire(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_wire(v) for v in obj)
+    return obj
+
+
+def from_wire(obj):
+    """:func:`to_wire` undone: each :class:`_Array` a tensor again."""
+    if isinstance(obj, _Array):
+        return torch.from_numpy(obj.array)
+    if isinstance(obj, dict):
+        return {k: from_wire(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(from_wire(v) for v in obj)
+    return obj
 
 
 def chunks(items: Iterable, size: int) -> Iterator[list]:
