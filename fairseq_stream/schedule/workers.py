@@ -54,7 +54,7 @@ from fairseq_stream.inference_mode import decoding, released
 logger = logging.getLogger(__name__)
 
 # Batches a worker streams across in one task, where the scheduler streams across batches.
-STREAM_CHUNK = 8
+STREAM_CHUNK = 4
 # Tasks handed out ahead per worker: one decoding, one waiting, so that no worker waits for the parent.
 WINDOW_PER_WORKER = 2
 # Seconds between checks that every worker is still alive while the parent waits.
