@@ -243,6 +243,7 @@ def main():
     parser.add_argument("--ct2-run", help=argparse.SUPPRESS)
     parser.add_argument("--model", action="append", default=[], type=model_spec,
                         help="NAME=DATA_BIN:CHECKPOINT:SUBSET[:EXTRA] (default: the toy's valid set)")
+    parser.add_argument("--no-toy", action="store_true", help="leave the toy out (where no --model is given)")
     parser.add_argument("--standin", metavar="DIR", help="add the WMT'19-sized stand-in (built here if missing)")
     parser.add_argument("--standin-sentences", type=int, default=16)
     parser.add_argument("--text-dir", default=os.path.join(preamble.REPO, "..", "shared", "data", "wmt", "de-en"))
@@ -257,7 +258,7 @@ def main():
     args = parser.parse_args()
     if args.ct2_run:
         return ct2_run(json.loads(args.ct2_run))
-    models = args.model or [toy_spec()]
+    models = args.model or ([] if args.no_toy else [toy_spec()])
     models += [m for m in ([m30k_spec(args.m30k)] + ([standin_spec(args.standin, args.standin_sentences,
                                                                     args.text_dir)] if args.standin else [])) if m]
     import ctranslate2_peer

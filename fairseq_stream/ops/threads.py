@@ -23,6 +23,11 @@ The number of threads: ``--cpu-threads N`` (the API's ``cpu_threads``),
 else the cores this process may use (``os.sched_getaffinity``), at most
 torch's thread count (``OMP_NUM_THREADS``, ``torch.set_num_threads``).
 fairseq's runner (the reference) keeps torch's own threads.
+
+Several batches at once: ``--cpu-workers N`` (the API's ``cpu_workers``)
+decodes on N forked worker processes, each with its own kernel threads
+(:mod:`fairseq_stream.schedule.workers`); :func:`choose_layout` shares the
+cores between workers and threads, and the one log line says both.
 """
 
 import logging
