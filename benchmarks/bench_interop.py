@@ -238,6 +238,16 @@ def summary(best):
     return out
 
 
+def write(path, models, best):
+    """The summary of what ``best`` holds, written to ``path`` (where given) with every run; returns it."""
+    rows = summary(best)
+    if path:
+        with open(path, "w") as f:
+            json.dump({"cpu": cpu_model(), "argv": sys.argv, "date": time.strftime("%Y-%m-%d"),
+                       "models": models, "summary": rows, "runs": list(best.values())}, f, indent=1)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ct2-run", help=argparse.SUPPRESS)
@@ -274,15 +284,12 @@ def main():
                     for cores in args.cores:
                         for busy in args.busy:
                             run_case(model, precision, search, cores, busy == "yes", args, best, reference)
-    rows = summary(best)
+                            write(args.json, models, best)  # as it goes: a run cut short keeps what it measured
+    rows = write(args.json, models, best)
     for r in rows:
         print("{model:<8} {precision:<8} {search:<14} {cores} core(s) busy={busy_core!s:<5} ours {ours_decode_s:7.2f} s "
               "({ours_layout}) CT2 {ct2_decode_s:7.2f} s ({ct2_layout}): {decode_over_ct2:.2f}x; process "
               "{process_over_ct2:.2f}x".format(**r))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_model(), "argv": sys.argv, "date": time.strftime("%Y-%m-%d"),
-                       "models": models, "summary": rows, "runs": list(best.values())}, f, indent=1)
 
 
 if __name__ == "__main__":
