@@ -25,10 +25,11 @@ that share a call (as with another ``--batch-size``); int8's products are
 exact integer sums and give the one-worker bits. So workers are the default
 only where each batch is decoded on its own (ops/threads.py).
 
-Results come back in input order: the parent hands task i to worker i mod N
-(a fixed assignment, so a run's output does not depend on timing), keeps at
-most :data:`WINDOW_PER_WORKER` tasks a worker in flight, and answers in the
-order it handed them out. An error in a worker stops every worker and is
+Results come back in input order: the next free worker takes the next task
+(so a worker beside a busy process takes fewer), the parent keeps at most
+:data:`WINDOW_PER_WORKER` tasks a worker in flight and answers in the order
+it handed them out. A task is decoded from a fresh state (a batch, or a chunk
+of batches with a pool of its own), so which worker takes it changes no bit. An error in a worker stops every worker and is
 raised in the parent as one line; Ctrl-C reaches the parent only (the
 workers ignore SIGINT) and ends every worker; the command-line tools then
 exit with one line and status 130, as the bulk tool does.
@@ -76,12 +77,11 @@ class Workers:
         self.n = n
         self.stats = stats
         self._results = context.Queue()
-        self._inboxes = [context.Queue() for _ in range(n)]
-        for inbox in self._inboxes:
-            inbox.cancel_join_thread()  # at exit, a worker that is gone reads no more: do not wait for it
+        self._tasks = context.Queue()  # every worker takes the next task when it is free
+        self._tasks.cancel_join_thread()  # at exit, workers that are gone read no more: do not wait for them
         self._processes = []
         for index in range(n):
-            process = context.Process(target=_serve, args=(index, n, self._inboxes[index], self._results, decode,
+            process = context.Process(target=_serve, args=(index, n, self._tasks, self._results, decode,
                                                            stats), name="fairseq-stream-worker-{}".format(index),
                                       daemon=True)
             process.start()
@@ -95,7 +95,8 @@ class Workers:
     def map(self, payloads: Iterable) -> Iterator:
         """``decode(payload)`` of each payload, in order; payloads are read only a window ahead.
 
-        Task k of the pool (counted over every map) goes to worker k mod n.
+        The next free worker takes the next task: a task is decoded from a fresh state (a batch, or a
+        chunk of batches streamed by a pool of its own), so which worker decodes it changes nothing.
         """
         items = iter(payloads)
         done, keys, exhausted = {}, deque(), False
@@ -107,8 +108,7 @@ class Workers:
                     exhausted = True
                     break
                 keys.append(self._sent)
-                self._inboxes[self._sent % self.n].put(pickle.dumps((self._sent, to_wire(payload)),
-                                                                    pickle.HIGHEST_PROTOCOL))
+                self._tasks.put(pickle.dumps((self._sent, to_wire(payload)), pickle.HIGHEST_PROTOCOL))
                 self._sent += 1
             if not keys:
                 return
@@ -154,8 +154,8 @@ class Workers:
             return
         self._closed = True
         if wait:
-            for inbox in self._inboxes:
-                inbox.put(None)
+            for _ in self._processes:
+                self._tasks.put(None)
             deadline = time.monotonic() + 10.0
             for process in self._processes:
                 process.join(max(0.0, deadline - time.monotonic()))
