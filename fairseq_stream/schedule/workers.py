@@ -81,7 +81,7 @@ class Workers:
         self._tasks.cancel_join_thread()  # at exit, workers that are gone read no more: do not wait for them
         self._processes = []
         for index in range(n):
-            process = context.Process(target=_serve, args=(index, n, self._tasks, self._results, decode,
+            process = context.Process(target=_serve, args=(index, self._tasks, self._results, decode,
                                                            stats), name="fairseq-stream-worker-{}".format(index),
                                       daemon=True)
             process.start()
@@ -183,7 +183,7 @@ def _close_if_alive(ref):
         workers.close(wait=False)
 
 
-def _serve(index: int, n: int, inbox, results, decode, stats):
+def _serve(index: int, inbox, results, decode, stats):
     """A worker's loop: decode each task of ``inbox`` and put its result (or its error) in ``results``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
     while True:
