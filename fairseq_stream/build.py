@@ -105,7 +105,7 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
             ", ".join(sorted(GENERATOR_REGISTRY)), scheduler))
     streams = getattr(GENERATOR_REGISTRY[scheduler], "streams", False)
     options = (generator_cfg if generator_cfg is not None else search_cfg) if streams else None
-    check_search_options(name, search_cls, gen_cfg, search_cfg, options)
+    check_search_options(name, search_cls, gen_cfg, search_cfg, options, scheduler)
     settings = search_cls.settings(gen_cfg, search_cfg)
     if scheduler != "batch" and settings.keep_reference is None:
         # Bitwise identity with fairseq is a promise of fairseq's own batches only: a scheduler changes

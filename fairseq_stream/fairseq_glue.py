@@ -44,9 +44,6 @@ from fairseq_stream.errors import FairseqStreamError
 logger = logging.getLogger(__name__)
 
 PLUGIN_GROUPS = ("search", "generator")
-MAXI_BATCH_FLAG = "--maxi-batch"
-# --maxi-batch of the command line being run (None: fairseq's order, the whole input sorted).
-maxi_batch: Optional[int] = None
 
 
 class Selection(NamedTuple):
@@ -153,6 +150,7 @@ def _add_option_once(parser, flag, **kwargs):
 def _add_plugin_options(parser):
     """``--trust-checkpoint`` and ``--maxi-batch``, the plugin's options outside any registry entry."""
     from fairseq_stream.checkpoint import TRUST_FLAG
+    from fairseq_stream.schedule import maxi_batch
 
     _add_option_once(
         parser, TRUST_FLAG, action="store_true",
@@ -160,7 +158,7 @@ def _add_plugin_options(parser):
         "contain globals fairseq checkpoints do not need (only for files you trust)",
     )
     _add_option_once(
-        parser, MAXI_BATCH_FLAG, type=int, default=None, metavar="M",
+        parser, maxi_batch.FLAG, type=int, default=None, metavar="M",
         help="cut batches from windows of M x --batch-size input sentences, each sorted by "
         "length (Marian's maxi-batch); 1: input order, unsorted (default: fairseq's order, "
         "the whole input sorted)",
@@ -192,15 +190,26 @@ def _check_after_parsing(parser, args, input_args):
         parser.error(error)
     _log_ignored_beam(args, input_args)
     _greedy_beam(args)
-    global maxi_batch
-    maxi_batch = getattr(args, "maxi_batch", None)
-    if maxi_batch is not None and maxi_batch < 1:
-        parser.error("{} must be at least 1, got {}".format(MAXI_BATCH_FLAG, maxi_batch))
+    _set_maxi_batch(parser, getattr(args, "maxi_batch", None))
     if getattr(args, "trust_checkpoint", False) and getattr(args, "path", None):
         from fairseq import utils
         from fairseq_stream.checkpoint import trust_checkpoints
 
         trust_checkpoints(utils.split_paths(args.path))
+
+
+def _set_maxi_batch(parser, m):
+    """Hand --maxi-batch to the batching patch (None: fairseq's order, the whole input sorted).
+
+    fairseq passes no option of the command line down to ``batch_by_size``:
+    the value is a setting of that patch, set on it at each parse.
+    """
+    from fairseq.data import data_utils
+    from fairseq_stream.schedule.maxi_batch import FLAG
+
+    if m is not None and m < 1:
+        parser.error("{} must be at least 1, got {}".format(FLAG, m))
+    data_utils.batch_by_size.maxi_batch = m
 
 
 def expand_presets(parser, argv):
@@ -454,7 +463,7 @@ def check_generation(search, args):
         # and stream options alike.
         check_search_options(search, SEARCH_REGISTRY[search], args,
                              SEARCH_DATACLASS_REGISTRY[search].from_namespace(args),
-                             args if hasattr(args, "stream_eps") else None)
+                             args if hasattr(args, "stream_eps") else None, getattr(args, "generator", None))
     except FairseqStreamError as e:
         return str(e)
     return None
@@ -539,6 +548,8 @@ def _patch_build_generator():
 def _patch_batch_by_size():
     from fairseq.data import data_utils
 
+    from fairseq_stream.schedule import maxi_batch
+
     original = data_utils.batch_by_size
     if getattr(original, "_fairseq_stream", False):
         return
@@ -547,8 +558,8 @@ def _patch_batch_by_size():
     def batch_by_size(indices, *args, **kwargs):
         if not isinstance(indices, np.ndarray):
             indices = np.fromiter(indices, dtype=np.int64, count=-1)
-        if maxi_batch is not None:
-            indices = maxi_batched(indices, maxi_batch, kwargs.get("max_sentences"))
+        if batch_by_size.maxi_batch is not None:
+            indices = maxi_batch.reordered(indices, batch_by_size.maxi_batch, kwargs.get("max_sentences"))
         try:
             batches = list(original(indices, *args, **kwargs))
         except AssertionError as e:
@@ -571,30 +582,8 @@ def _patch_batch_by_size():
         return batches
 
     batch_by_size._fairseq_stream = True
+    batch_by_size.maxi_batch = None  # --maxi-batch, set at each parse (_set_maxi_batch)
     data_utils.batch_by_size = batch_by_size
-
-
-def maxi_batched(indices: np.ndarray, m: int, batch_size: Optional[int]) -> np.ndarray:
-    """fairseq's length-sorted ``indices`` reordered into windows of ``m`` x ``batch_size`` input sentences.
-
-    Dataset indices are input positions, and fairseq hands them over sorted
-    by length: within each window of input positions the sentences keep that
-    length order (a stable sort by rank); ``m`` = 1 gives input order.
-    """
-    from fairseq_stream.errors import FairseqStreamError
-
-    if not batch_size:
-        raise FairseqStreamError("{} needs --batch-size (a window is M batches of --batch-size sentences)"
-                                 .format(MAXI_BATCH_FLAG))
-    if indices.size == 0:
-        return indices
-    rank = np.empty(int(indices.max()) + 1, dtype=np.int64)
-    rank[indices] = np.arange(indices.size)
-    in_order = np.sort(indices)
-    window = m * int(batch_size)
-    parts = [w[np.argsort(rank[w], kind="stable")] for w in
-             (in_order[i:i + window] for i in range(0, in_order.size, window))]
-    return np.concatenate(parts).astype(indices.dtype)
 
 
 class OverLongInput(FairseqStreamError):
