@@ -10,7 +10,7 @@ around them (a Jacobi decoder around a greedy one where the search asks), and
 ``--generator`` entry builds its own loop (``build``), so nothing here
 compares scheduler names.
 
-The search entries (:mod:`fairseq_stream.search`) only say what is theirs
+The search entries (:mod:`fairseq_stream.plugin`) only say what is theirs
 (:meth:`settings`: beam, finalization, pruning, the decoder they wrap around
 the beam decoder); the API builds its own streaming pool around
 :func:`build_decoder`'s decoder.
@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops.threads import check_cpu_threads
 from fairseq_stream.runners.rnn import RnnOptions
-from fairseq_stream.search.common import check_search_options, search_name
+from fairseq_stream.plugin.common import check_search_options, search_name
 from fairseq_stream.search.pruning import Pruning
 
 logger = logging.getLogger(__name__)

@@ -244,7 +244,7 @@ def expand_presets(parser, argv):
 
 def _log_ignored_beam(args, argv):
     """Say so when a ``--beam`` that was given has no effect (greedy and Jacobi decode with one row)."""
-    from fairseq_stream.search.common import ignored_beam_note
+    from fairseq_stream.plugin.common import ignored_beam_note
 
     search = getattr(args, "search", None)
     given = any(a == "--beam" or a.startswith("--beam=") for a in argv)
@@ -348,7 +348,7 @@ def check_generation(search, args):
     """
     from fairseq_stream.errors import FairseqStreamError
     from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
-    from fairseq_stream.search.common import check_search_options
+    from fairseq_stream.plugin.common import check_search_options
 
     if search is None or search not in SEARCH_REGISTRY:
         return None

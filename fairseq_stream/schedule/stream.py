@@ -28,7 +28,6 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
-from fairseq_stream.registry import register_generator
 from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, CohortDecoder, StreamPool, check_pool_options
 from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
 
@@ -96,34 +95,9 @@ class StreamOptions(FairseqDataclass):
     )
 
 
-@register_generator("stream", dataclass=StreamOptions)
-class StreamScheduler:
-    """VAR-STREAM (Yang et al. 2020): refill the pool at epsilon, expand the shortest prefixes."""
-
-    order = "shortest"
-    streams = True  # takes the --stream-* options
-
-    @classmethod
-    def pool_settings(cls, options) -> dict:
-        """The pool's settings of this entry's ``options``, checked: ε is ``--stream-eps``, prefixes in ``order``."""
-        return pool_settings(options, cls.order)
-
-    @classmethod
-    def build(cls, decoder, options, task, models, gen_cfg):
-        """``decoder`` in a :class:`StreamGenerator` whose pool runs on this entry's :meth:`pool_settings`."""
-        return build_stream_generator(decoder, task, models, gen_cfg, options, cls.pool_settings(options))
-
-
 @dataclass
 class FifoOptions(StreamOptions):
-    """The stream options; each decoder call takes the longest prefixes first, padded."""
-
-
-@register_generator("fifo", dataclass=FifoOptions)
-class FifoScheduler(StreamScheduler):
-    """VAR-STR-FIFO (Yang et al. 2020, App. A.2): longest prefixes first, up to the capacity."""
-
-    order = "fifo"
+    """The stream options of ``--generator fifo``; each decoder call takes the longest prefixes first, padded."""
 
 
 def parse_eps(text, flag: str = "--stream-eps") -> float:

@@ -12,8 +12,7 @@ and reads them into the pool's settings.
 from dataclasses import dataclass, field
 
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.registry import register_generator
-from fairseq_stream.schedule.stream import StreamOptions, StreamScheduler, parse_eps
+from fairseq_stream.schedule.stream import StreamOptions, parse_eps
 from fairseq_stream.schedule.stream import pool_settings as stream_pool_settings
 
 ORDER = "fifo"  # every active sentence in every call
@@ -44,15 +43,3 @@ def pool_settings(options) -> dict:
     """The :class:`StreamPool` keyword arguments of top-up ``options`` (a :class:`TopupOptions` or anything with
     its fields), checked (one-line errors)."""
     return stream_pool_settings(options, ORDER, eps=refill_eps(options))
-
-
-@register_generator("topup", dataclass=TopupOptions)
-class TopupScheduler(StreamScheduler):
-    """Top-up batching: the stream entry's generator on :func:`pool_settings` (FIFO, ``--topup-threshold``)."""
-
-    order = ORDER
-
-    @classmethod
-    def pool_settings(cls, options) -> dict:
-        """Top-up's pool settings (:func:`pool_settings`)."""
-        return pool_settings(options)
