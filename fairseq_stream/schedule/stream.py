@@ -21,7 +21,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
@@ -111,21 +111,20 @@ def parse_eps(text, flag: str = "--stream-eps") -> float:
     return value
 
 
-def pool_settings(options, order: str = "shortest", eps: Optional[float] = None) -> dict:
+def pool_settings(options, order: str = "shortest", refill_eps: Optional[Callable[[Any], float]] = None) -> dict:
     """The :class:`StreamPool` keyword arguments of stream ``options``, checked (one-line errors).
 
     ``options`` is a :class:`StreamOptions` or anything with its fields (the
-    parsed command line); the pool size is not among the arguments. ``eps``:
-    the refill threshold a scheduler reads from options of its own (top-up's,
-    :mod:`fairseq_stream.schedule.topup`); None reads ``--stream-eps``.
+    parsed command line); the pool size is not among the arguments.
+    ``refill_eps``: reads ε from options of a scheduler's own (top-up's,
+    :func:`fairseq_stream.schedule.topup.refill_eps`); None reads ``--stream-eps``.
     """
     if options.stream_pool is not None and options.stream_pool < 1:
         raise FairseqStreamError("--stream-pool must be at least 1, got {}".format(options.stream_pool))
     max_cached = getattr(options, "stream_max_cached", None)
     if max_cached is not None and max_cached < 0:
         raise FairseqStreamError("--stream-max-cached must be >= 0, got {}".format(max_cached))
-    if eps is None:
-        eps = parse_eps(options.stream_eps)
+    eps = parse_eps(options.stream_eps) if refill_eps is None else refill_eps(options)
     settings = dict(
         eps=eps,
         refill_unit=str(options.stream_refill_unit),

@@ -42,4 +42,4 @@ def refill_eps(options) -> float:
 def pool_settings(options) -> dict:
     """The :class:`StreamPool` keyword arguments of top-up ``options`` (a :class:`TopupOptions` or anything with
     its fields), checked (one-line errors)."""
-    return stream_pool_settings(options, ORDER, eps=refill_eps(options))
+    return stream_pool_settings(options, ORDER, refill_eps)
