@@ -52,6 +52,12 @@ class DecodeStatsConfig(RnnRunnerConfig):
                   "work over them, torch's ops run on one (default: the cores this process may use, at "
                   "most torch's thread count, OMP_NUM_THREADS); fairseq's runner keeps torch's threads"},
     )
+    no_stack_members: bool = field(
+        default=False,
+        metadata={"help": "lean runner, an ensemble whose members share a shape: run the members one after "
+                  "another instead of stacked (each product once for all members, one cache; "
+                  "docs/ensemble.md)"},
+    )
     output_layer: OutputLayerChoice = field(
         default="auto",
         metadata={"help": "output layer: torch (log-softmax over the vocabulary, then the rules and "
