@@ -80,7 +80,7 @@ class DecoderSpec:
     rules: GenerationRules
     runner: str = "auto"
     quantize: str = "none"  # --quantize: none, int8, int16
-    stack_members: bool = True  # --no-stack-members turns it off
+    stack_members: Optional[bool] = None  # --stack-members: None auto, True on, False off
     output_layer: str = "auto"
     cpu_threads: Optional[int] = None  # --cpu-threads: None chooses (ops/threads.py)
     rnn: RnnOptions = field(default_factory=RnnOptions)
@@ -117,7 +117,7 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
         search=name, settings=settings, rules=GenerationRules.from_config(gen_cfg),
         runner=str(getattr(search_cfg, "runner", "auto")),
         quantize=str(getattr(search_cfg, "quantize", "none")),
-        stack_members=not getattr(search_cfg, "no_stack_members", False),
+        stack_members={"auto": None, "on": True, "off": False}[str(getattr(search_cfg, "stack_members", "auto"))],
         output_layer=str(getattr(search_cfg, "output_layer", "auto")),
         cpu_threads=check_cpu_threads(getattr(search_cfg, "cpu_threads", None)),
         rnn=RnnOptions.from_config(search_cfg),

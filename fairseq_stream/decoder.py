@@ -105,8 +105,9 @@ class BeamDecoder:
             products on weights quantized at load; see
             :func:`fairseq_stream.runners.build_runner`.
         stack_members: the lean runner stacks an ensemble's members of one
-            shape (:mod:`fairseq_stream.runners.stacked`); False steps them
-            one after another (``--no-stack-members``).
+            shape (:mod:`fairseq_stream.runners.stacked`) where True, steps
+            them one after another where False; None (``--stack-members
+            auto``) stacks where their step is not compiled.
     """
 
     def __init__(self, models, tgt_dict, beam_size: int = 5, finalize: str = "fairseq",
@@ -114,7 +115,8 @@ class BeamDecoder:
                  max_len_b: int = 200, min_len: int = 1, normalize_scores: bool = True, len_penalty: float = 1.0,
                  unk_penalty: float = 0.0, temperature: float = 1.0, no_repeat_ngram_size: int = 0,
                  runner: str = "fairseq", output_layer: str = "torch", keep_reference: Optional[bool] = None,
-                 rnn_options=None, quantize: str = "none", stack_members: bool = True):
+                 rnn_options=None, quantize: str = "none",
+                 stack_members: Optional[bool] = None):
         _check_rules(finalize, temperature)
         # fairseq's exact arithmetic: every slot is a decoder row, as in SequenceGenerator.
         self.dense = finalize == "fairseq" and not (pruning is not None and pruning.active)

@@ -51,6 +51,20 @@ def test_stacked_nbest_equals_member_by_member_float64(exact, name, search, sche
     assert differences(ref, ours, tolerance=1e-9) == []
 
 
+@pytest.mark.parametrize("scheduler", ["batch", "fifo", "topup"])
+@pytest.mark.parametrize("search", ["fixed-stay", "var-batch"])
+def test_stacked_members_on_torch_attention_float64(exact, search, scheduler):
+    """CUDA's path on the CPU: the attentions' torch references over the members folded into the heads."""
+    models, task = exact("ensemble4")
+    batches = sorted_batches(task, 8, 24)
+    out = {}
+    for stack in (False, True):
+        dec = lean_decoder(models, task, stack, **decoder_options(search))
+        dec.runner.compiled_attention = False
+        out[stack] = decode(dec, models, batches, SCHEDULERS[scheduler])
+    assert differences(out[False], out[True], tolerance=1e-9) == []
+
+
 def test_four_stacked_members_equal_fairseqs_runner_float64(exact, float64_fairseq):
     """The 4-member ensemble stacked against the reference itself (fairseq's EnsembleModel), fixed beams."""
     models, task = exact("ensemble4")
@@ -86,7 +100,7 @@ def test_members_of_other_shapes_run_one_after_another(exact, caplog, monkeypatc
     assert runner.stacked is None and runner.unstacked_reason == "model 2 has another shape than model 1"
     assert any("lean runner (2 models, one after another: model 2 has another shape than model 1)"
                in r.getMessage() for r in caplog.records)
-    stacked = build_runner("lean", exact("ensemble")[0])
+    stacked = build_runner("lean", exact("ensemble")[0], stack_members=True)
     assert stacked.stacked is not None and stacked.stacked.heads == 2 * 4
 
 
@@ -102,23 +116,39 @@ def test_stacked_members_on_the_cpu_give_member_by_members_bits(loaded, quantize
     assert len(ours) == 37 and differences(ref, ours, tolerance=0) == []
 
 
-def test_no_stack_members_option(toy, capsys, caplog, monkeypatch):
-    """``--no-stack-members`` (and the API's ``no_stack_members``) steps the members one after another."""
+def test_stack_members_option(toy, capsys, caplog, monkeypatch):
+    """``--stack-members auto|on|off`` (the API's ``stack_members``): auto keeps each member's compiled step on
+    the CPU; on stacks them (the same lines printed); each says so in the log."""
     from fairseq_stream import runners
     from fairseq_stream.build import spec_from_options
 
     monkeypatch.setattr(runners, "_said", set())  # the log lines are said once a process
-
-    assert spec_from_options("var-batch", 5, {})[0].stack_members
-    assert not spec_from_options("var-batch", 5, {"no_stack_members": True})[0].stack_members
+    assert [spec_from_options("var-batch", 5, {} if value is None else {"stack_members": value})[0].stack_members
+            for value in (None, "auto", "on", "off")] == [None, None, True, False]
     common = [toy.data_bin, "--path", "{}:{}".format(toy.transformer, toy.transformer2), "--user-dir",
               "fairseq_stream", "--gen-subset", "test", "--batch-size", "8", "--search", "var-batch", "--cpu"]
+    said = {"auto": "2 models, one after another: auto: each member's compiled step is faster on the CPU",
+            "on": "2 models, stacked", "off": "2 models, one after another: --stack-members off"}
     printed = {}
-    for flag in ([], ["--no-stack-members"]):
+    for value in ("auto", "on", "off"):
         with caplog.at_level("INFO"):
-            generate_in_process(common + flag)
-        printed[bool(flag)] = [line for line in capsys.readouterr().out.splitlines() if line[:2] == "H-"]
-        said = "2 models, one after another: --no-stack-members" if flag else "2 models, stacked"
-        assert any(said in r.getMessage() for r in caplog.records)
-    assert len(printed[True]) == 37
-    assert [l.split("\t")[2] for l in printed[True]] == [l.split("\t")[2] for l in printed[False]]
+            generate_in_process(common + ["--stack-members", value])
+        printed[value] = [line for line in capsys.readouterr().out.splitlines() if line[:2] == "H-"]
+        assert any(said[value] in r.getMessage() for r in caplog.records), value
+    assert len(printed["on"]) == 37 and printed["on"] == printed["off"] == printed["auto"]
+
+
+def test_stack_members_in_the_python_api(toy):
+    """The API's ``stack_members``: the same translations stacked and not; a bad value refused before loading."""
+    from fairseq_stream.api import Translator
+    from fairseq_stream.errors import FairseqStreamError
+
+    lines = (toy.raw / "test.src").read_text().splitlines()[:6]
+    paths = [str(toy.transformer), str(toy.transformer2)]
+    kwargs = dict(data=str(toy.data_bin), search="var-batch", cpu=True)
+    texts = {value: [t.text for t in sorted(Translator(paths, stack_members=value, **kwargs).translate(lines),
+                                            key=lambda t: t.index)]
+             for value in ("on", "off")}
+    assert texts["on"] == texts["off"] and len(texts["on"]) == 6 and all(texts["on"])
+    with pytest.raises(FairseqStreamError, match="^stack_members must be one of .*, got 'yes'$"):
+        Translator(paths, stack_members="yes", **kwargs)

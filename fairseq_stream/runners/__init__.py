@@ -58,7 +58,7 @@ def check_runner(kind: str, int16: bool = False, quantize: str = "none"):
 
 
 def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool = False, rnn_options=None,
-                 quantize: str = "none", stack_members: bool = True):
+                 quantize: str = "none", stack_members=None):
     """The runner ``kind`` for ``models``.
 
     Our runners (lean, rnn) keep freed memory in the process for reuse
@@ -78,8 +78,9 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
             int16 for LSTMs; a model neither runs is a one-line error, never
             a silent float run.
         stack_members: the lean runner runs an ensemble whose members share
-            a shape as one stacked model (:mod:`fairseq_stream.runners.stacked`);
-            False: member by member. The log says which.
+            a shape as one stacked model (:mod:`fairseq_stream.runners.stacked`)
+            where True, member by member where False; None: stacked where the
+            members' step is not compiled (:class:`LeanRunner`). The log says which.
     """
     from fairseq_stream import malloc_policy
     from fairseq_stream.runners.fairseq_runner import ModelRunner

@@ -214,11 +214,14 @@ class LeanRunner(OwnStepRunner):
             encoder on weights quantized once at load
             (:mod:`fairseq_stream.ops.quantized_linear`); float32 models on
             the CPU only. None: float products.
-        stack_members: an ensemble whose members share a shape runs as one
-            stacked model (:mod:`fairseq_stream.runners.stacked`: each
+        stack_members: True: an ensemble whose members share a shape runs as
+            one stacked model (:mod:`fairseq_stream.runners.stacked`: each
             product once for all members, one cache); members of different
             shapes keep the member-by-member step (one log line). False: member
-            by member.
+            by member. None (auto): stacked where the members' step would
+            not be compiled (CUDA, no extension); on the CPU each member's
+            compiled step runs, measured faster than one stacked step there
+            (docs/ensemble.md).
     """
 
     name = "lean"
@@ -227,7 +230,7 @@ class LeanRunner(OwnStepRunner):
 
     def __init__(self, models, temperature: float = 1.0, prepack: bool = True, compiled_attention: bool = True,
                  compiled_step: bool = True, packed_encoder: bool = True, quantize: Optional[str] = None,
-                 stack_members: bool = True):
+                 stack_members: Optional[bool] = None):
         super().__init__(models, temperature)
         self.stack_members = stack_members
         self.prepack = prepack
@@ -243,9 +246,19 @@ class LeanRunner(OwnStepRunner):
         self.lean = [LeanModel(m, self.prepack, self.quantize) for m in self.model.models]
         self.stacked = None  # a StackedModel: every segment holds one stacked cache and encoder keys
         # Why the members are not stacked ("" where they are); build_runner logs it.
-        self.unstacked_reason = stacked.unstackable_reason(self.lean) or ("" if self.stack_members else "--no-stack-members")
+        self.unstacked_reason = stacked.unstackable_reason(self.lean) or self._stacking_declined()
         if not self.unstacked_reason:
             self.stacked = stacked.StackedModel(self.lean, self.quantize)
+
+    def _stacking_declined(self) -> str:
+        """Why members that could stack do not ("" where they do): the option, or auto on the CPU."""
+        if self.stack_members is None:
+            first = self.lean[0]
+            compiled = (self.compiled_attention and self.compiled_step and attention.compiled_applies(first.embed)
+                        and all(m.compiled is not None for m in self.lean))
+            return ("auto: each member's compiled step is faster on the CPU (--stack-members on stacks them)"
+                    if compiled else "")
+        return "" if self.stack_members else "--stack-members off"
 
     def _state_models(self):
         """What a segment holds a cache and encoder keys of: the stacked model, or each member."""

@@ -95,11 +95,17 @@ class StackedProduct:
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.members is not None:
-            return torch.stack([p(x[i].contiguous()) for i, p in enumerate(self.members)])
+            return torch.stack(self.each(x))
         weight = self.weight.transpose(1, 2)
         if self.bias is None:
             return torch.bmm(x, weight)
         return torch.baddbmm(self.bias, x, weight)
+
+    def each(self, x: Tensor) -> List[Tensor]:
+        """Each member's (rows, out), without joining them (the output layer's logits: no stacked copy)."""
+        if self.members is not None:
+            return [p(x[i].contiguous()) for i, p in enumerate(self.members)]
+        return list(self(x).unbind(0))
 
 
 def stacked_norm(norms):
@@ -169,7 +175,8 @@ class StackedModel:
         self.output = StackedProduct([[d.output_projection] for d in decoders], [m.output for m in members], quantize)
 
     def new_cache(self, rows: int, positions: int, device) -> Tensor:
-        """Every member's self-attention keys and values, ``(2 * layers, rows, members * heads, positions, head_dim)``."""
+        """Every member's self-attention keys and values: ``(2 * layers, rows, members * heads, positions,
+        head_dim)``."""
         first = self.members[0]
         return torch.empty(2 * len(self.layers), rows, self.heads, positions, self.head_dim, dtype=first.embed.dtype,
                            device=device)
@@ -187,15 +194,15 @@ class StackedModel:
         return torch.stack([m.embed_at(tokens, where) for m in self.members])
 
     def logits(self, x: Tensor) -> List[Tensor]:
-        """Each member's logits (rows, vocab) from ``x`` (members, rows, dim): views of one product."""
+        """Each member's logits (rows, vocab) from ``x`` (members, rows, dim) (batched: views of one product)."""
         if self.final_norm is not None:
             x = apply_stacked_norm(x, self.final_norm)
         if self.project_out is not None:
             x = self.project_out(x)
-        return list(self.output(x).unbind(0))
+        return self.output.each(x)
 
     def run_layers(self, x: Tensor, self_attention, encoder_attention) -> Tensor:
-        """Every layer over ``x`` (members, rows, dim), the attentions the caller's (as :meth:`LeanModel.run_layers`)."""
+        """Every layer over ``x`` (members, rows, dim) with the caller's attentions (:meth:`LeanModel.run_layers`)."""
         for l, layer in enumerate(self.layers):
             x = layer.residual(x, layer.self_norm, lambda h: self_attention(l, layer, h))
             x = layer.residual(x, layer.cross_norm, lambda h: encoder_attention(l, layer, h))

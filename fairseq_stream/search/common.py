@@ -13,6 +13,7 @@ from fairseq_stream.runners.rnn import RnnOptions, RnnRunnerConfig
 RunnerChoice = ChoiceEnum(list(RUNNERS))
 QuantizeChoice = ChoiceEnum(list(QUANTIZE))
 OutputLayerChoice = ChoiceEnum(list(OUTPUT_LAYERS))
+StackChoice = ChoiceEnum(["auto", "on", "off"])
 
 
 @dataclass
@@ -52,11 +53,12 @@ class DecodeStatsConfig(RnnRunnerConfig):
                   "work over them, torch's ops run on one (default: the cores this process may use, at "
                   "most torch's thread count, OMP_NUM_THREADS); fairseq's runner keeps torch's threads"},
     )
-    no_stack_members: bool = field(
-        default=False,
-        metadata={"help": "lean runner, an ensemble whose members share a shape: run the members one after "
-                  "another instead of stacked (each product once for all members, one cache; "
-                  "docs/ensemble.md)"},
+    stack_members: StackChoice = field(
+        default="auto",
+        metadata={"help": "lean runner, an ensemble whose members share a shape: on runs them stacked (each "
+                  "product once for all members, one cache), off one after another, auto stacked where "
+                  "the members' step is not compiled (CUDA: stacked; the CPU keeps each member's compiled "
+                  "step, measured faster there; docs/ensemble.md)"},
     )
     output_layer: OutputLayerChoice = field(
         default="auto",
