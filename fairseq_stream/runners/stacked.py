@@ -112,8 +112,16 @@ def stacked_norm(norms):
     """The members' LayerNorms as (weight (members, 1, dim), bias, eps), or None where they have none."""
     if norms[0] is None:
         return None
-    return (torch.stack([n[1].detach() for n in norms]).unsqueeze(1),
-            torch.stack([n[2].detach() for n in norms]).unsqueeze(1), norms[0][3])
+    dim = norms[0][0][-1]
+
+    def stacked(values, fill):
+        # A LayerNorm without an affine step multiplies by 1 and adds 0.
+        return torch.stack([v.detach() if v is not None else fill(dim) for v in values]).unsqueeze(1)
+
+    first = norms[0][1] if norms[0][1] is not None else norms[0][2]
+    like = dict(dtype=first.dtype, device=first.device) if first is not None else {}
+    return (stacked([n[1] for n in norms], lambda d: torch.ones(d, **like)),
+            stacked([n[2] for n in norms], lambda d: torch.zeros(d, **like)), norms[0][3])
 
 
 def apply_stacked_norm(x: Tensor, norm) -> Tensor:
