@@ -13,6 +13,7 @@ from fairseq_stream.runners.rnn import RnnOptions, RnnRunnerConfig
 RunnerChoice = ChoiceEnum(list(RUNNERS))
 QuantizeChoice = ChoiceEnum(list(QUANTIZE))
 OutputLayerChoice = ChoiceEnum(list(OUTPUT_LAYERS))
+StackChoice = ChoiceEnum(["auto", "on", "off"])
 
 
 @dataclass
@@ -51,6 +52,13 @@ class DecodeStatsConfig(RnnRunnerConfig):
         metadata={"help": "threads a CPU decode on our runners (lean, rnn) uses: our kernels split their "
                   "work over them, torch's ops run on one (default: the cores this process may use, at "
                   "most torch's thread count, OMP_NUM_THREADS); fairseq's runner keeps torch's threads"},
+    )
+    stack_members: StackChoice = field(
+        default="auto",
+        metadata={"help": "lean runner, an ensemble whose members share a shape: on runs them stacked (each "
+                  "product once for all members, one cache), off one after another, auto stacked where "
+                  "the members' step is not compiled (CUDA: stacked; the CPU keeps each member's compiled "
+                  "step, measured faster there; docs/ensemble.md)"},
     )
     output_layer: OutputLayerChoice = field(
         default="auto",
