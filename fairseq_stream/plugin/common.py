@@ -107,6 +107,23 @@ def check_beam(beam):
         raise FairseqStreamError("--beam must be at least 1, got {}".format(beam))
 
 
+def check_lengths(gen_cfg):
+    """Refuse ``--nbest`` below 1 and a ``--min-len`` above a maximum length that does not grow with the source.
+
+    Both failed deep inside: ``--nbest 0`` ended fairseq-generate in a
+    ZeroDivisionError after a whole run with nothing printed, and ``--search
+    beam`` stopped at its first batch on fairseq's AssertionError. A maximum
+    that grows with the source (``--max-len-a`` > 0) is checked per batch.
+    """
+    nbest = getattr(gen_cfg, "nbest", 1)
+    if nbest is None or int(nbest) < 1:
+        raise FairseqStreamError("--nbest must be at least 1, got {}".format(nbest))
+    min_len, max_len_b = getattr(gen_cfg, "min_len", 1) or 0, getattr(gen_cfg, "max_len_b", 200)
+    if not getattr(gen_cfg, "max_len_a", 0) and max_len_b is not None and min_len > max_len_b:
+        raise FairseqStreamError("--min-len {} is larger than the maximum length --max-len-b {}; adjust "
+                                 "--max-len-a/-b".format(min_len, max_len_b))
+
+
 def check_nbest(search_name, search_cls, gen_cfg):
     """Refuse an ``--nbest`` our search cannot give (fairseq-generate would print fewer, silently).
 
@@ -114,7 +131,7 @@ def check_nbest(search_name, search_cls, gen_cfg):
     most ``--beam`` (pruning may leave fewer, which is the method, not a
     silent cap).
     """
-    nbest = int(getattr(gen_cfg, "nbest", 1) or 1)
+    nbest = int(getattr(gen_cfg, "nbest", 1))
     if nbest <= 1:
         return
     if not getattr(search_cls, "uses_beam", True):
@@ -174,6 +191,7 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
 
     if getattr(search_cls, "uses_beam", True):
         check_beam(getattr(gen_cfg, "beam", 5))
+    check_lengths(gen_cfg)
     if not getattr(search_cls, "fairseq_generator", False):
         check_nbest(search_name, search_cls, gen_cfg)
         check_generation_options(search_name, gen_cfg)
