@@ -99,3 +99,68 @@ def test_counter_sees_each_kind_of_sync_and_leaves_torch_as_it_was():
     t.tolist()
     assert counter.count == len(names)
     assert not torch._C._is_torch_function_mode_enabled()
+
+
+def test_counter_sees_host_to_device_copies_not_pinned_copies():
+    t = torch.tensor([0.5, -1.0, 2.0])
+    with HostSyncCounter() as counter:
+        torch.tensor([1, 2], device=t.device)  # a Python list copied to the models' device
+        torch.as_tensor([1.0], device=t.device)
+        torch.tensor(3, device="cpu")
+        # Not syncs: host tensors, and copies that do not wait (pinned memory on CUDA).
+        torch.tensor([1, 2])
+        t.to("cpu", non_blocking=True)
+        torch.empty(3).copy_(t, non_blocking=True)
+        torch.as_tensor(t, device=t.device)
+    assert [name for name, _ in counter.events] == ["tensor", "as_tensor", "tensor"]
+
+
+# The CUDA path's searches of the issue's target: fixed and greedy in batches, var-stream through the pool.
+DEVICE_SEARCHES = {"fixed": ("fixed", "batch"), "var-stream": ("var-batch", "stream"), "greedy": ("greedy", "batch"),
+                   "var-fairseq": ("var-fairseq", "batch"), "fixed-stay-stream": ("fixed-stay", "stream"),
+                   "top-up": ("var-batch", "top-up")}
+
+
+def device_path_decode(models, task, search, schedule, sync_free):
+    """The toy decoded on the lean runner's CUDA code path, run on the CPU: the torch search step and
+    attentions, the fused output layer (one call, as its CUDA kernel), the reorder without reads
+    (``sync_free``) or the reading one; the output (tokens and scores, bitwise) and the step records."""
+    decoder = BeamDecoder(models, task.target_dictionary, runner="lean", output_layer="auto",
+                          **decoder_options(search))
+    decoder.compiled_loop = False
+    decoder.runner.compiled_attention = False
+    decoder.runner.sync_free = sync_free
+    with torch.no_grad(), count_update_syncs(decoder) as records:
+        cohorts = (decoder.open(s["net_input"], ids=s["id"]) for s in batches(task))
+        if schedule == "stream":
+            out = dict(StreamPool(decoder, 8, eps=1 / 6, refill_unit="sentences").run(cohorts))
+        elif schedule == "top-up":
+            out = dict(StreamPool(decoder, 8, eps=0.5, order="fifo").run(cohorts))
+        else:
+            out = {}
+            for s in batches(task):
+                out.update(zip(s["id"].tolist(), decoder.generate(models, s)))
+    plain = {i: [(h["tokens"].tolist(), h["positional_scores"].tolist(), h["score"].item()) for h in hyps]
+             for i, hyps in out.items()}
+    return plain, records
+
+
+@pytest.mark.parametrize("name", sorted(DEVICE_SEARCHES))
+def test_the_device_paths_quiet_step_reads_once_outside_the_runner_and_decodes_the_same_bits(loaded, monkeypatch,
+                                                                                           name):
+    from fairseq_stream.ops import attention, beam_step
+
+    monkeypatch.setattr(beam_step, "available", lambda device: False)  # the search step in torch, as on CUDA
+    # The attention's two bmm calls, as on CUDA: on the CPU a small group takes torch's fused attention by the
+    # rows it attends over, which a slot index kept as a tensor (the identity included) changes.
+    monkeypatch.setattr(attention, "_use_sdpa", lambda t, rows: False)
+    models, task = loaded("transformer")
+    search, schedule = DEVICE_SEARCHES[name]
+    out, records = device_path_decode(models, task, search, schedule, sync_free=True)
+    reference, _ = device_path_decode(models, task, search, schedule, sync_free=False)
+    assert len(out) == 37 and out == reference
+    quiet = [r for r in records if r.quiet]
+    assert len(quiet) > len(records) / 2, [(r.step, r.finished, r.runner_calls) for r in records][:10]
+    assert not [(r.step, r.runner_events) for r in quiet if r.runner_syncs], "the runner read the device"
+    extra = [(r.step, r.events) for r in quiet if r.syncs > 1]
+    assert not extra, "quiet steps synchronized more than once: {}".format(extra[:3])
