@@ -7,6 +7,10 @@ wrapping the torch operations that synchronize on a GPU
 (:mod:`fairseq_stream.host_sync`), so the test is deterministic.
 """
 
+import contextlib
+import copy
+import warnings
+
 import pytest
 import torch
 
@@ -121,24 +125,29 @@ DEVICE_SEARCHES = {"fixed": ("fixed", "batch"), "var-stream": ("var-batch", "str
                    "top-up": ("var-batch", "top-up")}
 
 
-def device_path_decode(models, task, search, schedule, sync_free):
-    """The toy decoded on the lean runner's CUDA code path, run on the CPU: the torch search step and
-    attentions, the fused output layer (one call, as its CUDA kernel), the reorder without reads
-    (``sync_free``) or the reading one; the output (tokens and scores, bitwise) and the step records."""
+def device_path_decode(models, task, search, schedule, sync_free, samples=None, watch=None):
+    """The toy decoded on the lean runner's CUDA code path (run on the CPU: the torch search step and
+    attentions, the fused output layer, one call as its CUDA kernel), with the reorder without reads
+    (``sync_free``) or the reading one; the output (tokens and scores, bitwise) and the step records.
+
+    ``samples``: the batches (default: the test set's, on the CPU); ``watch(decoder, records)``: a context
+    manager entered inside the counting (the CUDA test's sync check)."""
     decoder = BeamDecoder(models, task.target_dictionary, runner="lean", output_layer="auto",
                           **decoder_options(search))
     decoder.compiled_loop = False
     decoder.runner.compiled_attention = False
     decoder.runner.sync_free = sync_free
-    with torch.no_grad(), count_update_syncs(decoder) as records:
-        cohorts = (decoder.open(s["net_input"], ids=s["id"]) for s in batches(task))
+    samples = samples if samples is not None else batches(task)
+    with torch.no_grad(), count_update_syncs(decoder) as records, \
+            (watch(decoder, records) if watch else contextlib.nullcontext()):
+        cohorts = (decoder.open(s["net_input"], ids=s["id"]) for s in samples)
         if schedule == "stream":
             out = dict(StreamPool(decoder, 8, eps=1 / 6, refill_unit="sentences").run(cohorts))
         elif schedule == "top-up":
             out = dict(StreamPool(decoder, 8, eps=0.5, order="fifo").run(cohorts))
         else:
             out = {}
-            for s in batches(task):
+            for s in samples:
                 out.update(zip(s["id"].tolist(), decoder.generate(models, s)))
     plain = {i: [(h["tokens"].tolist(), h["positional_scores"].tolist(), h["score"].item()) for h in hyps]
              for i, hyps in out.items()}
@@ -164,3 +173,59 @@ def test_the_device_paths_quiet_step_reads_once_outside_the_runner_and_decodes_t
     assert not [(r.step, r.runner_events) for r in quiet if r.runner_syncs], "the runner read the device"
     extra = [(r.step, r.events) for r in quiet if r.syncs > 1]
     assert not extra, "quiet steps synchronized more than once: {}".format(extra[:3])
+
+
+@contextlib.contextmanager
+def cuda_sync_warnings(decoder, records, log):
+    """Run every runner call under ``torch.cuda.set_sync_debug_mode("warn")``; ``log`` receives (the index of
+    the update record the call belongs to, the call, the warnings of synchronizing CUDA calls)."""
+    runner = decoder.runner
+    names = [name for name in ("step", "step_mixed", "step_own", "reorder") if hasattr(runner, name)]
+
+    def watched(name, method):
+        def call(*args, **kwargs):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+                    log.append((len(records), name, [str(w.message) for w in caught if "synchroniz" in str(w.message)]))
+
+        return call
+
+    before = dict(vars(runner))  # the counter's wrappers, put back afterwards
+    for name in names:
+        setattr(runner, name, watched(name, getattr(runner, name)))
+    try:
+        yield
+    finally:
+        for name in names:
+            if name in before:
+                setattr(runner, name, before[name])
+            else:
+                delattr(runner, name)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["fixed", "var-stream", "greedy"])
+def test_the_lean_runner_on_cuda_does_not_synchronize_in_a_quiet_step(loaded, name):
+    """On the GPU: the default (sync-free) path gives the reading path's bits, and CUDA's own sync check sees
+    no synchronizing call inside the runner on a step where no sentence finishes or enters."""
+    from fairseq import utils
+
+    cpu_models, task = loaded("transformer")
+    models = [copy.deepcopy(m).cuda() for m in cpu_models]
+    samples = [utils.move_to_cuda(s) for s in batches(task)]
+    search, schedule = DEVICE_SEARCHES[name]
+    log = []
+    watch = lambda decoder, records: cuda_sync_warnings(decoder, records, log)
+    out, records = device_path_decode(models, task, search, schedule, sync_free=None, samples=samples, watch=watch)
+    reference, _ = device_path_decode(models, task, search, schedule, sync_free=False, samples=samples)
+    assert len(out) == 37 and out == reference
+    quiet = {i for i, r in enumerate(records) if r.quiet}
+    assert quiet
+    synced = [(records[i].step, call, found) for i, call, found in log if i in quiet and found]
+    assert not synced, synced[:3]
