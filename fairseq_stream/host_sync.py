@@ -167,6 +167,82 @@ class HostSyncCounter:
             self.enabled = enabled
 
 
+# ATen operations that read a value back to the host or whose output's shape depends on values: what a CUDA
+# graph cannot capture (``repeat_interleave`` and ``index``/``index_put_`` only with tensor repeats or a
+# boolean index, see _data_dependent).
+DATA_DEPENDENT_OPS = frozenset((
+    "nonzero", "argwhere", "masked_select", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim",
+    "bincount", "equal", "_local_scalar_dense", "is_nonzero", "allclose", "masked_scatter",
+))
+
+
+@dataclass(frozen=True)
+class AtenCall:
+    """One ATen call: the overload's name, its tensor arguments' shapes and types, and whether it reads the
+    device or shapes its output by values (:data:`DATA_DEPENDENT_OPS`)."""
+
+    op: str
+    shapes: tuple
+    dtypes: tuple
+    data_dependent: bool
+
+
+def _tensors_of(args):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from _tensors_of(a)
+
+
+def _data_dependent(func, args, kwargs) -> bool:
+    name = func.overloadpacket.__name__
+    if name in DATA_DEPENDENT_OPS:
+        return True
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        return any(t.dtype == torch.bool for t in _tensors_of(args[1:2]))
+    # repeat_interleave.Tensor(repeats) and .self_Tensor without output_size: the output's length is a sum.
+    return name == "repeat_interleave" and func._overloadname != "self_int" and kwargs.get("output_size") is None
+
+
+class OpTrace:
+    """The ATen calls made inside it (a ``TorchDispatchMode``, below autograd: the operations a CUDA graph
+    capture records), for checks of a step's calls on the CPU.
+
+    ``calls`` lists :class:`AtenCall`; a tensor's ``tolist`` reads memory without an ATen call, so host
+    reads are :class:`HostSyncCounter`'s to count.
+    """
+
+    def __init__(self):
+        self.calls: List[AtenCall] = []
+        self._mode = None
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        trace = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                tensors = list(_tensors_of(args))
+                trace.calls.append(AtenCall(str(func), tuple(tuple(t.shape) for t in tensors),
+                                            tuple(str(t.dtype) for t in tensors),
+                                            _data_dependent(func, args, kwargs or {})))
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        return False
+
+    def data_dependent(self) -> List[AtenCall]:
+        """The calls that read the device or shape their output by values."""
+        return [c for c in self.calls if c.data_dependent]
+
+
 def _caller() -> str:
     """``file:line`` of the innermost frame outside torch and this module."""
     import sys

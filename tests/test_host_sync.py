@@ -16,7 +16,7 @@ import torch
 
 from conftest import DECODER_OPTIONS, decoder_options
 from fairseq_stream.decoder import BeamDecoder
-from fairseq_stream.host_sync import HostSyncCounter, count_update_syncs
+from fairseq_stream.host_sync import STEP_METHODS, HostSyncCounter, OpTrace, count_update_syncs
 from fairseq_stream.schedule.pool import StreamPool
 
 torch.set_num_threads(1)
@@ -176,36 +176,43 @@ def test_the_device_paths_quiet_step_reads_once_outside_the_runner_and_decodes_t
 
 
 @contextlib.contextmanager
-def cuda_sync_warnings(decoder, records, log):
-    """Run every runner call under ``torch.cuda.set_sync_debug_mode("warn")``; ``log`` receives (the index of
-    the update record the call belongs to, the call, the warnings of synchronizing CUDA calls)."""
-    runner = decoder.runner
-    names = [name for name in ("step", "step_mixed", "step_own", "reorder") if hasattr(runner, name)]
+def watched(decoder, records, around, log, names=("step", "step_mixed", "step_own", "reorder")):
+    """Run the runner's ``names`` (and the decoder's ``update``) inside ``around()``; ``log`` receives (the index
+    of the update record the call belongs to, the call's name, what ``around`` yielded)."""
+    targets = [(decoder.runner, name) for name in names if hasattr(decoder.runner, name)] + [(decoder, "update")]
+    before = [dict(vars(obj)) for obj, _ in targets]  # the counter's wrappers, put back afterwards
 
-    def watched(name, method):
+    def wrap(name, method):
         def call(*args, **kwargs):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    return method(*args, **kwargs)
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-                    log.append((len(records), name, [str(w.message) for w in caught if "synchroniz" in str(w.message)]))
+            index = len(records)
+            with around() as seen:
+                out = method(*args, **kwargs)
+            log.append((index, name, seen))
+            return out
 
         return call
 
-    before = dict(vars(runner))  # the counter's wrappers, put back afterwards
-    for name in names:
-        setattr(runner, name, watched(name, getattr(runner, name)))
+    for obj, name in targets:
+        setattr(obj, name, wrap(name, getattr(obj, name)))
     try:
         yield
     finally:
-        for name in names:
-            if name in before:
-                setattr(runner, name, before[name])
-            else:
-                delattr(runner, name)
+        for (obj, name), saved in zip(targets, before):
+            setattr(obj, name, saved[name]) if name in saved else delattr(obj, name)
+
+
+@contextlib.contextmanager
+def cuda_sync_warnings():
+    """The messages of synchronizing CUDA calls made inside (``torch.cuda.set_sync_debug_mode("warn")``)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        found = []
+        try:
+            yield found
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            found.extend(str(w.message) for w in caught if "synchroniz" in str(w.message))
 
 
 @pytest.mark.cuda
@@ -221,11 +228,32 @@ def test_the_lean_runner_on_cuda_does_not_synchronize_in_a_quiet_step(loaded, na
     samples = [utils.move_to_cuda(s) for s in batches(task)]
     search, schedule = DEVICE_SEARCHES[name]
     log = []
-    watch = lambda decoder, records: cuda_sync_warnings(decoder, records, log)
+    watch = lambda decoder, records: watched(decoder, records, cuda_sync_warnings, log, names=STEP_METHODS)
     out, records = device_path_decode(models, task, search, schedule, sync_free=None, samples=samples, watch=watch)
     reference, _ = device_path_decode(models, task, search, schedule, sync_free=False, samples=samples)
     assert len(out) == 37 and out == reference
     quiet = {i for i, r in enumerate(records) if r.quiet}
     assert quiet
-    synced = [(records[i].step, call, found) for i, call, found in log if i in quiet and found]
+    synced = [(records[i].step, call, found) for i, call, found in log if i in quiet and found and call != "update"]
     assert not synced, synced[:3]
+
+
+@pytest.mark.parametrize("name", ["fixed", "var-stream", "greedy"])
+def test_the_device_paths_quiet_step_makes_no_aten_call_that_reads_or_shapes_by_values(loaded, monkeypatch, name):
+    """Below the torch functions the counter sees: the ATen calls of a quiet step (runner and search update),
+    as a CUDA graph capture would record them, hold no read of a value and no output shaped by values."""
+    from fairseq_stream.ops import attention, beam_step
+
+    monkeypatch.setattr(beam_step, "available", lambda device: False)
+    monkeypatch.setattr(attention, "_use_sdpa", lambda t, rows: False)
+    models, task = loaded("transformer")
+    search, schedule = DEVICE_SEARCHES[name]
+    log = []
+    watch = lambda decoder, records: watched(decoder, records, OpTrace, log)
+    out, records = device_path_decode(models, task, search, schedule, sync_free=True, watch=watch)
+    assert len(out) == 37
+    quiet = {i for i, r in enumerate(records) if r.quiet}
+    calls = [(i, name, trace) for i, name, trace in log if i in quiet]
+    assert calls and all(trace.calls for _, _, trace in calls)
+    found = [(records[i].step, name, c.op) for i, name, trace in calls for c in trace.data_dependent()]
+    assert not found, found[:5]

@@ -158,8 +158,10 @@ class _Segment:
         self.slot = None  # (rows,) each row's cache slot; None: row i is slot i
         self.length = length  # positions written
         self.pack = None  # (row -> packed index, widest beam), made when needed
-        self.widest = None  # the most rows of one sentence where the host knows it (None: read when packing)
-        self.present = None  # how many sentences have rows, where the host knows it (all of them have keys)
+        # Where the host knows them: each sentence's rows, in order (None: read when packing), and how many
+        # sentences have rows (all of them have encoder keys).
+        self.counts: Optional[List[int]] = None
+        self.present: Optional[int] = None
 
     @property
     def rows(self):
@@ -174,7 +176,8 @@ class _Segment:
     def packing(self):
         """Each row's index in a ``(sentences, widest beam)`` layout, and the widest beam."""
         if self.pack is None:
-            self.pack = pack_by_sentence(self.row_sentence, self.encoder[0].sentences, self.widest)
+            widest = None if self.counts is None else max(self.counts, default=1)
+            self.pack = pack_by_sentence(self.row_sentence, self.encoder[0].sentences, widest)
         return self.pack
 
 
@@ -269,8 +272,7 @@ class LeanRunner(OwnStepRunner):
         row_sentence = torch.arange(S, device=device).repeat_interleave(rows_per_sentence)
         caches = [m.new_cache(row_sentence.numel(), INITIAL_CAPACITY, device) for m in self.lean]
         segment = _Segment(encoder, row_sentence, caches, 0)
-        segment.widest = rows_per_sentence if S else 1
-        segment.present = S
+        segment.counts, segment.present = [rows_per_sentence] * S, S
         return LeanState([segment])
 
     @torch.no_grad()
@@ -550,7 +552,7 @@ class LeanRunner(OwnStepRunner):
             # The compiled attention reads only its rows' sentences, so keys of sentences without rows cost
             # it nothing but memory: they are dropped once they are the larger part (copies stay amortized).
             # The torch attention packs every sentence: drop them at once.
-            segment.widest = segment.present = None
+            segment.counts = segment.present = None
             if self._drops_keys_at_once(segment):
                 self._compacted(segment)
 
@@ -574,9 +576,11 @@ class LeanRunner(OwnStepRunner):
             segment.caches = [c.index_select(1, slot) for c in segment.caches]
             slot = arange
         segment.slot = slot  # a tensor even where it is the identity: telling would read the device
-        segment.row_sentence = segment.row_sentence.index_select(0, order)
-        segment.pack = None
-        segment.widest, segment.present = max(sentence_rows), len(sentence_rows)
+        # Rows stay with their sentence, in order: the same counts are the same rows' sentences.
+        if sentence_rows != segment.counts:
+            segment.row_sentence = segment.row_sentence.index_select(0, order)
+            segment.pack = None
+        segment.counts, segment.present = sentence_rows, len(sentence_rows)
         if len(sentence_rows) < segment.encoder[0].sentences and self._drops_keys_at_once(segment):
             self._compacted(segment, len(sentence_rows))
 
