@@ -41,6 +41,8 @@ a GPU the real check is ``torch.cuda.set_sync_debug_mode("warn")`` (or
 
 :func:`count_update_syncs` counts each ``BeamDecoder.update`` call of a
 decoder separately, and the calls to its model runner apart.
+:class:`OpTrace` records the ATen calls below (what a CUDA graph capture
+records) and flags those that read a value or shape their output by values.
 """
 
 import contextlib
