@@ -257,3 +257,62 @@ def test_the_device_paths_quiet_step_makes_no_aten_call_that_reads_or_shapes_by_
     assert calls and all(trace.calls for _, _, trace in calls)
     found = [(records[i].step, name, c.op) for i, name, trace in calls for c in trace.data_dependent()]
     assert not found, found[:5]
+
+
+def random_order(counts, k, generator):
+    """A decoder-like reorder of rows grouped by sentence (``counts``: each sentence's rows): each sentence
+    ends (0 rows) or takes 1..k rows whose parents are its own rows (repeats allowed, any order)."""
+    order, new, start = [], [], 0
+    for n in counts:
+        ends = torch.rand((), generator=generator).item() < 0.1
+        m = 0 if ends else int(torch.randint(1, k + 1, (), generator=generator))
+        order += (start + torch.randint(0, n, (m,), generator=generator)).tolist()
+        new.append(m)
+        start += n
+    return torch.tensor(order, dtype=torch.long), new
+
+
+def random_walk(runner, samples, sync_free, seed, k=5, steps=16):
+    """Two groups started one row a sentence, stepped and reordered at random, one joined to the other at
+    another length halfway; every step's log-probabilities (the reorders by host counts where ``sync_free``)."""
+    generator = torch.Generator().manual_seed(seed)
+    states, counts, outs = [], [], []
+    for s in samples:
+        states.append(runner.start(s["net_input"], 1))
+        counts.append([1] * s["id"].numel())
+    for step in range(steps):
+        if step == steps // 2:  # the second group joins at its own length (top-up's merge)
+            states, counts = [runner.concat(states, any_length=True)], [counts[0] + counts[1]]
+        for i, state in enumerate(states if step >= steps // 2 else states[: 1 + step % 2]):
+            rows = sum(counts[i])
+            if not rows:
+                continue
+            out, _ = runner.step_own([state], torch.randint(4, 600, (rows, 1), generator=generator))
+            outs.append(out)
+            order, new = random_order(counts[i], k, generator)
+            runner.sync_free = sync_free
+            runner.reorder(state, order, sentence_rows=new)
+            counts[i] = [n for n in new if n]
+    return outs
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reorders_by_host_counts_give_the_reading_reorders_bits(loaded, monkeypatch, seed):
+    """Random decoder-like reorders (children, ended sentences, grown and compacted caches, two segments at
+    different lengths) on the lean runner's torch path: by the host's counts, the same bits as reading."""
+    from fairseq_stream.ops import attention
+    from fairseq_stream.runners.lean import LeanRunner
+
+    monkeypatch.setattr(attention, "_use_sdpa", lambda t, rows: False)  # as on CUDA (see above)
+    models, task = loaded("transformer")
+    samples = batches(task, 32)
+    runner = LeanRunner(models, compiled_attention=False)
+    with torch.no_grad():
+        read = random_walk(runner, samples, False, seed)
+        with HostSyncCounter() as counter:
+            counted = random_walk(runner, samples, True, seed)
+    assert len(read) == len(counted) > 12
+    assert all(torch.equal(a, b) for a, b in zip(read, counted))
+    # (Starting a group encodes its batch, which reads lengths: not a step.)
+    step_code = ("runners/lean.py", "ops/packing.py", "ops/attention.py")
+    assert not [e for e in counter.events if any(path in e[1] for path in step_code)], counter.events[:5]
