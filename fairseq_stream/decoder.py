@@ -71,8 +71,8 @@ def _ngram_blocker(size: int):
 
 
 def read_host(t: Tensor) -> list:
-    """``t.tolist()``: the step's one read of the device. On CUDA through a pinned buffer (one DMA, no staging
-    copy), waiting for this stream only."""
+    """``t.tolist()``: a step's read of the device (its summary; the hypotheses of sentences that end). On CUDA
+    through a pinned buffer (one DMA, no staging copy), waiting for this stream only."""
     if not t.is_cuda:
         return t.tolist()
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
@@ -727,7 +727,7 @@ class BeamDecoder:
         pending = [h for hyps in per_sentence for h in hyps]
         if not pending:
             return [(hyps, []) for hyps in per_sentence]
-        finals = torch.stack([h.pop("_final") for h in pending]).tolist()
+        finals = read_host(torch.stack([h.pop("_final") for h in pending]))
         values, scores = self.scores(finals, [h["tokens"].numel() for h in pending])
         for h, score in zip(pending, scores):
             h["score"] = score
@@ -803,7 +803,7 @@ class BeamDecoder:
             length = length - c.start.index_select(0, ending).unsqueeze(1)
         final = sel.score.index_select(0, ending)
         # Lengths and float32 scores are exact in the score type.
-        flags, lens, finals = torch.stack([done.to(final.dtype), length.to(final.dtype), final]).view(3, -1).tolist()
+        flags, lens, finals = read_host(torch.stack([done.to(final.dtype), length.to(final.dtype), final]).view(3, -1))
         picked = [i for i, flag in enumerate(flags) if flag]
         flat = self._compact(done, len(picked))
         sentence = ending.index_select(0, flat // k)
