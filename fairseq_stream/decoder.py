@@ -437,9 +437,9 @@ class BeamDecoder:
         # hypotheses each finalized, and the live rows left; for a runner
         # that moves rows without reading the device, each sentence's live
         # rows after them.
-        live_rows = not self.dense and getattr(self.runner, "sync_free", False)
+        per_sentence = not self.dense and getattr(self.runner, "sync_free", False)
         summary = step_out.summary
-        if live_rows:
+        if per_sentence:
             summary = torch.cat([summary, step_out.sel.live.sum(dim=1)])
         summary = read_host(summary)
         ids = summary[S: 2 * S]
@@ -447,8 +447,8 @@ class BeamDecoder:
         if self.finalize == "fairseq":
             self._finalize_fairseq(step_out.sel, c, ids, summary[2 * S: 3 * S])
         results = self._finished(c, step_out, ending, ids, summary) if ending else {}
-        rows = summary[-S:] if live_rows else None
-        self._next_beam(c, step_out, ending, summary[-S - 1] if live_rows else summary[-1], rows)
+        rows = summary[-S:] if per_sentence else None
+        self._next_beam(c, step_out, ending, summary[-S - 1] if per_sentence else summary[-1], rows)
         return results
 
     def _candidates(self, c: Cohort, lprobs):

@@ -249,11 +249,11 @@ class LeanRunner(OwnStepRunner):
 
         Then it moves rows by fixed-size index arithmetic (free slots by
         cumulative sums, a copy list padded to a size the host knows, ``slot``
-        kept a tensor) instead of ``nonzero`` and ``torch.equal``, and the
-        scheduler's joins of cohorts at one length merge their segments.
-        Default: where the models are off the CPU, where each read waits for
-        the device; on the CPU a read costs nothing and the reading path
-        copies fewer cache slots. Settable: the tests run it on the CPU.
+        kept a tensor) instead of ``nonzero`` and ``torch.equal``, and splits
+        segments and drops encoder keys by the host's counts. Default: where
+        the models are off the CPU, where each read waits for the device; on
+        the CPU a read costs nothing and the reading path copies fewer cache
+        slots. Settable: the tests run it on the CPU.
         """
         return self.device.type != "cpu" if self._sync_free is None else self._sync_free
 
