@@ -470,6 +470,9 @@ class LeanRunner(OwnStepRunner):
         if sentence_rows is None or any(s.present is None for s in segments) or \
                 sum(s.present for s in segments) != len(sentence_rows):
             return None
+        if sum(sentence_rows) != order.numel():
+            raise ValueError("internal: {} rows counted by sentence for {} new rows".format(sum(sentence_rows),
+                                                                                          order.numel()))
         parts, at, first_row, first_sentence = [], 0, 0, 0
         for segment in segments:
             counts = sentence_rows[first_sentence: first_sentence + segment.present]
