@@ -116,6 +116,10 @@ class BeamDecoder:
         quantize: ``none``, ``int8`` (``int8w8``, ``int8w7``) or ``int16`` (``--quantize``): the
             products on weights quantized at load; see
             :func:`fairseq_stream.runners.build_runner`.
+        stack_members: the lean runner stacks an ensemble's members of one
+            shape (:mod:`fairseq_stream.runners.stacked`) where True, steps
+            them one after another where False; None (``--stack-members
+            auto``) stacks where their step is not compiled.
     """
 
     def __init__(self, models, tgt_dict, beam_size: int = 5, finalize: str = "fairseq",
@@ -123,13 +127,14 @@ class BeamDecoder:
                  max_len_b: int = 200, min_len: int = 1, normalize_scores: bool = True, len_penalty: float = 1.0,
                  unk_penalty: float = 0.0, temperature: float = 1.0, no_repeat_ngram_size: int = 0,
                  runner: str = "fairseq", output_layer: str = "torch", keep_reference: Optional[bool] = None,
-                 rnn_options=None, quantize: str = "none"):
+                 rnn_options=None, quantize: str = "none",
+                 stack_members: Optional[bool] = None):
         _check_rules(finalize, temperature)
         # fairseq's exact arithmetic: every slot is a decoder row, as in SequenceGenerator.
         self.dense = finalize == "fairseq" and not (pruning is not None and pruning.active)
         self.keep_reference = self.dense if keep_reference is None else keep_reference
         self.runner = build_runner(runner, models, temperature=temperature, keep_fairseq=self.keep_reference,
-                                   rnn_options=rnn_options, quantize=quantize)
+                                   rnn_options=rnn_options, quantize=quantize, stack_members=stack_members)
         # Scores accumulate in the models' precision where it is float64
         # (exactness tests), in float32 otherwise (fairseq's log-softmax dtype).
         self.score_dtype = torch.float64 if self.runner.dtype == torch.float64 else torch.float32

@@ -46,6 +46,7 @@ from torch import Tensor
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import attention, lean_step, search_loop
 from fairseq_stream.ops.packing import compact, pack_by_sentence
+from fairseq_stream.runners import stacked
 from fairseq_stream.runners.lean_model import EncoderKeys, LeanModel
 from fairseq_stream.runners.own_step import OwnStepRunner
 
@@ -218,6 +219,14 @@ class LeanRunner(OwnStepRunner):
             encoder on weights quantized once at load
             (:mod:`fairseq_stream.ops.quantized_linear`); float32 models on
             the CPU only. None: float products.
+        stack_members: True: an ensemble whose members share a shape runs as
+            one stacked model (:mod:`fairseq_stream.runners.stacked`: each
+            product once for all members, one cache); members of different
+            shapes keep the member-by-member step (one log line). False: member
+            by member. None (auto): stacked where the members' step would
+            not be compiled (CUDA, no extension); on the CPU each member's
+            compiled step runs, measured faster than one stacked step there
+            (docs/ensemble.md).
     """
 
     name = "lean"
@@ -225,8 +234,10 @@ class LeanRunner(OwnStepRunner):
     joins_lengths = True
 
     def __init__(self, models, temperature: float = 1.0, prepack: bool = True, compiled_attention: bool = True,
-                 compiled_step: bool = True, packed_encoder: bool = True, quantize: Optional[str] = None):
+                 compiled_step: bool = True, packed_encoder: bool = True, quantize: Optional[str] = None,
+                 stack_members: Optional[bool] = None):
         super().__init__(models, temperature)
+        self.stack_members = stack_members
         self.prepack = prepack
         self.compiled_attention = compiled_attention
         self.compiled_step = compiled_step
@@ -241,7 +252,26 @@ class LeanRunner(OwnStepRunner):
         if self.quantize is not None:
             check_quantizable(self.model)
         self.lean = [LeanModel(m, self.prepack, self.quantize) for m in self.model.models]
+        self.stacked = None  # a StackedModel: every segment holds one stacked cache and encoder keys
+        # Why the members are not stacked ("" where they are); build_runner logs it.
+        self.unstacked_reason = stacked.unstackable_reason(self.lean) or self._stacking_declined()
+        if not self.unstacked_reason:
+            self.stacked = stacked.StackedModel(self.lean, self.quantize)
         self.device = module_device(self.model)
+
+    def _stacking_declined(self) -> str:
+        """Why members that could stack do not ("" where they do): the option, or auto on the CPU."""
+        if self.stack_members is None:
+            first = self.lean[0]
+            compiled = (self.compiled_attention and self.compiled_step and attention.compiled_applies(first.embed)
+                        and all(m.compiled is not None for m in self.lean))
+            return ("auto: each member's compiled step is faster on the CPU (--stack-members on stacks them)"
+                    if compiled else "")
+        return "" if self.stack_members else "--stack-members off"
+
+    def _state_models(self):
+        """What a segment holds a cache and encoder keys of: the stacked model, or each member."""
+        return [self.stacked] if self.stacked is not None else self.lean
 
     @property
     def sync_free(self) -> bool:
@@ -266,11 +296,11 @@ class LeanRunner(OwnStepRunner):
     @torch.no_grad()
     def start(self, net_input, rows_per_sentence: int, sentence_ids: Optional[Tensor] = None) -> LeanState:
         """Encode ``net_input``; ``rows_per_sentence`` decoder rows per sentence, nothing decoded yet."""
-        encoder = [m.encode(net_input, self.packed_encoder) for m in self.lean]
+        encoder = [m.encode(net_input, self.packed_encoder) for m in self._state_models()]
         S = net_input["src_tokens"].size(0)
         device = net_input["src_tokens"].device
         row_sentence = torch.arange(S, device=device).repeat_interleave(rows_per_sentence)
-        caches = [m.new_cache(row_sentence.numel(), INITIAL_CAPACITY, device) for m in self.lean]
+        caches = [m.new_cache(row_sentence.numel(), INITIAL_CAPACITY, device) for m in self._state_models()]
         segment = _Segment(encoder, row_sentence, caches, 0)
         segment.counts, segment.present = [rows_per_sentence] * S, S
         return LeanState([segment])
@@ -628,7 +658,11 @@ class LeanRunner(OwnStepRunner):
                 # whose other slots freed up, and copying those would cost more than the step.
                 s.caches = [_resized(c, s.rows, 2 * c.size(3), s.length, s.slot) for c in s.caches]
                 s.slot = None
-        outs = [self._model_step(i, lean, segments, bounds, last_tokens) for i, lean in enumerate(self.lean)]
+        if self.stacked is not None:
+            outs = stacked.step(self.stacked, segments, bounds, last_tokens,
+                                _position(self.lean[0], segments, last_tokens.device), self.compiled_attention)
+        else:
+            outs = [self._model_step(i, lean, segments, bounds, last_tokens) for i, lean in enumerate(self.lean)]
         for s in segments:
             s.length += 1
         return self._ensemble(outs, logits)
@@ -636,15 +670,7 @@ class LeanRunner(OwnStepRunner):
     def _model_step(self, index: int, lean: LeanModel, segments, bounds, last_tokens):
         D = lean.dim
         compiled = self.compiled_attention
-        position = None
-        if lean.positions is not None:
-            index_of = [lean.padding_idx + s.length + 1 for s in segments]
-            if len(set(index_of)) == 1:
-                position = index_of[0]
-            else:
-                position = torch.cat([torch.full((s.rows,), i, dtype=torch.long, device=last_tokens.device)
-                                      for s, i in zip(segments, index_of)])
-        x = lean.embed_at(last_tokens, position)
+        x = lean.embed_at(last_tokens, _position(lean, segments, last_tokens.device))
         if compiled and self.compiled_step and lean.compiled is not None and attention.compiled_applies(x):
             encoders = [s.encoder[index] for s in segments]
             x = lean_step.lean_layers(
@@ -673,3 +699,14 @@ class LeanRunner(OwnStepRunner):
 
         x = lean.run_layers(x, self_attention, encoder_attention)
         return lean.logits(x)
+
+
+def _position(lean: LeanModel, segments: List[_Segment], device):
+    """The position table's index of each segment's next token: one int where all agree, else one per row
+    (None for a model without positions)."""
+    if lean.positions is None:
+        return None
+    index_of = [lean.padding_idx + s.length + 1 for s in segments]
+    if len(set(index_of)) == 1:
+        return index_of[0]
+    return torch.cat([torch.full((s.rows,), i, dtype=torch.long, device=device) for s, i in zip(segments, index_of)])

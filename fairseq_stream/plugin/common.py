@@ -13,6 +13,7 @@ from fairseq_stream.runners.rnn import RnnOptions, RnnRunnerConfig
 RunnerChoice = ChoiceEnum(list(RUNNERS))
 QuantizeChoice = ChoiceEnum(list(QUANTIZE))
 OutputLayerChoice = ChoiceEnum(list(OUTPUT_LAYERS))
+StackChoice = ChoiceEnum(["auto", "on", "off"])
 
 
 @dataclass
@@ -51,6 +52,13 @@ class DecodeStatsConfig(RnnRunnerConfig):
         metadata={"help": "threads a CPU decode on our runners (lean, rnn) uses: our kernels split their "
                   "work over them, torch's ops run on one (default: the cores this process may use, at "
                   "most torch's thread count, OMP_NUM_THREADS); fairseq's runner keeps torch's threads"},
+    )
+    stack_members: StackChoice = field(
+        default="auto",
+        metadata={"help": "lean runner, an ensemble whose members share a shape: on runs them stacked (each "
+                  "product once for all members, one cache), off one after another, auto stacked where "
+                  "the members' step is not compiled (CUDA: stacked; the CPU keeps each member's compiled "
+                  "step, measured faster there; docs/ensemble.md)"},
     )
     output_layer: OutputLayerChoice = field(
         default="auto",
@@ -149,7 +157,7 @@ def check_generation_options(search_name, gen_cfg):
                                  .format(search_name))
 
 
-def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cfg=None):
+def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cfg=None, scheduler=None):
     """Check every option of a search before any model is loaded (one-line errors).
 
     Shared by the command line (right after parsing) and the Python API.
@@ -159,8 +167,10 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
         gen_cfg: fairseq's generation options (``beam``, ``sampling`` ...).
         search_cfg: the search's own options (pruning thresholds).
         stream_cfg: the ``--stream-*`` options, where the search streams.
+        scheduler: the ``--generator`` name whose entry reads ``stream_cfg``
+            (None: ``stream``'s rules, as the Python API's pool runs).
     """
-    from fairseq_stream.schedule.stream import pool_settings
+    from fairseq_stream.registry import GENERATOR_REGISTRY
 
     if getattr(search_cls, "uses_beam", True):
         check_beam(getattr(gen_cfg, "beam", 5))
@@ -179,4 +189,4 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
     if hasattr(search_cls, "check"):
         search_cls.check(search_cfg)
     if stream_cfg is not None:
-        pool_settings(stream_cfg)
+        GENERATOR_REGISTRY[scheduler or "stream"].pool_settings(stream_cfg)
