@@ -125,7 +125,7 @@ DEVICE_SEARCHES = {"fixed": ("fixed", "batch"), "var-stream": ("var-batch", "str
                    "top-up": ("var-batch", "top-up")}
 
 
-def device_path_decode(models, task, search, schedule, sync_free, samples=None, watch=None):
+def device_path_decode(models, task, search, schedule, sync_free, samples=None, watch=None, stack_members=None):
     """The toy decoded on the lean runner's CUDA code path (run on the CPU: the torch search step and
     attentions, the fused output layer, one call as its CUDA kernel), with the reorder without reads
     (``sync_free``) or the reading one; the output (tokens and scores, bitwise) and the step records.
@@ -133,7 +133,7 @@ def device_path_decode(models, task, search, schedule, sync_free, samples=None, 
     ``samples``: the batches (default: the test set's, on the CPU); ``watch(decoder, records)``: a context
     manager entered inside the counting (the CUDA test's sync check)."""
     decoder = BeamDecoder(models, task.target_dictionary, runner="lean", output_layer="auto",
-                          **decoder_options(search))
+                          stack_members=stack_members, **decoder_options(search))
     decoder.compiled_loop = False
     decoder.runner.compiled_attention = False
     decoder.runner.sync_free = sync_free
@@ -316,3 +316,20 @@ def test_reorders_by_host_counts_give_the_reading_reorders_bits(loaded, monkeypa
     # (Starting a group encodes its batch, which reads lengths: not a step.)
     step_code = ("runners/lean.py", "ops/packing.py", "ops/attention.py")
     assert not [e for e in counter.events if any(path in e[1] for path in step_code)], counter.events[:5]
+
+
+@pytest.mark.parametrize("name", ["fixed", "var-stream"])
+def test_a_stacked_ensemble_on_the_device_path_reads_once_and_decodes_the_same_bits(loaded, monkeypatch, name):
+    """The two-member toy ensemble stacked into one model (as on CUDA by default): its one cache moves by the
+    host's counts as a member's does."""
+    from fairseq_stream.ops import attention, beam_step
+
+    monkeypatch.setattr(beam_step, "available", lambda device: False)
+    monkeypatch.setattr(attention, "_use_sdpa", lambda t, rows: False)
+    models, task = loaded("ensemble")
+    search, schedule = DEVICE_SEARCHES[name]
+    out, records = device_path_decode(models, task, search, schedule, sync_free=True, stack_members=True)
+    reference, _ = device_path_decode(models, task, search, schedule, sync_free=False, stack_members=True)
+    assert len(out) == 37 and out == reference
+    quiet = [r for r in records if r.quiet]
+    assert quiet and not [(r.step, r.runner_events) for r in quiet if r.runner_syncs or r.syncs > 1]
