@@ -107,7 +107,7 @@ def main(argv=None):
     if backend not in ol.available_backends():
         parser.error("the {} kernel is not built: python setup.py build_ext --inplace".format(backend))
     measure = timer(args.device)
-    ext = ol._extension(backend)
+    ext = ol.compiled_module(backend)
     where = (torch.cuda.get_device_name() if args.device == "cuda"
              else "{}, {} thread(s), SIMD {}".format(cpu_name(), torch.get_num_threads(), getattr(ext, "simd", "?")))
     print("fairseq-stream output layer, {}: {} (torch {})".format(args.device, where, torch.__version__))

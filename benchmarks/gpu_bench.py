@@ -70,6 +70,9 @@ def parser():
                    help="sentences per batch for every beam (default: {})".format(
                        ", ".join("{} at k={}".format(b, k) for k, b in BATCH.items())))
     p.add_argument("--no-fp16", action="store_true", help="decode in float32 (default on the GPU: --fp16)")
+    p.add_argument("--stack-members", choices=["auto", "on", "off"], default="auto",
+                   help="our methods' --stack-members (docs/ensemble.md): a run with off and one with auto measure "
+                        "the stacked ensemble against member by member (auto stacks on the GPU)")
     p.add_argument("--run-timeout", type=float, default=300, metavar="S",
                    help="a decode run making no progress this long is killed (default %(default)s)")
     return p
@@ -152,6 +155,8 @@ def runs_for(session, args, beam, first):
         argv += [] if method in BEAMLESS else ["--beam", str(beam)]
         argv += ["--fp16"] if fp16(session, args) else []
         argv += [] if session.cuda else ["--cpu"]
+        # fairseq's own beam takes no option of ours; auto is the default and stays off the command line.
+        argv += ["--stack-members", args.stack_members] if args.stack_members != "auto" and method != "beam" else []
         runs.append({"name": method if method in BEAMLESS else "{}-k{}".format(method, beam), "argv": argv,
                      "method": method, "beam": None if method in BEAMLESS else beam})
     return runs

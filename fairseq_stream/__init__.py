@@ -12,4 +12,4 @@ from fairseq_stream import fairseq_glue
 
 fairseq_glue.install()
 
-from fairseq_stream import schedule, search  # noqa: E402,F401  (register entries)
+from fairseq_stream import plugin  # noqa: E402,F401  (register the --search and --generator entries)

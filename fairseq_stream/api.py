@@ -14,7 +14,6 @@ the chunk size, never by the input. Results are yielded as they finish (not
 in input order), each with its input ``index``.
 """
 
-import itertools
 import os
 import typing
 from dataclasses import dataclass
@@ -236,16 +235,15 @@ class Translator:
     def _batches(self, lines, sources):
         """(net_input, ids) batches of the numbered ``lines``; each one's text is kept in ``sources``.
 
-        Maxi-batching: a window of maxi_batch x batch_size sentences, sorted
-        by length (stably: equal lengths keep input order), cut into batches.
+        Maxi-batching (:mod:`fairseq_stream.schedule.maxi_batch`): a window of
+        maxi_batch x batch_size sentences, sorted by length, cut into batches;
+        maxi_batch 1 is mini-batching, in input order.
         """
-        while True:
-            window = [(index, sentence, self._checked_tokens(index, sentence))
-                      for index, sentence in itertools.islice(lines, self.batch_size * self.maxi_batch)]
-            if not window:
-                return
-            if self.maxi_batch > 1:
-                window.sort(key=lambda item: item[2].numel())
+        from fairseq_stream.schedule.maxi_batch import windows
+
+        checked = ((index, sentence, self._checked_tokens(index, sentence)) for index, sentence in lines)
+        by_length = (lambda item: item[2].numel()) if self.maxi_batch > 1 else None
+        for window in windows(checked, self.maxi_batch, self.batch_size, key=by_length):
             for start in range(0, len(window), self.batch_size):
                 yield self._encode_batch(window[start:start + self.batch_size], sources)
 

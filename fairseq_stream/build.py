@@ -10,7 +10,7 @@ around them (a Jacobi decoder around a greedy one where the search asks), and
 ``--generator`` entry builds its own loop (``build``), so nothing here
 compares scheduler names.
 
-The search entries (:mod:`fairseq_stream.search`) only say what is theirs
+The search entries (:mod:`fairseq_stream.plugin`) only say what is theirs
 (:meth:`settings`: beam, finalization, pruning, the decoder they wrap around
 the beam decoder); the API builds its own streaming pool around
 :func:`build_decoder`'s decoder.
@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops.threads import check_cpu_threads
 from fairseq_stream.runners.rnn import RnnOptions
-from fairseq_stream.search.common import check_search_options, search_name
+from fairseq_stream.plugin.common import check_search_options, search_name
 from fairseq_stream.search.pruning import Pruning
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class DecoderSpec:
     rules: GenerationRules
     runner: str = "auto"
     quantize: str = "none"  # --quantize: none, int8, int16
+    stack_members: Optional[bool] = None  # --stack-members: None auto, True on, False off
     output_layer: str = "auto"
     cpu_threads: Optional[int] = None  # --cpu-threads: None chooses (ops/threads.py)
     cpu_workers: Optional[int] = None  # --cpu-workers: None chooses (ops/threads.py, schedule/workers.py)
@@ -106,7 +107,7 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
             ", ".join(sorted(GENERATOR_REGISTRY)), scheduler))
     streams = getattr(GENERATOR_REGISTRY[scheduler], "streams", False)
     options = (generator_cfg if generator_cfg is not None else search_cfg) if streams else None
-    check_search_options(name, search_cls, gen_cfg, search_cfg, options)
+    check_search_options(name, search_cls, gen_cfg, search_cfg, options, scheduler)
     settings = search_cls.settings(gen_cfg, search_cfg)
     if scheduler != "batch" and settings.keep_reference is None:
         # Bitwise identity with fairseq is a promise of fairseq's own batches only: a scheduler changes
@@ -117,6 +118,7 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
         search=name, settings=settings, rules=GenerationRules.from_config(gen_cfg),
         runner=str(getattr(search_cfg, "runner", "auto")),
         quantize=str(getattr(search_cfg, "quantize", "none")),
+        stack_members={"auto": None, "on": True, "off": False}[str(getattr(search_cfg, "stack_members", "auto"))],
         output_layer=str(getattr(search_cfg, "output_layer", "auto")),
         cpu_threads=check_cpu_threads(getattr(search_cfg, "cpu_threads", None)),
         cpu_workers=check_cpu_threads(getattr(search_cfg, "cpu_workers", None), "--cpu-workers"),
@@ -175,7 +177,7 @@ def build_decoder(spec: DecoderSpec, task, models, workers_by_default: bool = Fa
         normalize_scores=rules.normalize_scores, len_penalty=rules.len_penalty, unk_penalty=rules.unk_penalty,
         temperature=rules.temperature, no_repeat_ngram_size=rules.no_repeat_ngram_size,
         runner=spec.runner, output_layer=spec.output_layer, keep_reference=s.keep_reference,
-        rnn_options=spec.rnn, quantize=spec.quantize,
+        rnn_options=spec.rnn, quantize=spec.quantize, stack_members=spec.stack_members,
     )
     if spec.quantize != "none":
         _release_float_weights(decoder.runner, spec.quantize)

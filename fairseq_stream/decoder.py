@@ -42,6 +42,7 @@ from fairseq_stream.output_choice import check_output_layer, choose_backend
 from fairseq_stream.runners import build_runner
 from fairseq_stream.search.pruning import Pruning
 from fairseq_stream.ops.beam_step import reorder_beam_
+from fairseq_stream.ops.packing import compact
 from fairseq_stream.search.selection import fairseq_step, forced_eos_ranks, stay_step
 from fairseq_stream.stats import DecodeStats
 
@@ -67,6 +68,17 @@ def _ngram_blocker(size: int):
     from fairseq.ngram_repeat_block import NGramRepeatBlock
 
     return NGramRepeatBlock(size)
+
+
+def read_host(t: Tensor) -> list:
+    """``t.tolist()``: a step's read of the device (its summary; the hypotheses of sentences that end). On CUDA
+    through a pinned buffer (one DMA, no staging copy), waiting for this stream only."""
+    if not t.is_cuda:
+        return t.tolist()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    torch.cuda.current_stream(t.device).synchronize()
+    return host.tolist()
 
 
 class BeamDecoder:
@@ -104,6 +116,10 @@ class BeamDecoder:
         quantize: ``none``, ``int8`` (``int8w8``, ``int8w7``) or ``int16`` (``--quantize``): the
             products on weights quantized at load; see
             :func:`fairseq_stream.runners.build_runner`.
+        stack_members: the lean runner stacks an ensemble's members of one
+            shape (:mod:`fairseq_stream.runners.stacked`) where True, steps
+            them one after another where False; None (``--stack-members
+            auto``) stacks where their step is not compiled.
     """
 
     def __init__(self, models, tgt_dict, beam_size: int = 5, finalize: str = "fairseq",
@@ -111,13 +127,14 @@ class BeamDecoder:
                  max_len_b: int = 200, min_len: int = 1, normalize_scores: bool = True, len_penalty: float = 1.0,
                  unk_penalty: float = 0.0, temperature: float = 1.0, no_repeat_ngram_size: int = 0,
                  runner: str = "fairseq", output_layer: str = "torch", keep_reference: Optional[bool] = None,
-                 rnn_options=None, quantize: str = "none"):
+                 rnn_options=None, quantize: str = "none",
+                 stack_members: Optional[bool] = None):
         _check_rules(finalize, temperature)
         # fairseq's exact arithmetic: every slot is a decoder row, as in SequenceGenerator.
         self.dense = finalize == "fairseq" and not (pruning is not None and pruning.active)
         self.keep_reference = self.dense if keep_reference is None else keep_reference
         self.runner = build_runner(runner, models, temperature=temperature, keep_fairseq=self.keep_reference,
-                                   rnn_options=rnn_options, quantize=quantize)
+                                   rnn_options=rnn_options, quantize=quantize, stack_members=stack_members)
         # Scores accumulate in the models' precision where it is float64
         # (exactness tests), in float32 otherwise (fairseq's log-softmax dtype).
         self.score_dtype = torch.float64 if self.runner.dtype == torch.float64 else torch.float32
@@ -422,14 +439,21 @@ class BeamDecoder:
         S = c.size
         # The step's one host read (the summary): per sentence, 1 if it ends
         # (+2 for an empty source) and its id, under fairseq's rule the
-        # hypotheses each finalized, and the live rows left.
-        summary = step_out.summary.tolist()
+        # hypotheses each finalized, and the live rows left; for a runner
+        # that moves rows without reading the device, each sentence's live
+        # rows after them.
+        per_sentence = not self.dense and getattr(self.runner, "sync_free", False)
+        summary = step_out.summary
+        if per_sentence:
+            summary = torch.cat([summary, step_out.sel.live.sum(dim=1)])
+        summary = read_host(summary)
         ids = summary[S: 2 * S]
         ending = [s for s in range(S) if summary[s] & 1] if any(summary[:S]) else []
         if self.finalize == "fairseq":
             self._finalize_fairseq(step_out.sel, c, ids, summary[2 * S: 3 * S])
         results = self._finished(c, step_out, ending, ids, summary) if ending else {}
-        self._next_beam(c, step_out, ending, summary[-1])
+        rows = summary[-S:] if per_sentence else None
+        self._next_beam(c, step_out, ending, summary[-S - 1] if per_sentence else summary[-1], rows)
         return results
 
     def _candidates(self, c: Cohort, lprobs):
@@ -498,9 +522,10 @@ class BeamDecoder:
             results[ids[s]] = hyp.best_first(hyps, values)
         return results
 
-    def _next_beam(self, c: Cohort, step_out, ending: List[int], n_live: int):
+    def _next_beam(self, c: Cohort, step_out, ending: List[int], n_live: int, live_rows: Optional[List[int]] = None):
         """Move ``c`` to the next step: slot j of sentence s continues slot ``flat_parent``; ended sentences
-        leave; the runner's rows follow."""
+        leave; the runner's rows follow (``live_rows``: each sentence's live rows, where the runner takes
+        them)."""
         device, k, S, step = c.tokens.device, self.beam_size, c.size, c.step
         sel, flat_parent, extended = step_out.sel, step_out.flat_parent, step_out.extended
         if self.dense:
@@ -542,7 +567,13 @@ class BeamDecoder:
             order = prev_row.index_select(0, flat_parent.index_select(0, c.run_rows))
         # One row per sentence (greedy) and none gone: every row continues itself, nothing to move.
         if c.size and not (self.dense and k == 1 and not ending):
-            self.runner.reorder(c.state, order)
+            if getattr(self.runner, "sync_free", False):
+                # The runner moves its rows by each sentence's count instead of reading them back.
+                gone = set(ending)
+                rows = [0 if s in gone else (k if self.dense else live_rows[s]) for s in range(S)]
+                self.runner.reorder(c.state, order, sentence_rows=rows)
+            else:
+                self.runner.reorder(c.state, order)
 
     def _fused_candidates(self, c: Cohort, logits: List[Tensor]):
         """``update``'s candidates from the models' logits by the fused output layer.
@@ -646,20 +677,8 @@ class BeamDecoder:
         """``t`` with NaN replaced by -inf, in place (as fairseq's ``lprobs[lprobs != lprobs]``, without its sync)."""
         return t.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
 
-    @staticmethod
-    def _compact(mask: Tensor, count: int) -> Tensor:
-        """Positions of the ``count`` True entries of ``mask`` (flattened), in order.
-
-        ``mask.nonzero()`` without its host sync: the caller knows ``count``.
-        """
-        mask = mask.reshape(-1)
-        if count == mask.numel():
-            return torch.arange(count, device=mask.device)
-        # Each True entry goes to its rank among them, the others to a spare slot.
-        target = torch.where(mask, torch.cumsum(mask, 0) - 1, count)
-        out = torch.empty(count + 1, dtype=torch.long, device=mask.device)
-        out.scatter_(0, target, torch.arange(mask.numel(), device=mask.device))
-        return out[:count]
+    # ``mask.nonzero()`` without its host sync where the caller knows the count.
+    _compact = staticmethod(compact)
 
     def _run_rows(self, live, n_live: Optional[int] = None):
         """Rows to run through the decoder: all slots when dense, else the ``n_live`` live ones.
@@ -692,8 +711,9 @@ class BeamDecoder:
         if c.mixed:
             # Each hypothesis' length from its own sentence's start.
             lens = [step + 1 - c.start_host[s] for s, count in enumerate(n_final) for _ in range(count)]
-            hyps = self._hypotheses(rows, torch.tensor(lens, device=rows.device), lens, final, c.tokens, c.scores,
-                                    c.start.index_select(0, flat // k))
+            starts = c.start.index_select(0, flat // k)
+            # The lengths on the device from the starts there (not a copy of the host's list).
+            hyps = self._hypotheses(rows, step + 1 - starts, lens, final, c.tokens, c.scores, starts)
         else:
             hyps = self._hypotheses(rows, torch.full_like(rows, step + 1), [step + 1] * total, final, c.tokens,
                                     c.scores)
@@ -712,7 +732,7 @@ class BeamDecoder:
         pending = [h for hyps in per_sentence for h in hyps]
         if not pending:
             return [(hyps, []) for hyps in per_sentence]
-        finals = torch.stack([h.pop("_final") for h in pending]).tolist()
+        finals = read_host(torch.stack([h.pop("_final") for h in pending]))
         values, scores = self.scores(finals, [h["tokens"].numel() for h in pending])
         for h, score in zip(pending, scores):
             h["score"] = score
@@ -788,7 +808,7 @@ class BeamDecoder:
             length = length - c.start.index_select(0, ending).unsqueeze(1)
         final = sel.score.index_select(0, ending)
         # Lengths and float32 scores are exact in the score type.
-        flags, lens, finals = torch.stack([done.to(final.dtype), length.to(final.dtype), final]).view(3, -1).tolist()
+        flags, lens, finals = read_host(torch.stack([done.to(final.dtype), length.to(final.dtype), final]).view(3, -1))
         picked = [i for i, flag in enumerate(flags) if flag]
         flat = self._compact(done, len(picked))
         sentence = ending.index_select(0, flat // k)

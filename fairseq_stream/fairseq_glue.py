@@ -28,6 +28,10 @@ fairseq-fixed 0.12.3.1 with Hydra 1.3.2 needs these adjustments (see
   running into the interpreter's finalization inside a torch operator, it
   aborted fairseq-generate after an error ("terminate called without an
   active exception").
+
+Each adjustment that wraps a fairseq function is installed by :func:`_patch`;
+preset expansion is :mod:`fairseq_stream.presets.resolve`, maxi-batching
+:mod:`fairseq_stream.schedule.maxi_batch`.
 """
 
 import functools
@@ -35,7 +39,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -43,10 +47,8 @@ from fairseq_stream.errors import FairseqStreamError
 
 logger = logging.getLogger(__name__)
 
-PLUGIN_GROUPS = ("search", "generator")
-MAXI_BATCH_FLAG = "--maxi-batch"
-# --maxi-batch of the command line being run (None: fairseq's order, the whole input sorted).
-maxi_batch: Optional[int] = None
+# The mark of every function installed here (a second installation leaves it as it is).
+PATCHED = "_fairseq_stream"
 
 
 class Selection(NamedTuple):
@@ -77,6 +79,27 @@ def install():
     install.done = True
 
 
+def _patch(owner, name: str, replacement: Callable) -> Callable:
+    """Install ``replacement(original, *args, **kwargs)`` as ``owner.name``, in place of fairseq's ``original``.
+
+    The installed function carries the original's name and docstring and a
+    mark: installing again (``install()`` twice, the plugin imported under two
+    names) leaves the first installation in place. Returns what is installed;
+    as a plain function it binds as a method where ``owner`` is a class.
+    """
+    original = getattr(owner, name)
+    if getattr(original, PATCHED, False):
+        return original
+
+    @functools.wraps(original)
+    def patched(*args, **kwargs):
+        return replacement(original, *args, **kwargs)
+
+    setattr(patched, PATCHED, True)
+    setattr(owner, name, patched)
+    return patched
+
+
 # --- Hydra config ---------------------------------------------------------
 
 
@@ -95,12 +118,9 @@ def _extend_config_schema():
 def _patch_override_module_args():
     from fairseq.dataclass import utils as dc_utils
 
-    original = dc_utils.override_module_args
-    if getattr(original, "_fairseq_stream", False):
-        return
+    def override_module_args(original, args):
+        from fairseq_stream.registry import PLUGIN_GROUPS
 
-    @functools.wraps(original)
-    def override_module_args(args):
         overrides, deletes = original(args)
         # ``search=NAME`` selects a config group missing from the primary
         # config's defaults list; Hydra only accepts that as an append.
@@ -108,8 +128,7 @@ def _patch_override_module_args():
         overrides = ["+" + o if o.startswith(prefixes) else o for o in overrides]
         return overrides, deletes
 
-    override_module_args._fairseq_stream = True
-    dc_utils.override_module_args = override_module_args
+    _patch(dc_utils, "override_module_args", override_module_args)
 
 
 # --- command line -----------------------------------------------------------
@@ -118,12 +137,7 @@ def _patch_override_module_args():
 def _patch_parse_args_and_arch():
     from fairseq import options
 
-    original = options.parse_args_and_arch
-    if getattr(original, "_fairseq_stream", False):
-        return
-
-    @functools.wraps(original)
-    def parse_args_and_arch(parser, input_args=None, parse_known=False, **kwargs):
+    def parse_args_and_arch(original, parser, input_args=None, parse_known=False, **kwargs):
         import sys
 
         from fairseq_stream import presets
@@ -140,8 +154,7 @@ def _patch_parse_args_and_arch():
         _check_after_parsing(parser, result[0] if parse_known else result, input_args)
         return result
 
-    parse_args_and_arch._fairseq_stream = True
-    options.parse_args_and_arch = parse_args_and_arch
+    _patch(options, "parse_args_and_arch", parse_args_and_arch)
 
 
 def _add_option_once(parser, flag, **kwargs):
@@ -153,6 +166,7 @@ def _add_option_once(parser, flag, **kwargs):
 def _add_plugin_options(parser):
     """``--trust-checkpoint`` and ``--maxi-batch``, the plugin's options outside any registry entry."""
     from fairseq_stream.checkpoint import TRUST_FLAG
+    from fairseq_stream.schedule import maxi_batch
 
     _add_option_once(
         parser, TRUST_FLAG, action="store_true",
@@ -160,7 +174,7 @@ def _add_plugin_options(parser):
         "contain globals fairseq checkpoints do not need (only for files you trust)",
     )
     _add_option_once(
-        parser, MAXI_BATCH_FLAG, type=int, default=None, metavar="M",
+        parser, maxi_batch.FLAG, type=int, default=None, metavar="M",
         help="cut batches from windows of M x --batch-size input sentences, each sorted by "
         "length (Marian's maxi-batch); 1: input order, unsorted (default: fairseq's order, "
         "the whole input sorted)",
@@ -169,8 +183,10 @@ def _add_plugin_options(parser):
 
 def _check_before_parsing(parser, input_args):
     """The chosen search's and generator's options for --help, and their names checked (``parser.error``)."""
+    from fairseq_stream.registry import check_names, chosen_names
+
     _add_chosen_options_for_help(parser, input_args)
-    chosen = _chosen_names(input_args)
+    chosen = chosen_names(input_args)
     # Checked before fairseq parses: some wrong combinations (a preset that
     # already includes its generator's options, plus --generator) would
     # otherwise fail inside argparse with a conflicting-option traceback,
@@ -192,10 +208,7 @@ def _check_after_parsing(parser, args, input_args):
         parser.error(error)
     _log_ignored_beam(args, input_args)
     _greedy_beam(args)
-    global maxi_batch
-    maxi_batch = getattr(args, "maxi_batch", None)
-    if maxi_batch is not None and maxi_batch < 1:
-        parser.error("{} must be at least 1, got {}".format(MAXI_BATCH_FLAG, maxi_batch))
+    _set_maxi_batch(parser, getattr(args, "maxi_batch", None))
     if getattr(args, "trust_checkpoint", False) and getattr(args, "path", None):
         from fairseq import utils
         from fairseq_stream.checkpoint import trust_checkpoints
@@ -203,119 +216,35 @@ def _check_after_parsing(parser, args, input_args):
         trust_checkpoints(utils.split_paths(args.path))
 
 
+def _set_maxi_batch(parser, m):
+    """Hand --maxi-batch to the batching patch (None: fairseq's order, the whole input sorted).
+
+    fairseq passes no option of the command line down to ``batch_by_size``:
+    the value is a setting of that patch, set on it at each parse.
+    """
+    from fairseq.data import data_utils
+    from fairseq_stream.schedule.maxi_batch import FLAG
+
+    if m is not None and m < 1:
+        parser.error("{} must be at least 1, got {}".format(FLAG, m))
+    data_utils.batch_by_size.maxi_batch = m
+
+
 def expand_presets(parser, argv):
-    """``argv`` with its ``--preset`` options expanded before the typed ones (typed options win).
+    """``argv`` with its ``--preset`` options expanded before the typed ones (typed options win); the preset
+    options a typed ``--search``/``--generator`` replaces are left out, with a log line
+    (:func:`fairseq_stream.presets.resolve.resolve`)."""
+    from fairseq_stream.presets.resolve import resolve
 
-    Two things argparse alone gets wrong: a preset's repeated options make
-    parsing quadratic (kept: the last of each, which is what argparse would
-    keep), and a typed ``--search`` (or ``--generator``) replacing the
-    preset's leaves the preset's options of the replaced entry, which the
-    new one does not take, as "unrecognized arguments" (left out, logged).
-    """
-    from fairseq_stream import presets
-
-    preset_options, typed = presets.split(argv)
-    if preset_options is None:
-        return list(argv)
-    arity = _option_arity(parser)
-    preset_options = presets.last_of_each(preset_options, arity)
-    return _without_replaced(preset_options, typed, arity) + typed
-
-
-def _option_arity(parser):
-    """{option string: Arity} of the single-valued and flag options of ``parser`` and of every registry entry.
-
-    Options that accumulate (append, count) or take several values are left
-    out: collapsing their repeats would change what argparse makes of them.
-    """
-    import argparse
-
-    from fairseq_stream.presets import Arity
-
-    plain = (argparse._StoreAction, argparse._StoreTrueAction, argparse._StoreFalseAction,
-             argparse._StoreConstAction)
-    arity = {}
-    for action in list(_entry_actions()) + list(parser._actions):
-        if type(action) in plain and action.nargs in (None, 0):
-            for flag in action.option_strings:
-                arity[flag] = Arity(action.dest, action.nargs is None)
-    return arity
-
-
-@functools.lru_cache(maxsize=None)
-def _entry_parser(group, name):
-    """A parser holding only the options of registry entry ``--group name`` (empty for an unknown one)."""
-    import argparse
-
-    from fairseq.dataclass.utils import gen_parser_from_dataclass
-    from fairseq.registry import REGISTRIES
-
-    parser = argparse.ArgumentParser(add_help=False)
-    dataclass = REGISTRIES[group]["dataclass_registry"].get(name)
-    if dataclass is not None:
-        gen_parser_from_dataclass(parser, dataclass())
-    return parser
-
-
-def _entry_actions():
-    from fairseq.registry import REGISTRIES
-
-    for group in PLUGIN_GROUPS:
-        for name in REGISTRIES[group]["dataclass_registry"]:
-            yield from _entry_parser(group, name)._actions
-
-
-def _entry_options(group, name):
-    """The option strings ``--group name`` takes (none for None or an unknown name)."""
-    if name is None:
-        return set()
-    return {flag for action in _entry_parser(group, name)._actions for flag in action.option_strings}
-
-
-def _without_replaced(preset_options, typed, arity):
-    """The preset's options less those of a search or generator that a typed option replaces.
-
-    A typed ``--search`` replaces the preset's; the preset's generator goes
-    too where the typed search does not run on it (or brings its own, as
-    var-stream does). The options only the replaced entries take are left
-    out, with one log line saying which.
-    """
-    from fairseq_stream.registry import GENERATOR_REGISTRY, SEARCH_REGISTRY
-    from fairseq_stream.presets import without
-
-    before, after = _chosen_names(preset_options), _chosen_names(typed)
-    if check_names(before.search, before.generator) or check_names(after.search, after.generator):
-        return preset_options  # an unknown name: its own error follows
-    search = after.search or before.search
-    generator = after.generator or before.generator
-    replaced = []
-    if after.search and before.search and after.search != before.search:
-        replaced.append(("search", before.search))
-    if after.generator and before.generator and after.generator != before.generator:
-        replaced.append(("generator", before.generator))
-    elif after.search and before.generator and not after.generator and before.generator in GENERATOR_REGISTRY:
-        entry = SEARCH_REGISTRY[after.search]
-        if getattr(entry, "includes_generator", False) or before.generator not in entry.generators:
-            replaced.append(("generator", before.generator))
-            generator = None
-    if not replaced:
-        return preset_options
-    kept = _entry_options("search", search) | _entry_options("generator", generator)
-    flags = set().union(*(_entry_options(group, name) for group, name in replaced)) - kept
-    if generator is None:
-        flags.add("--generator")
-    preset_options, dropped = without(preset_options, flags, arity)
-    logger.info("fairseq-stream: the typed %s replace%s the preset's %s; left out the preset's options that "
-                "only those took: %s",
-                " ".join("--{} {}".format(g, getattr(after, g)) for g in PLUGIN_GROUPS if getattr(after, g)),
-                "s" if sum(bool(getattr(after, g)) for g in PLUGIN_GROUPS) == 1 else "",
-                ", ".join("--{} {}".format(g, n) for g, n in replaced), " ".join(dropped) or "none")
-    return preset_options
+    argv, note = resolve(parser, argv)
+    if note:
+        logger.info(note)
+    return argv
 
 
 def _log_ignored_beam(args, argv):
     """Say so when a ``--beam`` that was given has no effect (greedy and Jacobi decode with one row)."""
-    from fairseq_stream.search.common import ignored_beam_note
+    from fairseq_stream.plugin.common import ignored_beam_note
 
     search = getattr(args, "search", None)
     given = any(a == "--beam" or a.startswith("--beam=") for a in argv)
@@ -339,19 +268,6 @@ def _search_registry():
     return SEARCH_REGISTRY
 
 
-def _chosen_names(input_args):
-    """The raw ``--search``/``--generator`` names on the command line (None where absent)."""
-    import argparse
-    import sys
-
-    argv = sys.argv[1:] if input_args is None else input_args
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for group in PLUGIN_GROUPS:
-        pre.add_argument("--" + group)
-    chosen, _ = pre.parse_known_args(argv)
-    return chosen
-
-
 def _add_chosen_options_for_help(parser, input_args):
     """Show the chosen entries' options in ``--help``.
 
@@ -359,19 +275,14 @@ def _add_chosen_options_for_help(parser, input_args):
     ``--help`` ends before they exist; add them up front in that case only
     (otherwise fairseq adds them itself and a second copy would conflict).
     """
-    import argparse
-    import sys
-
     from fairseq.dataclass.utils import gen_parser_from_dataclass
     from fairseq.registry import REGISTRIES
 
-    argv = sys.argv[1:] if input_args is None else input_args
-    if not any(a in ("-h", "--help") for a in argv):
+    from fairseq_stream.registry import PLUGIN_GROUPS, chosen_names
+
+    if not any(a in ("-h", "--help") for a in input_args):
         return
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for group in PLUGIN_GROUPS:
-        pre.add_argument("--" + group)
-    chosen, _ = pre.parse_known_args(argv)
+    chosen = chosen_names(input_args)
     for group in PLUGIN_GROUPS:
         dataclass_registry = REGISTRIES[group]["dataclass_registry"]
         name = getattr(chosen, group)
@@ -389,11 +300,13 @@ def _search_option_without_search(search, argv):
     argparse would say "unrecognized arguments", which does not tell a user
     that the option needs one of our searches.
     """
+    from fairseq_stream.registry import entry_options
+
     registry = _search_registry()
     if search is not None and not getattr(registry.get(search), "fairseq_generator", False):
         return None
-    ours = set().union(*(_entry_options("search", name) for name, entry in registry.items()
-                         if not getattr(entry, "fairseq_generator", False))) - _entry_options("search", search)
+    ours = set().union(*(entry_options("search", name) for name, entry in registry.items()
+                         if not getattr(entry, "fairseq_generator", False))) - entry_options("search", search)
     typed = next((a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in ours), None)
     if typed is None:
         return None
@@ -402,19 +315,9 @@ def _search_option_without_search(search, argv):
                 typed, ", ".join(n for n, e in registry.items() if not getattr(e, "fairseq_generator", False))))
 
 
-def check_names(search, generator):
-    """A one-line error naming an unknown ``--search`` or ``--generator`` and the valid names, else None."""
-    from fairseq_stream.registry import GENERATOR_REGISTRY, SEARCH_REGISTRY
-
-    for group, name, registry in (("search", search, SEARCH_REGISTRY), ("generator", generator, GENERATOR_REGISTRY)):
-        if name is not None and name not in registry:
-            return "unknown --{} {} (choose from: {})".format(group, name, ", ".join(registry))
-    return None
-
-
 def check_selection(search, generator):
     """Return a one-line error if ``--search``/``--generator`` are unknown or do not combine, else None."""
-    from fairseq_stream.registry import SEARCH_REGISTRY
+    from fairseq_stream.registry import SEARCH_REGISTRY, check_names
 
     unknown = check_names(search, generator)
     if unknown:
@@ -445,7 +348,7 @@ def check_generation(search, args):
     """
     from fairseq_stream.errors import FairseqStreamError
     from fairseq_stream.registry import SEARCH_DATACLASS_REGISTRY, SEARCH_REGISTRY
-    from fairseq_stream.search.common import check_search_options
+    from fairseq_stream.plugin.common import check_search_options
 
     if search is None or search not in SEARCH_REGISTRY:
         return None
@@ -454,7 +357,7 @@ def check_generation(search, args):
         # and stream options alike.
         check_search_options(search, SEARCH_REGISTRY[search], args,
                              SEARCH_DATACLASS_REGISTRY[search].from_namespace(args),
-                             args if hasattr(args, "stream_eps") else None)
+                             args if hasattr(args, "stream_eps") else None, getattr(args, "generator", None))
     except FairseqStreamError as e:
         return str(e)
     return None
@@ -508,12 +411,7 @@ def _named(cfg, name):
 def _patch_build_generator():
     from fairseq.tasks.fairseq_task import FairseqTask
 
-    original = FairseqTask.build_generator
-    if getattr(original, "_fairseq_stream", False):
-        return
-
-    @functools.wraps(original)
-    def build_generator(self, models, args, *rest, **kwargs):
+    def build_generator(original, self, models, args, *rest, **kwargs):
         fairseq_build = functools.partial(original, self, models, args, *rest, **kwargs)
         chosen = selection_of(args)
         if chosen.search is None:
@@ -529,8 +427,7 @@ def _patch_build_generator():
             self, models, args, chosen.search_cfg, chosen.generator_cfg, fairseq_build
         )
 
-    build_generator._fairseq_stream = True
-    FairseqTask.build_generator = build_generator
+    _patch(FairseqTask, "build_generator", build_generator)
 
 
 # --- data -----------------------------------------------------------------
@@ -539,16 +436,13 @@ def _patch_build_generator():
 def _patch_batch_by_size():
     from fairseq.data import data_utils
 
-    original = data_utils.batch_by_size
-    if getattr(original, "_fairseq_stream", False):
-        return
+    from fairseq_stream.schedule import maxi_batch
 
-    @functools.wraps(original)
-    def batch_by_size(indices, *args, **kwargs):
+    def batch_by_size(original, indices, *args, **kwargs):
         if not isinstance(indices, np.ndarray):
             indices = np.fromiter(indices, dtype=np.int64, count=-1)
-        if maxi_batch is not None:
-            indices = maxi_batched(indices, maxi_batch, kwargs.get("max_sentences"))
+        if installed.maxi_batch is not None:
+            indices = maxi_batch.reordered(indices, installed.maxi_batch, kwargs.get("max_sentences"))
         try:
             batches = list(original(indices, *args, **kwargs))
         except AssertionError as e:
@@ -570,31 +464,9 @@ def _patch_batch_by_size():
             batches.append(rest.astype(np.int64))
         return batches
 
-    batch_by_size._fairseq_stream = True
-    data_utils.batch_by_size = batch_by_size
-
-
-def maxi_batched(indices: np.ndarray, m: int, batch_size: Optional[int]) -> np.ndarray:
-    """fairseq's length-sorted ``indices`` reordered into windows of ``m`` x ``batch_size`` input sentences.
-
-    Dataset indices are input positions, and fairseq hands them over sorted
-    by length: within each window of input positions the sentences keep that
-    length order (a stable sort by rank); ``m`` = 1 gives input order.
-    """
-    from fairseq_stream.errors import FairseqStreamError
-
-    if not batch_size:
-        raise FairseqStreamError("{} needs --batch-size (a window is M batches of --batch-size sentences)"
-                                 .format(MAXI_BATCH_FLAG))
-    if indices.size == 0:
-        return indices
-    rank = np.empty(int(indices.max()) + 1, dtype=np.int64)
-    rank[indices] = np.arange(indices.size)
-    in_order = np.sort(indices)
-    window = m * int(batch_size)
-    parts = [w[np.argsort(rank[w], kind="stable")] for w in
-             (in_order[i:i + window] for i in range(0, in_order.size, window))]
-    return np.concatenate(parts).astype(indices.dtype)
+    installed = _patch(data_utils, "batch_by_size", batch_by_size)
+    # --maxi-batch, set at each parse (_set_maxi_batch); None: fairseq's order.
+    installed.maxi_batch = getattr(installed, "maxi_batch", None)
 
 
 class OverLongInput(FairseqStreamError):
@@ -613,13 +485,9 @@ def _patch_filter_indices_by_size():
     """Over-long inputs: fairseq's behaviour, as a one-line error or an explicit warning."""
     from fairseq.tasks.fairseq_task import FairseqTask
 
-    original = FairseqTask.filter_indices_by_size
-    if getattr(original, "_fairseq_stream", False):
-        return
     warned = set()
 
-    @functools.wraps(original)
-    def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+    def filter_indices_by_size(original, self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
         try:
             kept = original(self, indices, dataset, max_positions, ignore_invalid_inputs)
         except Exception as e:  # fairseq raises a bare Exception here
@@ -638,48 +506,33 @@ def _patch_filter_indices_by_size():
             )
         return kept
 
-    filter_indices_by_size._fairseq_stream = True
-    FairseqTask.filter_indices_by_size = filter_indices_by_size
+    _patch(FairseqTask, "filter_indices_by_size", filter_indices_by_size)
 
 
 def _patch_interactive_input():
     """fairseq-interactive reads its input line by line as UTF-8, naming a line that is not (or is too long)."""
     from fairseq_cli import interactive
 
-    original = interactive.buffered_read
-    if getattr(original, "_fairseq_stream", False):
-        return
     from fairseq_stream.text_input import read_lines
 
-    @functools.wraps(original)
-    def buffered_read(input, buffer_size):
-        global _lines_before_buffer
-        _lines_before_buffer = 0
+    # Input lines read before the current buffer (fairseq numbers a buffer's lines from 0): kept by
+    # buffered_read, read by make_batches.
+    position = _LinesRead()
+
+    def buffered_read(original, input, buffer_size):
+        position.before_buffer = 0
         buffer = []
         for line in read_lines(input):
             buffer.append(line.strip())
             if len(buffer) >= buffer_size:
                 yield buffer
-                _lines_before_buffer += len(buffer)
+                position.before_buffer += len(buffer)
                 buffer = []
         if buffer:
             yield buffer
 
-    buffered_read._fairseq_stream = True
-    interactive.buffered_read = buffered_read
-    _patch_interactive_batches(interactive)
-
-
-# Input lines fairseq-interactive read before its current buffer (fairseq numbers a buffer's lines from 0).
-_lines_before_buffer = 0
-
-
-def _patch_interactive_batches(interactive):
-    """An over-long input line is named by its number in the input (fairseq: "sample #0" of its buffer)."""
-    original = interactive.make_batches
-
-    @functools.wraps(original)
-    def make_batches(lines, *args, **kwargs):
+    def make_batches(original, lines, *args, **kwargs):
+        # An over-long input line is named by its number in the input (fairseq: "sample #0" of its buffer).
         from fairseq_stream.schedule.workers import announce
 
         try:
@@ -690,11 +543,18 @@ def _patch_interactive_batches(interactive):
             raise FairseqStreamError(
                 "input line {} is longer than the model's positions: {} tokens (EOS included), at most {}; "
                 "shorten or split it, or skip such lines with --skip-invalid-size-inputs-valid-test"
-                .format(_lines_before_buffer + e.index + 1, e.length, e.limit)) from None
+                .format(position.before_buffer + e.index + 1, e.length, e.limit)) from None
         announce([{"net_input": {"src_tokens": b.src_tokens, "src_lengths": b.src_lengths}} for b in batches])
         yield from batches
 
-    interactive.make_batches = make_batches
+    _patch(interactive, "buffered_read", buffered_read)
+    _patch(interactive, "make_batches", make_batches)
+
+
+class _LinesRead:
+    """How many input lines fairseq-interactive read before the buffer it is batching."""
+
+    before_buffer = 0
 
 
 def _patch_background_consumer():
@@ -703,18 +563,12 @@ def _patch_background_consumer():
 
     from fairseq_stream.exit_threads import join_at_exit
 
-    original = iterators.BackgroundConsumer.__init__
-    if getattr(original, "_fairseq_stream", False):
-        return
-
-    @functools.wraps(original)
-    def __init__(self, batches, source, *args, **kwargs):
+    def __init__(original, self, batches, source, *args, **kwargs):
         stop = threading.Event()
         original(self, batches, _until(stop, source), *args, **kwargs)
         join_at_exit(self, functools.partial(_stop_consumer, stop, batches))
 
-    __init__._fairseq_stream = True
-    iterators.BackgroundConsumer.__init__ = __init__
+    _patch(iterators.BackgroundConsumer, "__init__", __init__)
 
 
 def _until(stop: threading.Event, source):
@@ -748,12 +602,8 @@ def _patch_checkpoint_loading():
     from fairseq_stream.checkpoint import check_readable, load_checkpoint_to_cpu
 
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
-    original = checkpoint_utils.load_model_ensemble_and_task
-    if getattr(original, "_fairseq_stream", False):
-        return
 
-    @functools.wraps(original)
-    def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True,
+    def load_model_ensemble_and_task(original, filenames, arg_overrides=None, task=None, strict=True,
                                      suffix="", num_shards=1, state=None):
         # fairseq raises a bare IOError (a traceback) for a missing file: say
         # which file is wrong, on one line, before anything is loaded.
@@ -767,5 +617,4 @@ def _patch_checkpoint_loading():
         return original(filenames, arg_overrides=arg_overrides, task=task, strict=strict,
                         suffix=suffix, num_shards=num_shards, state=state)
 
-    load_model_ensemble_and_task._fairseq_stream = True
-    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
+    _patch(checkpoint_utils, "load_model_ensemble_and_task", load_model_ensemble_and_task)

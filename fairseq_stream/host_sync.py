@@ -13,11 +13,20 @@ would:
   ``if t.any():``), ``operator.index(t)`` (a tensor used as a Python index),
   ``x in t``, ``torch.equal``, ``torch.allclose``, ``torch.is_nonzero``,
   ``torch.tensor(...)`` of a list holding tensors;
+* host-to-device copies of Python data: ``torch.tensor(data, device=...)``
+  and ``torch.as_tensor(data, device=...)`` (with any ``device``: the same
+  call puts it on the models' GPU in a GPU run; CUDA copies pageable memory
+  and waits for it), where ``data`` is not a tensor;
 * data-dependent shapes: ``nonzero`` (``torch.nonzero``, ``Tensor.nonzero``,
   ``torch.argwhere``, one-argument ``torch.where``), boolean-mask indexing
   (``t[mask]``, ``t[mask] = v``, ``index_put_`` with a mask),
-  ``masked_select``, ``unique``/``unique_consecutive``, ``bincount``, and
+  ``masked_select``, ``unique``/``unique_consecutive``, ``bincount`` (its
+  CUDA kernel reads the input's range even with ``minlength``), and
   ``repeat_interleave`` with tensor repeats and no ``output_size``.
+
+Not counted: copies with ``non_blocking=True`` (``to``, ``copy_``: a copy to
+or from pinned memory does not wait; the later read of the pinned buffer on
+the host, e.g. its ``tolist``, is the sync, and is counted).
 
 Every tensor is a CPU tensor here, so a read of a tensor that would live on
 the host anyway in a GPU run counts too; and operations inside C++ (a kernel
@@ -31,11 +40,13 @@ a GPU the real check is ``torch.cuda.set_sync_debug_mode("warn")`` (or
     counter.count, counter.events
 
 :func:`count_update_syncs` counts each ``BeamDecoder.update`` call of a
-decoder separately, leaving out the calls it makes to its model runner.
+decoder separately, and the calls to its model runner apart.
+:class:`OpTrace` records the ATen calls below (what a CUDA graph capture
+records) and flags those that read a value or shape their output by values.
 """
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List
 
 import torch
@@ -82,9 +93,12 @@ def is_sync(name: str, args, kwargs) -> bool:
         return len(args) + len(kwargs) == 1  # torch.where(cond) is nonzero
     if name in ("tensor", "as_tensor"):
         data = args[0] if args else kwargs.get("data")
-        return isinstance(data, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in data)
+        if isinstance(data, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in data):
+            return True
+        # Python data copied to a device.
+        return not isinstance(data, torch.Tensor) and kwargs.get("device") is not None
     if name == "to":
-        return _to_cpu(args, kwargs)
+        return not kwargs.get("non_blocking", False) and _to_cpu(args, kwargs)
     return False
 
 
@@ -155,6 +169,82 @@ class HostSyncCounter:
             self.enabled = enabled
 
 
+# ATen operations that read a value back to the host or whose output's shape depends on values: what a CUDA
+# graph cannot capture (``repeat_interleave`` and ``index``/``index_put_`` only with tensor repeats or a
+# boolean index, see _data_dependent).
+DATA_DEPENDENT_OPS = frozenset((
+    "nonzero", "argwhere", "masked_select", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim",
+    "bincount", "equal", "_local_scalar_dense", "is_nonzero", "allclose", "masked_scatter",
+))
+
+
+@dataclass(frozen=True)
+class AtenCall:
+    """One ATen call: the overload's name, its tensor arguments' shapes and types, and whether it reads the
+    device or shapes its output by values (:data:`DATA_DEPENDENT_OPS`)."""
+
+    op: str
+    shapes: tuple
+    dtypes: tuple
+    data_dependent: bool
+
+
+def _tensors_of(args):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from _tensors_of(a)
+
+
+def _data_dependent(func, args, kwargs) -> bool:
+    name = func.overloadpacket.__name__
+    if name in DATA_DEPENDENT_OPS:
+        return True
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        return any(t.dtype == torch.bool for t in _tensors_of(args[1:2]))
+    # repeat_interleave.Tensor(repeats) and .self_Tensor without output_size: the output's length is a sum.
+    return name == "repeat_interleave" and func._overloadname != "self_int" and kwargs.get("output_size") is None
+
+
+class OpTrace:
+    """The ATen calls made inside it (a ``TorchDispatchMode``, below autograd: the operations a CUDA graph
+    capture records), for checks of a step's calls on the CPU.
+
+    ``calls`` lists :class:`AtenCall`; a tensor's ``tolist`` reads memory without an ATen call, so host
+    reads are :class:`HostSyncCounter`'s to count.
+    """
+
+    def __init__(self):
+        self.calls: List[AtenCall] = []
+        self._mode = None
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        trace = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                tensors = list(_tensors_of(args))
+                trace.calls.append(AtenCall(str(func), tuple(tuple(t.shape) for t in tensors),
+                                            tuple(str(t.dtype) for t in tensors),
+                                            _data_dependent(func, args, kwargs or {})))
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        return False
+
+    def data_dependent(self) -> List[AtenCall]:
+        """The calls that read the device or shape their output by values."""
+        return [c for c in self.calls if c.data_dependent]
+
+
 def _caller() -> str:
     """``file:line`` of the innermost frame outside torch and this module."""
     import sys
@@ -170,26 +260,43 @@ def _caller() -> str:
 
 @dataclass
 class UpdateSyncs:
-    """Host synchronizations of one ``BeamDecoder.update`` call."""
+    """Host synchronizations of one ``BeamDecoder.update`` call, and of the runner calls before and in it."""
 
     step: int  # the cohort's step when it was called
-    syncs: int
+    syncs: int  # the update's own (its calls to the runner not included)
     finished: int  # sentences that finished in it
     events: list
+    # The runner's calls since the previous update, this one's reorder included: their names, syncs and events.
+    runner_calls: list = field(default_factory=list)
+    runner_syncs: int = 0
+    runner_events: list = field(default_factory=list)
+
+    @property
+    def quiet(self) -> bool:
+        """No sentence finished in it and none entered: not a cohort's first step, and the runner only stepped
+        and reordered since the previous update (no group started, split or joined)."""
+        return not self.finished and self.step > 0 and set(self.runner_calls) <= set(STEP_METHODS)
 
 
-RUNNER_METHODS = ("start", "step", "step_mixed", "step_own", "reorder", "take", "concat")
+# The runner's methods of a step (the decoder call and the search's reorder); the others start, split and
+# join groups of sentences (the scheduler's work when sentences enter).
+STEP_METHODS = ("step", "step_mixed", "step_own", "reorder")
+RUNNER_METHODS = STEP_METHODS + ("start", "take", "concat")
 
 
 @contextlib.contextmanager
 def count_update_syncs(decoder):
     """Count the host synchronizations of each ``decoder.update`` call made inside the block.
 
-    Yields a list that receives one :class:`UpdateSyncs` per call. Calls the
-    update makes to ``decoder.runner`` (the model) are not counted.
+    Yields a list that receives one :class:`UpdateSyncs` per call. The calls
+    to ``decoder.runner`` (the model) are counted apart: each record holds
+    those made since the previous record (the decoder call before the update,
+    its reorder, and any start, split or join of groups between them).
     """
     records: List[UpdateSyncs] = []
-    counter = HostSyncCounter()
+    counter, runner_counter = HostSyncCounter(), HostSyncCounter()
+    calls: List[str] = []
+    inside: List[bool] = []  # a runner method calling another one (fairseq's take reorders) counts once
     update = decoder.update
     runner = decoder.runner
 
@@ -197,21 +304,31 @@ def count_update_syncs(decoder):
         start, step = len(counter.events), c.step
         with counter:
             finished = update(c, lprobs)
-        events = counter.events[start:]
-        records.append(UpdateSyncs(step, len(events), len(finished), events))
+        events, runner_events = counter.events[start:], list(runner_counter.events)
+        records.append(UpdateSyncs(step, len(events), len(finished), events, list(calls), len(runner_events),
+                                   runner_events))
+        calls.clear()
+        runner_counter.events.clear()
         return finished
 
-    def uncounted(method):
+    def counted_apart(name, method):
         def call(*args, **kwargs):
-            with counter.paused():
+            if inside:
                 return method(*args, **kwargs)
+            calls.append(name)
+            inside.append(True)
+            try:
+                with counter.paused(), runner_counter:
+                    return method(*args, **kwargs)
+            finally:
+                inside.pop()
 
         return call
 
     wrapped = [name for name in RUNNER_METHODS if callable(getattr(runner, name, None))]
     decoder.update = counted_update
     for name in wrapped:
-        setattr(runner, name, uncounted(getattr(runner, name)))
+        setattr(runner, name, counted_apart(name, getattr(runner, name)))
     try:
         yield records
     finally:

@@ -26,7 +26,7 @@ def hypothesis(tokens: Tensor, positional_scores: Tensor, score: Optional[Tensor
 
 def empty_hypothesis(eos: int, device) -> Dict[str, Tensor]:
     """What an empty source gets: EOS alone, score 0 (fairseq would translate the lone EOS into something)."""
-    return hypothesis(torch.tensor([eos], device=device), torch.zeros(1, device=device),
+    return hypothesis(torch.full((1,), eos, dtype=torch.long, device=device), torch.zeros(1, device=device),
                       torch.zeros((), device=device))
 
 
@@ -38,8 +38,13 @@ def score_tensors(values: List[float], score_dtype: torch.dtype, device) -> List
     reciprocal (see :func:`normalized`) and on the CPU divides. Scores kept
     on the host put --search fixed one float32 ulp from fairseq's beam on
     104 of 674 printed hypotheses on an H100 (2026-11-27, docs/GPU.md).
+    On CUDA the copy leaves from pinned memory without waiting for the device.
     """
-    return list(torch.tensor(values, dtype=score_dtype, device=device).unbind(0))
+    kind = torch.device(device).type
+    if kind == "cuda":
+        host = torch.tensor(values, dtype=score_dtype, pin_memory=True)
+        return list(host.to(device, non_blocking=True).unbind(0))
+    return list(torch.tensor(values, dtype=score_dtype, device=None if kind == "cpu" else device).unbind(0))
 
 
 def normalized(finals: List[float], lens: List[int], score_dtype: torch.dtype, normalize: bool,

@@ -605,6 +605,44 @@ def table_interop(results, doc):
     return out + [""] + provenance(results, doc, *keys)
 
 
+def table_ensemble(results, doc):
+    """bench_ensemble.py: one member, N members before (member by member) and after (stacked), with the breakdown."""
+    keys = [k for k in ("ensemble_m30k", "ensemble_standin") if k in results.index["results"]]
+    rows = []
+    for key in keys:
+        data = results.data(key)
+        shape = data["args"]["shape"]
+        verdicts = {(v["search"], v["quantize"]): v for v in data["verdicts"]}
+        for r in data["rows"]:
+            v = verdicts[(r["search"], r["quantize"])]
+            one = next(o for o in data["rows"] if o["search"] == r["search"] and o["quantize"] == r["quantize"]
+                       and o["run"] == "1")
+            rows.append([shape, r["search"], "float32" if r["quantize"] == "none" else r["quantize"], r["run"],
+                         s(r["total_s"]), x(r["total_s"] / one["total_s"]), s(r["products_s"]), s(r["output_s"]),
+                         s(r["encoder_s"]), s(r["other_s"]),
+                         "{:.2f} ({})".format(v["bound_s"], "met" if v["met"] else "missed")
+                         if r["run"].endswith("after") else "",
+                         ("yes" if r["after_prints_before"] else "NO") if r["run"].endswith("after") else ""])
+    out = table(["shape", "search", "products", "members", "seconds", "over one member", "decoder products s",
+                 "output layer s", "encoder s", "other s", "target s (N x products + one's rest)",
+                 "same best hypotheses as before"], rows)
+    return out + [""] + provenance(results, doc, *keys)
+
+
+def table_ensemble_output_layer(results, doc):
+    """bench_output_layer.py --models M: the fused ensemble layer against M log-softmaxes + their average + topk."""
+    keys = [k for k in ("ensemble_output_layer_m2", "ensemble_output_layer_m4") if k in results.index["results"]]
+    rows = []
+    for key in keys:
+        for r in results.data(key)["rows"]:
+            rows.append([str(r["models"]), str(r["rows"]), str(r["V"]), str(r["n"]),
+                         "{:.3f}".format(r["fused_s"] * 1e3), "{:.3f}".format(r["baseline_s"] * 1e3), x(r["speedup"]),
+                         "met" if r["speedup"] >= 2 else "missed"])
+    out = table(["members", "rows", "V", "n", "fused ms", "log-softmaxes + average + topk ms", "speedup",
+                 "target (>= 2x)"], rows)
+    return out + [""] + provenance(results, doc, *keys)
+
+
 TABLES = {
     "what-you-get": table_what_you_get,
     "pruning": table_pruning,
@@ -625,6 +663,8 @@ TABLES = {
     "quantize-standin": table_quantize_standin,
     "quantize-standin-avx2": table_quantize_standin_avx2,
     "build-target": table_build_target,
+    "ensemble": table_ensemble,
+    "ensemble-output-layer": table_ensemble_output_layer,
     "interop": table_interop,
 }
 

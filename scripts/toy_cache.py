@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TOY_SOURCES = ("scripts/train_toy.sh", "scripts/make_toy_data.py")
 # What train_toy.sh writes besides its DONE stamp.
-PARTS = ("raw", "data-bin", "transformer", "transformer2", "lstm")
+PARTS = ("raw", "data-bin", "transformer", "transformer2", "transformer3", "transformer4", "lstm")
 PROG = "toy_cache.py"
 
 

@@ -9,6 +9,7 @@
 #   OUT_DIR/data-bin/                         binarized data, joined dictionary
 #   OUT_DIR/transformer/checkpoint_best.pt    tiny transformer, seed 1
 #   OUT_DIR/transformer2/checkpoint_best.pt   same arch, seed 2 (for ensembles)
+#   OUT_DIR/transformer{3,4}/checkpoint_best.pt  same arch, seeds 3 and 4, 2 epochs (4-member ensembles)
 #   OUT_DIR/lstm/checkpoint_best.pt           tiny attentional LSTM
 #   OUT_DIR/DONE                              written only after all succeeded
 #
@@ -35,7 +36,8 @@ rm -f "$OUT_DIR/DONE"
 # fairseq-preprocess refuses to overwrite an existing dictionary, and
 # fairseq-train would resume from leftovers, so start from a clean slate.
 rm -rf "$OUT_DIR/raw" "$OUT_DIR/data-bin" \
-    "$OUT_DIR/transformer" "$OUT_DIR/transformer2" "$OUT_DIR/lstm"
+    "$OUT_DIR/transformer" "$OUT_DIR/transformer2" "$OUT_DIR/transformer3" "$OUT_DIR/transformer4" \
+    "$OUT_DIR/lstm"
 mkdir -p "$OUT_DIR"
 
 python "$SCRIPT_DIR/make_toy_data.py" "$OUT_DIR/raw" --seed 1
@@ -108,5 +110,10 @@ train() {
 train transformer 1 6 "${TRANSFORMER[@]}"
 train lstm 1 3 "${LSTM[@]}"
 train transformer2 2 5 "${TRANSFORMER[@]}"
+# Members 3 and 4 of the 4-member toy ensemble (the stacked-members tests, docs/ensemble.md): the tests
+# compare two ways of running the same members, which need only be distinct and decode sensibly, so
+# 2 epochs each (about 20 s each on one core) rather than a converged model.
+train transformer3 3 2 "${TRANSFORMER[@]}"
+train transformer4 4 2 "${TRANSFORMER[@]}"
 
 touch "$OUT_DIR/DONE"

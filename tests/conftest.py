@@ -53,6 +53,14 @@ class Toy:
         return self.root / "transformer2" / "checkpoint_best.pt"
 
     @property
+    def transformer3(self):
+        return self.root / "transformer3" / "checkpoint_best.pt"
+
+    @property
+    def transformer4(self):
+        return self.root / "transformer4" / "checkpoint_best.pt"
+
+    @property
     def lstm(self):
         return self.root / "lstm" / "checkpoint_best.pt"
 
@@ -126,7 +134,8 @@ def hypotheses(stdout):
 
 @pytest.fixture(scope="session")
 def loaded(toy):
-    """``loaded(name)`` -> (models, task) for "transformer", "lstm" or "ensemble", test and valid sets loaded."""
+    """``loaded(name)`` -> (models, task) for "transformer", "lstm", "ensemble" (2 transformers) or "ensemble4"
+    (4), test and valid sets loaded."""
     from fairseq import checkpoint_utils
 
     cache = {}
@@ -134,7 +143,8 @@ def loaded(toy):
     def load(name):
         if name not in cache:
             paths = {"transformer": [toy.transformer], "lstm": [toy.lstm],
-                     "ensemble": [toy.transformer, toy.transformer2]}[name]
+                     "ensemble": [toy.transformer, toy.transformer2],
+                     "ensemble4": [toy.transformer, toy.transformer2, toy.transformer3, toy.transformer4]}[name]
             models, _, task = checkpoint_utils.load_model_ensemble_and_task(
                 [str(p) for p in paths], arg_overrides={"data": str(toy.data_bin)})
             for m in models:

@@ -266,6 +266,12 @@ def generate_args(toy, *extra):
     (["--search", "fixed", "--replace-unk"], "--search fixed does not support --replace-unk: it needs alignments, "
      "which our searches do not produce (use --search beam --print-alignment for it)"),
     (["--search", "jacobi", "--replace-unk", "align.txt"], "--search jacobi does not support --replace-unk"),
+    # A ZeroDivisionError after the whole run; fairseq's AssertionError at the first batch.
+    (["--search", "var-stream", "--nbest", "0"], "--nbest must be at least 1, got 0"),
+    (["--search", "beam", "--nbest", "0"], "--nbest must be at least 1, got 0"),
+    (["--search", "beam", "--min-len", "300"], "--min-len 300 is larger than the maximum length --max-len-b 200"),
+    (["--search", "fixed", "--min-len", "30", "--max-len-b", "20"], "--min-len 30 is larger than the maximum "
+     "length --max-len-b 20; adjust --max-len-a/-b"),
 ])
 def test_option_errors_are_caught_when_parsing(toy, capsys, extra, says):
     args, error = parse_generate(generate_args(toy, *extra), capsys)

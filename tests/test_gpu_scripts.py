@@ -79,3 +79,23 @@ def test_gpu_bench_cpu_mode(tmp_path):
     assert "| de-en | newstest2017 | greedy |" in (out / "plots" / "report.md").read_text()
     # A lent machine returns at most 8 files of OUTDIR.
     assert len([p for p in out.rglob("*") if p.is_file()]) <= 8
+
+
+def test_gpu_bench_passes_stack_members_to_our_methods(tmp_path):
+    """``--stack-members off`` reaches every method of ours (not fairseq's beam); auto adds nothing."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "benchmarks" / "gpu_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    standin = tmp_path / "standin"
+    standin.mkdir()
+    (standin / "model1.pt").write_bytes(b"")
+    session = types.SimpleNamespace(results={"data_bin": str(tmp_path)}, cuda=False, work=str(tmp_path))
+    for value, expected in (("off", ["--stack-members", "off"]), ("auto", [])):
+        args = bench.parser().parse_args([str(tmp_path / "out"), "--standin", str(standin), "--methods", "beam",
+                                          "fixed", "--beams", "5", "--stack-members", value])
+        runs = {r["method"]: r["argv"] for r in bench.runs_for(session, args, 5, True)}
+        assert "--stack-members" not in runs["beam"]
+        assert [a for a in runs["fixed"] if a in ("--stack-members", "off")] == expected

@@ -385,7 +385,7 @@ def test_ngram_pool_drafts_are_kept_up_to_date_as_outputs_are_learnt(span):
 
 
 def test_ddgviz_writes_a_picture_and_its_json(toy, tmp_path, capsys):
-    from fairseq_stream.jacobi import ddgviz
+    from fairseq_stream import ddgviz
 
     src = toy.raw / "test.src"
     ddgviz.main(["--path", str(toy.transformer), "--data", str(toy.data_bin), "--input", str(src),

@@ -280,7 +280,7 @@ def test_encoder_queue_and_maxi_batch_are_checked(toy):
 def test_maxi_batched_windows():
     import numpy as np
 
-    from fairseq_stream.fairseq_glue import maxi_batched
+    from fairseq_stream.schedule.maxi_batch import reordered as maxi_batched
 
     by_length = np.array([5, 2, 9, 0, 7, 1, 8, 3, 6, 4])  # fairseq's length-sorted ids
     # m = 1: batches of consecutive input positions (in length order inside a batch, as the collater sorts).
@@ -292,9 +292,10 @@ def test_maxi_batched_windows():
 
 
 def test_generate_maxi_batch_1_keeps_input_order(toy, capsys, monkeypatch):
-    from fairseq_stream import fairseq_glue
+    from fairseq.data import data_utils
 
-    monkeypatch.setattr(fairseq_glue, "maxi_batch", None)  # restored after the test (the parse sets it)
+    # The parse sets --maxi-batch on the batching patch: restored after the test.
+    monkeypatch.setattr(data_utils.batch_by_size, "maxi_batch", None)
     full = printed(toy, capsys, "--search", "greedy")
     generate_in_process([toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
                          "--gen-subset", "test", "--batch-size", "8", "--cpu", "--search", "greedy",

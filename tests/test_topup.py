@@ -150,14 +150,14 @@ def test_topup_refills_when_exactly_the_threshold_is_live(loaded, pool_size, thr
     exactly ``t·n`` sentences are live when it finishes. The input comes one
     sentence a batch, so that the cohorts are cut by the capacity alone.
     """
-    from fairseq_stream.schedule.stream import TopupOptions, pool_settings
+    from fairseq_stream.schedule.topup import TopupOptions, pool_settings
     from test_stream import assert_refills_at_the_threshold, refill_decisions
 
     models, task = loaded("transformer")
     steps = 4
     dec = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", keep_reference=False,
                       max_len_a=0, max_len_b=steps, min_len=steps)
-    settings = pool_settings(TopupOptions(topup_threshold=threshold), order="fifo")
+    settings = pool_settings(TopupOptions(topup_threshold=threshold))
     live_at_boundary = settings["eps"] * pool_size
     settings["capacity"] = int(pool_size - live_at_boundary) * dec.first_step_rows
     pool = StreamPool(dec, pool_size, **settings)
@@ -168,12 +168,12 @@ def test_topup_refills_when_exactly_the_threshold_is_live(loaded, pool_size, thr
 @pytest.mark.parametrize("threshold", ["1/2", "1/4"])
 def test_topup_refill_decisions_follow_the_threshold_on_free_running_translations(loaded, threshold):
     """The same rule where the translations end where the model says (no boundary pinned), top-up as it runs."""
-    from fairseq_stream.schedule.stream import TopupOptions, pool_settings
+    from fairseq_stream.schedule.topup import TopupOptions, pool_settings
     from test_stream import assert_refills_at_the_threshold, refill_decisions
 
     models, task = loaded("transformer")
     dec = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", keep_reference=False)
-    settings = pool_settings(TopupOptions(topup_threshold=threshold), order="fifo")
+    settings = pool_settings(TopupOptions(topup_threshold=threshold))
     pool = StreamPool(dec, 8, **settings)
     decisions = refill_decisions(pool, sorted_batches(task, 4, 100, "valid"))
     assert_refills_at_the_threshold(decisions, settings["eps"] * 8, pinned=False)

@@ -58,7 +58,7 @@ def check_runner(kind: str, int16: bool = False, quantize: str = "none"):
 
 
 def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool = False, rnn_options=None,
-                 quantize: str = "none"):
+                 quantize: str = "none", stack_members=None):
     """The runner ``kind`` for ``models``.
 
     Our runners (lean, rnn) keep freed memory in the process for reuse
@@ -77,17 +77,21 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
             runner's quantized products for transformers, the rnn runner's
             int16 for LSTMs; a model neither runs is a one-line error, never
             a silent float run.
+        stack_members: the lean runner runs an ensemble whose members share
+            a shape as one stacked model (:mod:`fairseq_stream.runners.stacked`)
+            where True, member by member where False; None: stacked where the
+            members' step is not compiled (:class:`LeanRunner`). The log says which.
     """
     from fairseq_stream import malloc_policy
     from fairseq_stream.runners.fairseq_runner import ModelRunner
 
-    runner = _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantize)
+    runner = _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantize, stack_members)
     if not isinstance(runner, ModelRunner):
         malloc_policy.keep_freed_memory()
     return runner
 
 
-def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantize):
+def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantize, stack_members):
     from fairseq_stream.runners.fairseq_runner import ModelRunner
     from fairseq_stream.runners import rnn
 
@@ -96,7 +100,7 @@ def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantiz
     members = list(getattr(models, "models", models))
     rnn_reason = next((r for r in map(rnn.unsupported_reason, members) if r), None)
     if quantize != "none":
-        return _quantized_runner(kind, members, temperature, options, quantize, rnn_reason)
+        return _quantized_runner(kind, members, temperature, options, quantize, rnn_reason, stack_members)
     if options.int16:
         if rnn_reason:
             raise FairseqStreamError("--rnn-int16 runs fairseq LSTM models only: {}".format(rnn_reason))
@@ -119,12 +123,12 @@ def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantiz
     if reason:
         say_once("fairseq-stream: --runner %s: %s; using the fairseq runner", kind, reason)
         return ModelRunner(models, temperature=temperature)
-    say_once("fairseq-stream: using the lean runner (%d model%s)", len(members),
-              "" if len(members) == 1 else "s")
-    return LeanRunner(members, temperature=temperature)
+    runner = LeanRunner(members, temperature=temperature, stack_members=stack_members)
+    say_once("fairseq-stream: using the lean runner (%s)", _members_line(runner))
+    return runner
 
 
-def _quantized_runner(kind, members, temperature, options, quantize, rnn_reason):
+def _quantized_runner(kind, members, temperature, options, quantize, rnn_reason, stack_members):
     """The runner of ``--quantize``: lean for transformers, rnn's int16 for LSTMs, else a one-line error."""
     import dataclasses
 
@@ -147,9 +151,20 @@ def _quantized_runner(kind, members, temperature, options, quantize, rnn_reason)
     int8 = form in INT8_KINDS
     onednn = ", oneDNN's for many rows" if int8 and quantized_linear.onednn_exact() else ""
     weights = " ({}-bit weights)".format(quantized_linear.int8_weight_bits(form)) if int8 else ""
-    say_once("fairseq-stream: using the lean runner (%d model%s, %s products%s: %s kernel%s)", len(members),
-             "" if len(members) == 1 else "s", form, weights, quantized_linear.kernel(form), onednn)
-    return LeanRunner(members, temperature=temperature, quantize=form)
+    runner = LeanRunner(members, temperature=temperature, quantize=form, stack_members=stack_members)
+    say_once("fairseq-stream: using the lean runner (%s, %s products%s: %s kernel%s)", _members_line(runner), form,
+             weights, quantized_linear.kernel(form), onednn)
+    return runner
+
+
+def _members_line(runner) -> str:
+    """The lean runner's models for the log: how many, and for an ensemble whether they run stacked."""
+    count = len(runner.lean)
+    if count == 1:
+        return "1 model"
+    if runner.stacked is not None:
+        return "{} models, stacked".format(count)
+    return "{} models, one after another: {}".format(count, runner.unstacked_reason)
 
 
 def _int16_kernel_line() -> str:

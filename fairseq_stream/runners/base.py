@@ -60,7 +60,12 @@ class Runner(Protocol):
         """One step of several groups at different lengths in one call."""
 
     def reorder(self, state: RowGroup, new_order: Tensor) -> RowGroup:
-        """The state's rows selected, duplicated or dropped by ``new_order``."""
+        """The state's rows selected, duplicated or dropped by ``new_order``.
+
+        A runner whose ``sync_free`` is true also takes ``sentence_rows``, the
+        host's count of each sentence's new rows, and then reads nothing back
+        from the device (the lean runner off the CPU).
+        """
 
     def take(self, state: RowGroup, rows: Tensor) -> RowGroup:
         """A state holding only ``rows`` (the rest left to ``state``)."""

@@ -45,7 +45,8 @@ from torch import Tensor
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import attention, lean_step, search_loop
-from fairseq_stream.ops.packing import pack_by_sentence
+from fairseq_stream.ops.packing import compact, pack_by_sentence
+from fairseq_stream.runners import stacked
 from fairseq_stream.runners.lean_model import EncoderKeys, LeanModel
 from fairseq_stream.runners.own_step import OwnStepRunner
 
@@ -158,6 +159,10 @@ class _Segment:
         self.slot = None  # (rows,) each row's cache slot; None: row i is slot i
         self.length = length  # positions written
         self.pack = None  # (row -> packed index, widest beam), made when needed
+        # Where the host knows them: each sentence's rows, in order (None: read when packing), and how many
+        # sentences have rows (all of them have encoder keys).
+        self.counts: Optional[List[int]] = None
+        self.present: Optional[int] = None
 
     @property
     def rows(self):
@@ -172,7 +177,8 @@ class _Segment:
     def packing(self):
         """Each row's index in a ``(sentences, widest beam)`` layout, and the widest beam."""
         if self.pack is None:
-            self.pack = pack_by_sentence(self.row_sentence, self.encoder[0].sentences)
+            widest = None if self.counts is None else max(self.counts, default=1)
+            self.pack = pack_by_sentence(self.row_sentence, self.encoder[0].sentences, widest)
         return self.pack
 
 
@@ -213,6 +219,14 @@ class LeanRunner(OwnStepRunner):
             encoder on weights quantized once at load
             (:mod:`fairseq_stream.ops.quantized_linear`); float32 models on
             the CPU only. None: float products.
+        stack_members: True: an ensemble whose members share a shape runs as
+            one stacked model (:mod:`fairseq_stream.runners.stacked`: each
+            product once for all members, one cache); members of different
+            shapes keep the member-by-member step (one log line). False: member
+            by member. None (auto): stacked where the members' step would
+            not be compiled (CUDA, no extension); on the CPU each member's
+            compiled step runs, measured faster than one stacked step there
+            (docs/ensemble.md).
     """
 
     name = "lean"
@@ -220,31 +234,76 @@ class LeanRunner(OwnStepRunner):
     joins_lengths = True
 
     def __init__(self, models, temperature: float = 1.0, prepack: bool = True, compiled_attention: bool = True,
-                 compiled_step: bool = True, packed_encoder: bool = True, quantize: Optional[str] = None):
+                 compiled_step: bool = True, packed_encoder: bool = True, quantize: Optional[str] = None,
+                 stack_members: Optional[bool] = None):
         super().__init__(models, temperature)
+        self.stack_members = stack_members
         self.prepack = prepack
         self.compiled_attention = compiled_attention
         self.compiled_step = compiled_step
         self.packed_encoder = packed_encoder
         self.quantize = quantize
+        self._sync_free: Optional[bool] = None
         self._build()
 
     def _build(self):
+        from fairseq_stream.runners.base import module_device
+
         if self.quantize is not None:
             check_quantizable(self.model)
         self.lean = [LeanModel(m, self.prepack, self.quantize) for m in self.model.models]
+        self.stacked = None  # a StackedModel: every segment holds one stacked cache and encoder keys
+        # Why the members are not stacked ("" where they are); build_runner logs it.
+        self.unstacked_reason = stacked.unstackable_reason(self.lean) or self._stacking_declined()
+        if not self.unstacked_reason:
+            self.stacked = stacked.StackedModel(self.lean, self.quantize)
+        self.device = module_device(self.model)
+
+    def _stacking_declined(self) -> str:
+        """Why members that could stack do not ("" where they do): the option, or auto on the CPU."""
+        if self.stack_members is None:
+            first = self.lean[0]
+            compiled = (self.compiled_attention and self.compiled_step and attention.compiled_applies(first.embed)
+                        and all(m.compiled is not None for m in self.lean))
+            return ("auto: each member's compiled step is faster on the CPU (--stack-members on stacks them)"
+                    if compiled else "")
+        return "" if self.stack_members else "--stack-members off"
+
+    def _state_models(self):
+        """What a segment holds a cache and encoder keys of: the stacked model, or each member."""
+        return [self.stacked] if self.stacked is not None else self.lean
+
+    @property
+    def sync_free(self) -> bool:
+        """Whether a reorder given each sentence's rows (``reorder(..., sentence_rows)``) reads nothing back.
+
+        Then it moves rows by fixed-size index arithmetic (free slots by
+        cumulative sums, a copy list padded to a size the host knows, ``slot``
+        kept a tensor) instead of ``nonzero`` and ``torch.equal``, and splits
+        segments and drops encoder keys by the host's counts. Default: where
+        the models are off the CPU, where each read waits for the device; on
+        the CPU a read costs nothing and the reading path copies fewer cache
+        slots. Settable: the tests run it on the CPU.
+        """
+        return self.device.type != "cpu" if self._sync_free is None else self._sync_free
+
+    @sync_free.setter
+    def sync_free(self, value: Optional[bool]):
+        self._sync_free = value
 
     # -- the interface -----------------------------------------------------
 
     @torch.no_grad()
     def start(self, net_input, rows_per_sentence: int, sentence_ids: Optional[Tensor] = None) -> LeanState:
         """Encode ``net_input``; ``rows_per_sentence`` decoder rows per sentence, nothing decoded yet."""
-        encoder = [m.encode(net_input, self.packed_encoder) for m in self.lean]
+        encoder = [m.encode(net_input, self.packed_encoder) for m in self._state_models()]
         S = net_input["src_tokens"].size(0)
         device = net_input["src_tokens"].device
         row_sentence = torch.arange(S, device=device).repeat_interleave(rows_per_sentence)
-        caches = [m.new_cache(row_sentence.numel(), INITIAL_CAPACITY, device) for m in self.lean]
-        return LeanState([_Segment(encoder, row_sentence, caches, 0)])
+        caches = [m.new_cache(row_sentence.numel(), INITIAL_CAPACITY, device) for m in self._state_models()]
+        segment = _Segment(encoder, row_sentence, caches, 0)
+        segment.counts, segment.present = [rows_per_sentence] * S, S
+        return LeanState([segment])
 
     @torch.no_grad()
     def step(self, state: LeanState, tokens: Tensor, logits: bool = False):
@@ -338,8 +397,22 @@ class LeanRunner(OwnStepRunner):
                 module.weight.data = module.weight.data.new_empty(0)
         return freed
 
-    def reorder(self, state: LeanState, new_order: Tensor):
-        """Make row ``i`` continue old row ``new_order[i]`` (select, copy or drop rows), in place."""
+    def reorder(self, state: LeanState, new_order: Tensor, sentence_rows: Optional[List[int]] = None):
+        """Make row ``i`` continue old row ``new_order[i]`` (select, copy or drop rows), in place.
+
+        ``sentence_rows``: how many of the new rows each sentence of the old
+        rows holds (0: it ended), in order, as the caller knows them on the
+        host; rows stay with their sentence and sentences keep their order
+        (as the decoder's do). With :attr:`sync_free` the move then reads
+        nothing back from the device.
+        """
+        known = self._split_known(state, new_order, sentence_rows) if self.sync_free else None
+        if known is not None:
+            state.segments = [segment for segment, order, rows in known if rows]
+            for segment, order, rows in known:
+                if rows:
+                    self._reorder_known(segment, order, rows)
+            return
         parts = self._split(state, new_order)
         kept = []
         for segment, order in parts:
@@ -420,6 +493,26 @@ class LeanRunner(OwnStepRunner):
         return parts
 
     @staticmethod
+    def _split_known(state: LeanState, order: Tensor, sentence_rows: Optional[List[int]]):
+        """``order`` as (segment, its rows of it, its sentences' row counts without the ended ones) triples, from
+        the host's counts (no read of the device); None where a segment's sentences are not known there."""
+        segments = state.segments
+        if sentence_rows is None or any(s.present is None for s in segments) or \
+                sum(s.present for s in segments) != len(sentence_rows):
+            return None
+        if sum(sentence_rows) != order.numel():
+            raise ValueError("internal: {} rows counted by sentence for {} new rows".format(sum(sentence_rows),
+                                                                                          order.numel()))
+        parts, at, first_row, first_sentence = [], 0, 0, 0
+        for segment in segments:
+            counts = sentence_rows[first_sentence: first_sentence + segment.present]
+            n = sum(counts)
+            own = order[at: at + n]
+            parts.append((segment, own - first_row if first_row else own, [c for c in counts if c]))
+            at, first_row, first_sentence = at + n, first_row + segment.rows, first_sentence + segment.present
+        return parts
+
+    @staticmethod
     def _merge(segments: List[_Segment]) -> _Segment:
         """One segment holding the rows of ``segments`` (same length), caches and encoder keys joined."""
         length = segments[0].length
@@ -436,12 +529,17 @@ class LeanRunner(OwnStepRunner):
         return LeanRunner._compacted(_Segment(encoder, torch.cat(sentence), caches, length))
 
     @staticmethod
-    def _compacted(segment: _Segment) -> _Segment:
-        """Drop encoder keys of sentences that have no row left."""
+    def _compacted(segment: _Segment, present_count: Optional[int] = None) -> _Segment:
+        """Drop encoder keys of sentences that have no row left (``present_count``: how many have rows, if
+        the host knows it: then nothing is read back)."""
         sentences = segment.encoder[0].sentences
         present = torch.zeros(sentences, dtype=torch.bool, device=segment.row_sentence.device)
-        present[segment.row_sentence] = True
-        kept = present.nonzero().flatten()
+        present.index_fill_(0, segment.row_sentence, True)
+        if present_count is None:
+            kept = present.nonzero().flatten()
+        else:
+            kept = compact(present, present_count)
+        segment.present = kept.numel()
         if kept.numel() < sentences:
             segment.encoder = [e.select(kept) for e in segment.encoder]
             remap = torch.cumsum(present, 0) - 1
@@ -487,9 +585,66 @@ class LeanRunner(OwnStepRunner):
             # The compiled attention reads only its rows' sentences, so keys of sentences without rows cost
             # it nothing but memory: they are dropped once they are the larger part (copies stay amortized).
             # The torch attention packs every sentence: drop them at once.
-            if (not (self.compiled_attention and attention.compiled_applies(segment.encoder[0].keys[0]))
-                    or 2 * segment.rows <= segment.encoder[0].sentences):
+            segment.counts = segment.present = None
+            if self._drops_keys_at_once(segment):
                 self._compacted(segment)
+
+    def _reorder_known(self, segment: _Segment, order: Tensor, sentence_rows: List[int]):
+        """:meth:`_reorder_segment` without a read of the device: the same slots, copies and compactions, sized
+        from ``sentence_rows`` (the host's count of each sentence's new rows)."""
+        rows, length = order.numel(), segment.length
+        arange = torch.arange(rows, device=order.device)
+        slot = segment.slots().index_select(0, order)
+        capacity = segment.caches[0].size(1)
+        # Children (rows whose parent already has a row) fit the free slots unless rows outnumber the slots.
+        if rows > capacity:
+            grown = max(rows, 2 * capacity)
+            segment.caches = [_resized(c, grown, c.size(3), length) for c in segment.caches]
+            capacity = grown
+        # Each sentence's first row keeps its parent's slot: at most this many rows are children.
+        moved = rows - len(sentence_rows)
+        if moved > 0:
+            slot = self._move_children(segment, slot, arange, capacity, moved)
+        if capacity >= 2 * COMPACT_ABOVE_SLOTS and 2 * rows < capacity:
+            segment.caches = [c.index_select(1, slot) for c in segment.caches]
+            slot = arange
+        segment.slot = slot  # a tensor even where it is the identity: telling would read the device
+        # Rows stay with their sentence, in order: the same counts are the same rows' sentences.
+        if sentence_rows != segment.counts:
+            segment.row_sentence = segment.row_sentence.index_select(0, order)
+            segment.pack = None
+        segment.counts, segment.present = sentence_rows, len(sentence_rows)
+        if len(sentence_rows) < segment.encoder[0].sentences and self._drops_keys_at_once(segment):
+            self._compacted(segment, len(sentence_rows))
+
+    @staticmethod
+    def _move_children(segment: _Segment, slot: Tensor, arange: Tensor, capacity: int, moved: int) -> Tensor:
+        """Each row's new slot: a parent's first child keeps the parent's, a later one takes the next free slot
+        (lowest first) with a copy of the parent's keys and values; at most ``moved`` rows are later children."""
+        rows, device = arange.numel(), slot.device
+        first = torch.full((capacity,), rows, dtype=torch.long, device=device)
+        first.scatter_reduce_(0, slot, arange, reduce="amin")
+        child = first.index_select(0, slot).ne(arange)
+        free = torch.ones(capacity, dtype=torch.bool, device=device).index_fill_(0, slot, False)
+        # free_slot[r]: the r-th free slot (entries past the free slots are never read).
+        free_slot = torch.zeros(capacity + 1, dtype=torch.long, device=device).scatter_(
+            0, torch.where(free, torch.cumsum(free, 0) - 1, capacity), torch.arange(capacity, device=device))
+        child_rank = torch.cumsum(child, 0) - 1
+        new_slot = torch.where(child, free_slot.index_select(0, child_rank.clamp(min=0)), slot)
+        if segment.length:
+            # The copy list, padded to `moved` entries: entry r copies the r-th child's parent slot to its new
+            # slot; the entries past the children copy row 0's slot onto itself (row 0 is never a child).
+            at = torch.where(child, child_rank, moved)
+            source = slot[:1].repeat(moved + 1).scatter_(0, at, slot)[:moved]
+            target = slot[:1].repeat(moved + 1).scatter_(0, at, new_slot)[:moved]
+            for cache in segment.caches:
+                attention.copy_slots_(cache, source, target, segment.length)
+        return new_slot
+
+    def _drops_keys_at_once(self, segment: _Segment) -> bool:
+        """Whether a reorder drops the encoder keys of sentences left without rows (see _reorder_segment)."""
+        return (not (self.compiled_attention and attention.compiled_applies(segment.encoder[0].keys[0]))
+                or 2 * segment.rows <= segment.encoder[0].sentences)
 
     def _forward(self, segments: List[_Segment], last_tokens: Tensor, logits: bool = False):
         """One step of every model over the segments' rows; the ensemble's log-probabilities (or logits)."""
@@ -503,7 +658,11 @@ class LeanRunner(OwnStepRunner):
                 # whose other slots freed up, and copying those would cost more than the step.
                 s.caches = [_resized(c, s.rows, 2 * c.size(3), s.length, s.slot) for c in s.caches]
                 s.slot = None
-        outs = [self._model_step(i, lean, segments, bounds, last_tokens) for i, lean in enumerate(self.lean)]
+        if self.stacked is not None:
+            outs = stacked.step(self.stacked, segments, bounds, last_tokens,
+                                _position(self.lean[0], segments, last_tokens.device), self.compiled_attention)
+        else:
+            outs = [self._model_step(i, lean, segments, bounds, last_tokens) for i, lean in enumerate(self.lean)]
         for s in segments:
             s.length += 1
         return self._ensemble(outs, logits)
@@ -511,15 +670,7 @@ class LeanRunner(OwnStepRunner):
     def _model_step(self, index: int, lean: LeanModel, segments, bounds, last_tokens):
         D = lean.dim
         compiled = self.compiled_attention
-        position = None
-        if lean.positions is not None:
-            index_of = [lean.padding_idx + s.length + 1 for s in segments]
-            if len(set(index_of)) == 1:
-                position = index_of[0]
-            else:
-                position = torch.cat([torch.full((s.rows,), i, dtype=torch.long, device=last_tokens.device)
-                                      for s, i in zip(segments, index_of)])
-        x = lean.embed_at(last_tokens, position)
+        x = lean.embed_at(last_tokens, _position(lean, segments, last_tokens.device))
         if compiled and self.compiled_step and lean.compiled is not None and attention.compiled_applies(x):
             encoders = [s.encoder[index] for s in segments]
             x = lean_step.lean_layers(
@@ -548,3 +699,14 @@ class LeanRunner(OwnStepRunner):
 
         x = lean.run_layers(x, self_attention, encoder_attention)
         return lean.logits(x)
+
+
+def _position(lean: LeanModel, segments: List[_Segment], device):
+    """The position table's index of each segment's next token: one int where all agree, else one per row
+    (None for a model without positions)."""
+    if lean.positions is None:
+        return None
+    index_of = [lean.padding_idx + s.length + 1 for s in segments]
+    if len(set(index_of)) == 1:
+        return index_of[0]
+    return torch.cat([torch.full((s.rows,), i, dtype=torch.long, device=device) for s, i in zip(segments, index_of)])

@@ -21,14 +21,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
-from fairseq_stream.registry import register_generator
 from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, CohortDecoder, StreamPool, check_pool_options
 from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
 
@@ -96,54 +95,9 @@ class StreamOptions(FairseqDataclass):
     )
 
 
-@register_generator("stream", dataclass=StreamOptions)
-class StreamScheduler:
-    """VAR-STREAM (Yang et al. 2020): refill the pool at epsilon, expand the shortest prefixes."""
-
-    order = "shortest"
-    streams = True  # takes the --stream-* options
-
-    @classmethod
-    def build(cls, decoder, options, task, models, gen_cfg):
-        """``decoder`` in a :class:`StreamGenerator` whose pool takes prefixes in this entry's ``order``."""
-        return build_stream_generator(decoder, task, models, gen_cfg, options, order=cls.order)
-
-
 @dataclass
 class FifoOptions(StreamOptions):
-    """The stream options; each decoder call takes the longest prefixes first, padded."""
-
-
-@register_generator("fifo", dataclass=FifoOptions)
-class FifoScheduler(StreamScheduler):
-    """VAR-STR-FIFO (Yang et al. 2020, App. A.2): longest prefixes first, up to the capacity."""
-
-    order = "fifo"
-
-
-@dataclass
-class TopupOptions(StreamOptions):
-    """The stream options, refilling at ``--topup-threshold`` instead of ``--stream-eps``."""
-
-    topup_threshold: str = field(
-        default="1/2",
-        metadata={"help": "top the batch up from the queue of encoded sentences when at most this "
-                  "fraction of it (--stream-pool, default --batch-size) is still decoding: a fraction "
-                  "(Marian's 1/2) or a decimal in (0, 1]"},
-    )
-
-
-@register_generator("topup", dataclass=TopupOptions)
-class TopupScheduler(StreamScheduler):
-    """Top-up batching (Marian; Junczys-Dowmunt et al. 2018, Algorithms 4-6).
-
-    One batch of ``--stream-pool`` sentences; every decoder call runs every
-    active sentence (the pool's FIFO order: no shortest first), and when at
-    most ``--topup-threshold`` of the batch is still decoding, finished
-    sentences are replaced from the encoded ones read ahead.
-    """
-
-    order = "fifo"
+    """The stream options of ``--generator fifo``; each decoder call takes the longest prefixes first, padded."""
 
 
 def parse_eps(text, flag: str = "--stream-eps") -> float:
@@ -157,25 +111,20 @@ def parse_eps(text, flag: str = "--stream-eps") -> float:
     return value
 
 
-def pool_settings(options, order: str = "shortest") -> dict:
+def pool_settings(options, order: str = "shortest", refill_eps: Optional[Callable[[Any], float]] = None) -> dict:
     """The :class:`StreamPool` keyword arguments of stream ``options``, checked (one-line errors).
 
     ``options`` is a :class:`StreamOptions` or anything with its fields (the
     parsed command line); the pool size is not among the arguments.
+    ``refill_eps``: reads ε from options of a scheduler's own (top-up's,
+    :func:`fairseq_stream.schedule.topup.refill_eps`); None reads ``--stream-eps``.
     """
     if options.stream_pool is not None and options.stream_pool < 1:
         raise FairseqStreamError("--stream-pool must be at least 1, got {}".format(options.stream_pool))
     max_cached = getattr(options, "stream_max_cached", None)
     if max_cached is not None and max_cached < 0:
         raise FairseqStreamError("--stream-max-cached must be >= 0, got {}".format(max_cached))
-    threshold = getattr(options, "topup_threshold", None)
-    if threshold is None:
-        eps = parse_eps(options.stream_eps)
-    elif str(options.stream_eps) != StreamOptions.stream_eps:
-        raise FairseqStreamError("--generator topup refills at --topup-threshold (default 1/2); --stream-eps "
-                                 "is --generator stream's and fifo's")
-    else:
-        eps = parse_eps(threshold, "--topup-threshold")
+    eps = parse_eps(options.stream_eps) if refill_eps is None else refill_eps(options)
     settings = dict(
         eps=eps,
         refill_unit=str(options.stream_refill_unit),
@@ -201,14 +150,16 @@ class StreamGenerator:
         batches: a callable returning fairseq-generate's batch iterator for the
             look-ahead, or None to stream within each sample only.
         batch_size: the ``--batch-size`` fairseq batches with (default pool size).
-        order: ``shortest`` (``--generator stream``) or ``fifo`` (``--generator fifo``).
+        pool_args: the pool's settings, as the scheduler entry reads them from
+            ``options`` (its order, its refill threshold); None:
+            :func:`pool_settings` of ``options`` (shortest first, ``--stream-eps``).
     """
 
     def __init__(self, decoder: CohortDecoder, options, batches=None, batch_size: Optional[int] = None,
-                 order: str = "shortest"):
+                 pool_args: Optional[dict] = None):
         self.decoder = decoder
         self.stats = decoder.stats
-        self.pool_args = pool_settings(options, order)
+        self.pool_args = pool_settings(options) if pool_args is None else pool_args
         self.pool_size = options.stream_pool or batch_size
         self.max_cached = getattr(options, "stream_max_cached", None)
         self._batches = None if options.stream_within_batch else batches
@@ -364,11 +315,12 @@ def fairseq_generate_batches(task, models, cfg):
     return build
 
 
-def build_stream_generator(decoder, task, models, gen_cfg, options, order: str = "shortest"):
-    """Wrap ``decoder`` in a :class:`StreamGenerator` with fairseq-generate's look-ahead when available."""
+def build_stream_generator(decoder, task, models, gen_cfg, options, pool_args: Optional[dict] = None):
+    """Wrap ``decoder`` in a :class:`StreamGenerator` (its pool on ``pool_args``) with fairseq-generate's
+    look-ahead when available."""
     from omegaconf import DictConfig
 
     root = gen_cfg._get_root() if isinstance(gen_cfg, DictConfig) else None
     batches = fairseq_generate_batches(task, models, root) if root is not None else None
     batch_size = getattr(getattr(root, "dataset", None), "batch_size", None) if root is not None else None
-    return StreamGenerator(decoder, options, batches=batches, batch_size=batch_size, order=order)
+    return StreamGenerator(decoder, options, batches=batches, batch_size=batch_size, pool_args=pool_args)

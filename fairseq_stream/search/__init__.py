@@ -1,3 +1,5 @@
-"""Search policies (``--search``): which candidates survive each step."""
+"""Search policies: which candidates survive each step (their ``--search`` entries are :mod:`fairseq_stream.plugin`).
 
-from fairseq_stream.search import beam, fixed, greedy, jacobi, var  # noqa: F401  (register entries)
+* :mod:`.selection`: fixed-width beam selection, fairseq's and the streaming paper's finalization;
+* :mod:`.pruning`: Freitag & Al-Onaizan's pruning (variable-width beams).
+"""

@@ -8,7 +8,7 @@ probability. Tokens that turn final together in one iteration did not need
 each other to be decoded. The JSON beside each PNG holds what the picture
 shows (tokens, per iteration the window and its guesses).
 
-    python -m fairseq_stream.jacobi.ddgviz --path model.pt --data data-bin \\
+    python -m fairseq_stream.ddgviz --path model.pt --data data-bin \\
         --sentencepiece-model spm.model --input test.de --sentences 0 7 --out ddg/ \\
         [--variant pj] [--block 3] [--draft pad]
 
@@ -94,7 +94,7 @@ def draw(graph: dict, words: List[str], title: str, path: str):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_stream.jacobi.ddgviz", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fairseq_stream.ddgviz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--path", required=True, help="checkpoint(s), colon-separated (an ensemble)")
     parser.add_argument("--data", help="the data-bin directory with the dictionaries (default: the checkpoint's)")
     parser.add_argument("--input", required=True, help="source text, one sentence per line")

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from fairseq_stream.registry import register_search
 from fairseq_stream.build import OurSearch, SearchSettings
-from fairseq_stream.search.common import DecodeStatsConfig
+from fairseq_stream.plugin.common import DecodeStatsConfig
 
 
 @dataclass

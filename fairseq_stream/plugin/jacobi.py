@@ -14,7 +14,7 @@ from fairseq_stream.jacobi.decoder import VARIANTS, JacobiDecoder, check_options
 from fairseq_stream.jacobi.drafts import DRAFTS
 from fairseq_stream.registry import register_search
 from fairseq_stream.build import OurSearch, SearchSettings
-from fairseq_stream.search.common import DecodeStatsConfig
+from fairseq_stream.plugin.common import DecodeStatsConfig
 
 
 @dataclass

@@ -6,7 +6,7 @@ from fairseq.dataclass import ChoiceEnum
 
 from fairseq_stream.registry import register_search
 from fairseq_stream.build import OurSearch, SearchSettings
-from fairseq_stream.search.common import DecodeStatsConfig
+from fairseq_stream.plugin.common import DecodeStatsConfig
 from fairseq_stream.search.pruning import Pruning
 
 FinalizeChoice = ChoiceEnum(["fairseq", "stay"])

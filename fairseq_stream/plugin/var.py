@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fairseq_stream.registry import register_search
-from fairseq_stream.search.fixed import FinalizeChoice, FixedSearch
-from fairseq_stream.search.common import DecodeStatsConfig
+from fairseq_stream.plugin.fixed import FinalizeChoice, FixedSearch
+from fairseq_stream.plugin.common import DecodeStatsConfig
 from fairseq_stream.search.pruning import Pruning
 from fairseq_stream.schedule.stream import StreamOptions
 

@@ -13,6 +13,7 @@ from fairseq_stream.runners.rnn import RnnOptions, RnnRunnerConfig
 RunnerChoice = ChoiceEnum(list(RUNNERS))
 QuantizeChoice = ChoiceEnum(list(QUANTIZE))
 OutputLayerChoice = ChoiceEnum(list(OUTPUT_LAYERS))
+StackChoice = ChoiceEnum(["auto", "on", "off"])
 
 
 @dataclass
@@ -58,6 +59,13 @@ class DecodeStatsConfig(RnnRunnerConfig):
                   "each with its own decoder state and --cpu-threads kernel threads; results in input order, "
                   "the same bits as one worker where each batch is decoded on its own (default: one a core "
                   "on --generator batch in fairseq-generate and fairseq-interactive, else 1; our runners only)"},
+    )
+    stack_members: StackChoice = field(
+        default="auto",
+        metadata={"help": "lean runner, an ensemble whose members share a shape: on runs them stacked (each "
+                  "product once for all members, one cache), off one after another, auto stacked where "
+                  "the members' step is not compiled (CUDA: stacked; the CPU keeps each member's compiled "
+                  "step, measured faster there; docs/ensemble.md)"},
     )
     output_layer: OutputLayerChoice = field(
         default="auto",
@@ -106,6 +114,23 @@ def check_beam(beam):
         raise FairseqStreamError("--beam must be at least 1, got {}".format(beam))
 
 
+def check_lengths(gen_cfg):
+    """Refuse ``--nbest`` below 1 and a ``--min-len`` above a maximum length that does not grow with the source.
+
+    Both failed deep inside: ``--nbest 0`` ended fairseq-generate in a
+    ZeroDivisionError after a whole run with nothing printed, and ``--search
+    beam`` stopped at its first batch on fairseq's AssertionError. A maximum
+    that grows with the source (``--max-len-a`` > 0) is checked per batch.
+    """
+    nbest = getattr(gen_cfg, "nbest", 1)
+    if nbest is None or int(nbest) < 1:
+        raise FairseqStreamError("--nbest must be at least 1, got {}".format(nbest))
+    min_len, max_len_b = getattr(gen_cfg, "min_len", 1) or 0, getattr(gen_cfg, "max_len_b", 200)
+    if not getattr(gen_cfg, "max_len_a", 0) and max_len_b is not None and min_len > max_len_b:
+        raise FairseqStreamError("--min-len {} is larger than the maximum length --max-len-b {}; adjust "
+                                 "--max-len-a/-b".format(min_len, max_len_b))
+
+
 def check_nbest(search_name, search_cls, gen_cfg):
     """Refuse an ``--nbest`` our search cannot give (fairseq-generate would print fewer, silently).
 
@@ -113,7 +138,7 @@ def check_nbest(search_name, search_cls, gen_cfg):
     most ``--beam`` (pruning may leave fewer, which is the method, not a
     silent cap).
     """
-    nbest = int(getattr(gen_cfg, "nbest", 1) or 1)
+    nbest = int(getattr(gen_cfg, "nbest", 1))
     if nbest <= 1:
         return
     if not getattr(search_cls, "uses_beam", True):
@@ -156,7 +181,7 @@ def check_generation_options(search_name, gen_cfg):
                                  .format(search_name))
 
 
-def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cfg=None):
+def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cfg=None, scheduler=None):
     """Check every option of a search before any model is loaded (one-line errors).
 
     Shared by the command line (right after parsing) and the Python API.
@@ -166,11 +191,14 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
         gen_cfg: fairseq's generation options (``beam``, ``sampling`` ...).
         search_cfg: the search's own options (pruning thresholds).
         stream_cfg: the ``--stream-*`` options, where the search streams.
+        scheduler: the ``--generator`` name whose entry reads ``stream_cfg``
+            (None: ``stream``'s rules, as the Python API's pool runs).
     """
-    from fairseq_stream.schedule.stream import pool_settings
+    from fairseq_stream.registry import GENERATOR_REGISTRY
 
     if getattr(search_cls, "uses_beam", True):
         check_beam(getattr(gen_cfg, "beam", 5))
+    check_lengths(gen_cfg)
     if not getattr(search_cls, "fairseq_generator", False):
         check_nbest(search_name, search_cls, gen_cfg)
         check_generation_options(search_name, gen_cfg)
@@ -186,4 +214,4 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
     if hasattr(search_cls, "check"):
         search_cls.check(search_cfg)
     if stream_cfg is not None:
-        pool_settings(stream_cfg)
+        GENERATOR_REGISTRY[scheduler or "stream"].pool_settings(stream_cfg)
