@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from fairseq_stream import compiled_search
 from fairseq_stream import hypotheses as hyp
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.errors import FairseqStreamError
@@ -160,7 +161,7 @@ class BeamDecoder:
         self.output_layer = check_output_layer(output_layer)
         self.no_repeat_ngram_size = no_repeat_ngram_size
         self.output_backend = self._output_backend()
-        # The search runs in one compiled call where it can (_search_in_one_call);
+        # The search runs in one compiled call where it can (compiled_search.py);
         # False keeps the Python loop (the reference the tests compare it with).
         self.compiled_loop = True
 
@@ -221,51 +222,11 @@ class BeamDecoder:
         return [released(results[i]) for i in range(len(results))]
 
     def _search_in_one_call(self, net_input, bos_token) -> Optional[Dict[int, List[Dict[str, Tensor]]]]:
-        """The search by the runner's compiled loop (``greedy_decode``, ``beam_decode``), or None.
-
-        The hypotheses the Python loop makes, bitwise (tests/test_search_loop.py):
-        the loop's words and cumulative scores, made into hypotheses, scored
-        and ordered by ``_hypotheses``' and ``_score_finalized``'s arithmetic.
-        None (the Python loop runs) for an empty source, pruning or
-        ``--finalize stay``, a beam of more than V - 3 words, the n-gram blocker, the reference output layer,
-        per-step statistics, or a runner without the loops.
-        """
-        src = net_input["src_tokens"]
-        # The compiled loop extends live slots only: exact while the first step has k words to fill the beam
-        # with (at most PAD, EOS and UNK are -inf there); a wider beam takes the Python loop, which extends
-        # every slot as fairseq does (_next_beam).
-        if not (self.compiled_loop and self.dense and self.finalize == "fairseq" and self.output_backend == "cpu"
-                and self.beam_size <= self.vocab_size - 3
-                and self.repeat_ngram_blocker is None and not self.stats.keep_steps
-                and self.score_dtype == torch.float32 and hasattr(self.runner, "beam_decode") and src.size(0) > 0
-                and bool((src.ne(self.eos) & src.ne(self.pad)).any(dim=1).all())):
+        """The batch's search in one compiled call where :mod:`fairseq_stream.compiled_search` applies, else None
+        (the Python loop runs)."""
+        if not compiled_search.applies(self, net_input["src_tokens"]):
             return None
-        rules = dict(bos=self.eos if bos_token is None else bos_token, max_lens=self.max_lengths(src).tolist(),
-                     min_len=self.min_len, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty)
-        if self.beam_size == 1:
-            found = self.runner.greedy_decode(net_input, **rules)
-        else:
-            found = self.runner.beam_decode(net_input, k=self.beam_size, n=self.candidates_per_row, **rules)
-        if found is None:
-            return None
-        per_sentence, steps = found
-        scored = self._score_finalized([[self._finalized_hypothesis(words, sums) for words, sums in finalized]
-                                        for finalized in per_sentence])
-        self._count_steps(steps)
-        return {s: hyp.best_first(hyps, values) for s, (hyps, values) in enumerate(scored)}
-
-    @staticmethod
-    def _finalized_hypothesis(words: Tensor, cumulative: Tensor) -> Dict[str, Tensor]:
-        """A hypothesis from a compiled loop's words and running sums, as ``_finalize_fairseq`` makes it."""
-        positional = cumulative.clone()
-        positional[1:] = positional[1:] - positional[:-1]
-        return dict(hyp.hypothesis(words, positional), _final=cumulative[-1])
-
-    def _count_steps(self, lengths: List[int]):
-        """The statistics of the Python loop's steps for sentences that ran ``lengths`` steps: at step t
-        every sentence still running holds its k rows."""
-        for length in range(1, max(lengths) + 1):
-            self.stats.add_step(length, self.beam_size * sum(n >= length for n in lengths), 0.0)
+        return compiled_search.search(self, net_input, bos_token)
 
     @staticmethod
     def check_call(prefix_tokens, constraints):
