@@ -63,8 +63,8 @@ def search(decoder, net_input, bos_token) -> Optional[Dict[int, List[Dict[str, T
     if found is None:
         return None
     per_sentence, steps = found
-    scored = d._score_finalized(
-        [[_finalized_hypothesis(words, sums) for words, sums in finalized] for finalized in per_sentence])
+    scored = d.finalizer.score_finalized(
+        [[_finalized_hypothesis(words, sums) for words, sums in finalized] for finalized in per_sentence], d.scores)
     _count_steps(d, steps)
     return {s: hyp.best_first(hyps, values) for s, (hyps, values) in enumerate(scored)}
 

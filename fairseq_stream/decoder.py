@@ -36,6 +36,7 @@ from fairseq_stream import compiled_search
 from fairseq_stream import hypotheses as hyp
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.finalize import finalizer, read_host
 from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.ops import topk_log_softmax
 from fairseq_stream.ops.output_layer import OutputLayerResult, apply_step_rules
@@ -69,17 +70,6 @@ def _ngram_blocker(size: int):
     from fairseq.ngram_repeat_block import NGramRepeatBlock
 
     return NGramRepeatBlock(size)
-
-
-def read_host(t: Tensor) -> list:
-    """``t.tolist()``: a step's read of the device (its summary; the hypotheses of sentences that end). On CUDA
-    through a pinned buffer (one DMA, no staging copy), waiting for this stream only."""
-    if not t.is_cuda:
-        return t.tolist()
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    torch.cuda.current_stream(t.device).synchronize()
-    return host.tolist()
 
 
 class BeamDecoder:
@@ -144,6 +134,7 @@ class BeamDecoder:
         self.vocab_size = len(tgt_dict)
         self.beam_size = min(beam_size, self.vocab_size - 1)
         self.finalize = finalize
+        self.finalizer = finalizer(finalize, self.beam_size, self.eos)
         self.pruning = pruning or Pruning()
         self.stats = stats if stats is not None else DecodeStats()
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
@@ -411,7 +402,7 @@ class BeamDecoder:
         ids = summary[S: 2 * S]
         ending = [s for s in range(S) if summary[s] & 1] if any(summary[:S]) else []
         if self.finalize == "fairseq":
-            self._finalize_fairseq(step_out.sel, c, ids, summary[2 * S: 3 * S])
+            self.finalizer.after_step(step_out.sel, c, ids, summary[2 * S: 3 * S])
         results = self._finished(c, step_out, ending, ids, summary) if ending else {}
         rows = summary[-S:] if per_sentence else None
         self._next_beam(c, step_out, ending, summary[-S - 1] if per_sentence else summary[-1], rows)
@@ -470,10 +461,7 @@ class BeamDecoder:
     def _finished(self, c: Cohort, step_out, ending: List[int], ids: List[int], summary: List[int]):
         """{id: hypotheses, best first} of the sentences ``ending`` this step."""
         ending_rows = self._compact(step_out.finished_now, len(ending))
-        if self.finalize == "stay":
-            collected = self._collect_stay(ending_rows, step_out.sel, step_out.done_len, c)
-        else:
-            collected = self._score_finalized([c.finalized.pop(ids[s], []) for s in ending])
+        collected = self.finalizer.collect(c, step_out, ending_rows, ending, ids, self.scores)
         results: Dict[int, List[Dict[str, Tensor]]] = {}
         for s, (hyps, values) in zip(ending, collected):
             if summary[s] & 2:
@@ -652,56 +640,7 @@ class BeamDecoder:
             return live.view(-1).nonzero().flatten()
         return self._compact(live, n_live)
 
-    # -- finalization bookkeeping ------------------------------------------
-
-    def _finalize_fairseq(self, sel, c: Cohort, ids, n_final):
-        """Store the EOS hypotheses ``select_fairseq`` finalized in ``c``'s step, at most k per sentence.
-
-        ``ids`` and ``n_final`` (how many each sentence finalized) are the
-        host's copy from the step's read. Nothing is read back here: each
-        hypothesis keeps its cumulative score on the device (``_final``) and
-        is scored when its sentence ends (:meth:`_score_finalized`).
-        """
-        total = sum(n_final)
-        if not total:
-            return
-        k, step, finalized = self.beam_size, c.step, c.finalized
-        flat = self._compact(sel.eos_mask, total)  # by sentence, then rank
-        rows = (flat // k) * k + sel.top_slot.reshape(-1).index_select(0, flat)
-        final = sel.top_score.reshape(-1).index_select(0, flat)
-        if c.mixed:
-            # Each hypothesis' length from its own sentence's start.
-            lens = [step + 1 - c.start_host[s] for s, count in enumerate(n_final) for _ in range(count)]
-            starts = c.start.index_select(0, flat // k)
-            # The lengths on the device from the starts there (not a copy of the host's list).
-            hyps = self._hypotheses(rows, step + 1 - starts, lens, final, c.tokens, c.scores, starts)
-        else:
-            hyps = self._hypotheses(rows, torch.full_like(rows, step + 1), [step + 1] * total, final, c.tokens,
-                                    c.scores)
-        p = 0
-        for s, n in enumerate(n_final):
-            if n:
-                kept = finalized.setdefault(ids[s], [])
-                for q in range(p, p + n):
-                    if len(kept) < k:
-                        hyps[q]["_final"] = final[q]
-                        kept.append(hyps[q])
-                p += n
-
-    def _score_finalized(self, per_sentence):
-        """Score the stored hypotheses of sentences that end (one read for all); [(hyps, scores)]."""
-        pending = [h for hyps in per_sentence for h in hyps]
-        if not pending:
-            return [(hyps, []) for hyps in per_sentence]
-        finals = read_host(torch.stack([h.pop("_final") for h in pending]))
-        values, scores = self.scores(finals, [h["tokens"].numel() for h in pending])
-        for h, score in zip(pending, scores):
-            h["score"] = score
-        out, start = [], 0
-        for hyps in per_sentence:
-            out.append((hyps, values[start : start + len(hyps)]))
-            start += len(hyps)
-        return out
+    # -- scoring (the finalizer's scorer; Jacobi's too) ---------------------
 
     def scores(self, finals: List[float], lens: List[int]) -> Tuple[List[float], List[Tensor]]:
         """This search's hypothesis scores from cumulative ones: the values on the host (to rank by) and
@@ -717,71 +656,3 @@ class BeamDecoder:
     def empty_hypothesis(self, device) -> Dict[str, Tensor]:
         """The hypothesis of an empty source."""
         return hyp.empty_hypothesis(self.eos, device)
-
-    def _hypotheses(self, rows: Tensor, lengths: Tensor, lens: List[int], final: Tensor, tokens: Tensor,
-                    scores: Tensor, starts: Optional[Tensor] = None):
-        """fairseq hypotheses for the prefixes in ``rows`` ending with EOS, all in one go, unscored.
-
-        Args:
-            rows: (P,) rows of ``tokens``/``scores`` holding the prefixes.
-            lengths: (P,) each hypothesis' length, its EOS included.
-            lens: the same lengths on the host.
-            final: (P,) each one's cumulative score, its EOS included.
-            starts: (P,) the column where each prefix begins (a cohort of
-                mixed lengths, :meth:`Cohort.merge`); None: column 0.
-
-        A handful of tensor operations for all P hypotheses and no host sync:
-        built one by one they cost several kernel launches and host syncs
-        each, which on a GPU was a fifth of a var-batch pass
-        (docs/BENCHMARKS.md). The caller sets ``score``.
-        """
-        if not lens:
-            return []
-        width = max(lens)
-        last = (lengths - 1).unsqueeze(1)
-        if starts is None:
-            hyp_tokens = tokens[:, 1 : width + 1].index_select(0, rows)
-            pos = scores[:, :width].index_select(0, rows)
-        else:
-            # Each prefix's own columns; past a shorter prefix's end, columns are clamped (and cut off below).
-            cols = starts.unsqueeze(1) + torch.arange(width, device=rows.device)
-            hyp_tokens = tokens.index_select(0, rows).gather(1, (cols + 1).clamp(max=tokens.size(1) - 1))
-            pos = scores.index_select(0, rows).gather(1, cols.clamp(max=scores.size(1) - 1))
-        hyp_tokens.scatter_(1, last, self.eos)
-        pos.scatter_(1, last, final.to(pos.dtype).unsqueeze(1))
-        pos[:, 1:] = pos[:, 1:] - pos[:, :-1]
-        # No attention history is kept: nothing reads it without
-        # --print-alignment, which these searches refuse.
-        return [hyp.hypothesis(hyp_tokens[p, :length], pos[p, :length]) for p, length in enumerate(lens)]
-
-    def _collect_stay(self, ending: Tensor, sel, done_len: Tensor, c: Cohort):
-        """For each sentence in ``ending`` (of ``c``), the finished entries of its final beam as fairseq hypotheses.
-
-        Returns [(hypotheses, their scores on the host)], one per sentence;
-        one read for all of them.
-        """
-        k, tokens, scores = self.beam_size, c.tokens, c.scores
-        done = sel.done.index_select(0, ending)
-        length = done_len.index_select(0, ending)
-        if c.mixed:
-            # done_len holds the column after each hypothesis' EOS: its length from its own start (only the
-            # finished entries' lengths are read).
-            length = length - c.start.index_select(0, ending).unsqueeze(1)
-        final = sel.score.index_select(0, ending)
-        # Lengths and float32 scores are exact in the score type.
-        flags, lens, finals = read_host(torch.stack([done.to(final.dtype), length.to(final.dtype), final]).view(3, -1))
-        picked = [i for i, flag in enumerate(flags) if flag]
-        flat = self._compact(done, len(picked))
-        sentence = ending.index_select(0, flat // k)
-        rows = sentence * k + sel.parent.reshape(-1).index_select(0, sentence * k + flat % k)
-        hyp_lens = [int(lens[i]) for i in picked]
-        hyps = self._hypotheses(rows, length.view(-1).index_select(0, flat), hyp_lens,
-                                final.view(-1).index_select(0, flat), tokens, scores,
-                                c.start.index_select(0, sentence) if c.mixed else None)
-        values, score_tensors = self.scores([finals[i] for i in picked], hyp_lens)
-        collected = [([], []) for _ in range(ending.numel())]
-        for i, h, value, score in zip(picked, hyps, values, score_tensors):
-            h["score"] = score
-            collected[i // k][0].append(h)
-            collected[i // k][1].append(value)
-        return collected
