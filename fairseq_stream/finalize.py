@@ -7,8 +7,9 @@ finalizer two things, after each step's one host read (as fairseq's
 * :meth:`Finalizer.after_step` (sel, cohort, ids, n_final): keep what the
   step finalized (fairseq's rule stores its EOS hypotheses; ours keeps them
   on the beam, nothing to store);
-* :meth:`Finalizer.collect` (cohort, step_out, ending_rows, ending, ids,
-  scores): the hypotheses and their scores of the sentences that end.
+* :meth:`Finalizer.finished` (cohort, step_out, ending, ids, summary,
+  scores): the hypotheses of the sentences that end, best first (each
+  rule's :meth:`Finalizer.collect` gathers them).
 
 ``scores`` is the decoder's (cumulative scores, lengths) -> (values, score
 tensors): the normalization by ``--lenpen`` on the models' device.
@@ -16,7 +17,7 @@ tensors): the normalization by ``--lenpen`` on the models' device.
 fairseq hypotheses from the cohort's prefixes (:meth:`Finalizer.hypotheses`).
 """
 
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 from torch import Tensor
@@ -53,6 +54,19 @@ class Finalizer:
                 scores: Scorer):
         """[(hypotheses, their scores on the host)] of the sentences ``ending`` (rows ``ending_rows``) of ``c``."""
         raise NotImplementedError
+
+    def finished(self, c: Cohort, step_out, ending: List[int], ids: List[int], summary: List[int],
+                 scores: Scorer) -> Dict[int, List[Dict[str, Tensor]]]:
+        """{id: hypotheses, best first} of the sentences ``ending`` this step (``summary``: the step's read)."""
+        collected = self.collect(c, step_out, compact(step_out.finished_now, len(ending)), ending, ids, scores)
+        results: Dict[int, List[Dict[str, Tensor]]] = {}
+        for s, (hyps, values) in zip(ending, collected):
+            if summary[s] & 2:
+                # Empty sources get an empty hypothesis (fairseq would
+                # translate the lone EOS into something).
+                hyps, values = [hyp.empty_hypothesis(self.eos, c.tokens.device)], [0.0]
+            results[ids[s]] = hyp.best_first(hyps, values)
+        return results
 
     def score_finalized(self, per_sentence, scores: Scorer):
         """Score the stored hypotheses of sentences that end (one read for all); [(hyps, scores)]."""
