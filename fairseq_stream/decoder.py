@@ -20,46 +20,38 @@ Finalization rules (``--finalize``):
   fall off; a sentence ends when no live entry is left on its beam. Its
   output is the finished entries of that final beam, ranked by fairseq's
   length-normalized score (so ``--lenpen`` ranks as in fairseq).
+
+This module is the loop; what it asks sits beside it: its runner and output
+backend come ready (:mod:`~fairseq_stream.decoder_parts`; ``build.py``
+assembles them); a step's candidates (:mod:`~fairseq_stream.candidates`),
+the selection (:mod:`~fairseq_stream.search.selection`), the finalization
+rule (:mod:`~fairseq_stream.finalize`), the cohort's move to the next beam
+(:mod:`~fairseq_stream.cohort_steps`), the length rules
+(:mod:`~fairseq_stream.lengths`), and the whole search in one compiled call
+where that is exact (:mod:`~fairseq_stream.compiled_search`).
 """
 
 import copy
-import logging
-import math
-import struct
 import time
 from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from fairseq_stream import compiled_search, decoder_parts
 from fairseq_stream import hypotheses as hyp
+from fairseq_stream import lengths
+from fairseq_stream.candidates import candidates, ignore_ranks, per_row, top_candidates
 from fairseq_stream.cohort import Cohort
+from fairseq_stream.cohort_steps import next_beam, open_cohort
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.finalize import finalizer, read_host
 from fairseq_stream.inference_mode import decoding, released
-from fairseq_stream.ops import topk_log_softmax
-from fairseq_stream.ops.output_layer import OutputLayerResult, apply_step_rules
-from fairseq_stream.output_choice import check_output_layer, choose_backend
-from fairseq_stream.runners import build_runner
+from fairseq_stream.ops.output_layer import OutputLayerResult
+from fairseq_stream.output_choice import check_output_layer
 from fairseq_stream.search.pruning import Pruning
-from fairseq_stream.ops.beam_step import reorder_beam_
-from fairseq_stream.ops.packing import compact
-from fairseq_stream.search.selection import fairseq_step, forced_eos_ranks, stay_step
+from fairseq_stream.search.selection import fairseq_step, stay_step
 from fairseq_stream.stats import DecodeStats
-
-logger = logging.getLogger(__name__)
-
-FINALIZE_MODES = ("fairseq", "stay")
-
-
-def _check_rules(finalize: str, temperature: float):
-    """One-line errors for a finalization rule or temperature the loop does not take."""
-    if finalize not in FINALIZE_MODES:
-        raise FairseqStreamError(
-            "--finalize must be one of {}, got {}".format(", ".join(FINALIZE_MODES), finalize)
-        )
-    if temperature <= 0:
-        raise FairseqStreamError("--temperature must be greater than 0")
-
 
 def _ngram_blocker(size: int):
     """fairseq's ``--no-repeat-ngram-size`` blocker, or None (0: off)."""
@@ -70,15 +62,23 @@ def _ngram_blocker(size: int):
     return NGramRepeatBlock(size)
 
 
-def read_host(t: Tensor) -> list:
-    """``t.tolist()``: a step's read of the device (its summary; the hypotheses of sentences that end). On CUDA
-    through a pinned buffer (one DMA, no staging copy), waiting for this stream only."""
-    if not t.is_cuda:
-        return t.tolist()
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    torch.cuda.current_stream(t.device).synchronize()
-    return host.tolist()
+def _since(stats: DecodeStats, t0: float, out) -> float:
+    """Seconds since ``t0`` for the step that produced ``out`` (a tensor or a list of them)."""
+    if isinstance(out, list):
+        out = out[0]
+    # CUDA calls return before the GPU is done; the per-step times kept
+    # for plots (Figure 2) would otherwise measure only kernel launches.
+    if stats.keep_steps and out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    return time.perf_counter() - t0
+
+
+def check_call(prefix_tokens, constraints):
+    """Refuse fairseq ``generate`` arguments our loop does not implement."""
+    if prefix_tokens is not None:
+        raise FairseqStreamError("--prefix-size is not supported by this --search yet")
+    if constraints is not None:
+        raise FairseqStreamError("--constraints is not supported by this --search")
 
 
 class BeamDecoder:
@@ -100,41 +100,28 @@ class BeamDecoder:
         max_len_a, max_len_b, min_len, normalize_scores, len_penalty,
         unk_penalty, temperature, no_repeat_ngram_size: as fairseq's
             ``SequenceGenerator``.
-        runner: ``fairseq`` (the reference), ``lean``, ``rnn`` or ``auto``;
-            see :func:`fairseq_stream.runners.build_runner`.
-        output_layer: ``torch`` (the reference), ``fused`` or ``auto``; see
-            :mod:`fairseq_stream.output_choice`.
-        keep_reference: ``auto`` runner and output layer stay on the
-            references (fairseq, torch); default: when the search is dense
-            (fixed width, ``--finalize fairseq``), whose promise is bitwise
-            identity with fairseq's SequenceGenerator. The promise needs
-            fairseq's runner: on another one (asked for by ``runner``), the
-            ``auto`` output layer is the fused one.
-        rnn_options: the rnn runner's tricks
-            (:class:`~fairseq_stream.runners.rnn.RnnOptions`; default: all on,
-            int16 off).
-        quantize: ``none``, ``int8`` (``int8w8``, ``int8w7``) or ``int16`` (``--quantize``): the
-            products on weights quantized at load; see
-            :func:`fairseq_stream.runners.build_runner`.
-        stack_members: the lean runner stacks an ensemble's members of one
-            shape (:mod:`fairseq_stream.runners.stacked`) where True, steps
-            them one after another where False; None (``--stack-members
-            auto``) stacks where their step is not compiled.
+        runner: a ready runner (``build.py`` hands one) or its name;
+        output_backend: the ready output backend (with a ready runner), or
+            None: chosen from ``output_layer``. The names (``runner``,
+            ``output_layer``, ``keep_reference``, ``rnn_options``,
+            ``quantize``, ``stack_members``): see :mod:`fairseq_stream.decoder_parts`.
     """
 
     def __init__(self, models, tgt_dict, beam_size: int = 5, finalize: str = "fairseq",
                  pruning: Optional[Pruning] = None, stats: Optional[DecodeStats] = None, max_len_a: float = 0,
                  max_len_b: int = 200, min_len: int = 1, normalize_scores: bool = True, len_penalty: float = 1.0,
                  unk_penalty: float = 0.0, temperature: float = 1.0, no_repeat_ngram_size: int = 0,
-                 runner: str = "fairseq", output_layer: str = "torch", keep_reference: Optional[bool] = None,
-                 rnn_options=None, quantize: str = "none",
-                 stack_members: Optional[bool] = None):
-        _check_rules(finalize, temperature)
-        # fairseq's exact arithmetic: every slot is a decoder row, as in SequenceGenerator.
-        self.dense = finalize == "fairseq" and not (pruning is not None and pruning.active)
-        self.keep_reference = self.dense if keep_reference is None else keep_reference
-        self.runner = build_runner(runner, models, temperature=temperature, keep_fairseq=self.keep_reference,
-                                   rnn_options=rnn_options, quantize=quantize, stack_members=stack_members)
+                 runner="fairseq", output_layer: str = "torch", keep_reference: Optional[bool] = None,
+                 rnn_options=None, quantize: str = "none", stack_members: Optional[bool] = None,
+                 output_backend: Optional[str] = None):
+        decoder_parts.check_rules(finalize, temperature)
+        self.dense = decoder_parts.is_dense(finalize, pruning)
+        self.keep_reference = decoder_parts.keeps_reference(finalize, pruning, keep_reference)
+        if isinstance(runner, str):  # names (tests, benchmarks): the parts as build.py makes them
+            runner, output_backend = decoder_parts.parts(
+                models, tgt_dict, beam_size, finalize, pruning, temperature, no_repeat_ngram_size, runner,
+                output_layer, keep_reference, rnn_options, quantize, stack_members)
+        self.runner, self.output_backend = runner, output_backend
         # Scores accumulate in the models' precision where it is float64
         # (exactness tests), in float32 otherwise (fairseq's log-softmax dtype).
         self.score_dtype = torch.float64 if self.runner.dtype == torch.float64 else torch.float32
@@ -143,6 +130,7 @@ class BeamDecoder:
         self.vocab_size = len(tgt_dict)
         self.beam_size = min(beam_size, self.vocab_size - 1)
         self.finalize = finalize
+        self.finalizer = finalizer(finalize, self.beam_size, self.eos)
         self.pruning = pruning or Pruning()
         self.stats = stats if stats is not None else DecodeStats()
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
@@ -150,17 +138,16 @@ class BeamDecoder:
         # An int: fairseq's LSTM reports a float (1e5), which made max_lengths() float.
         self.max_len = int(min(self.runner.max_decoder_positions(), 2 ** 62))
         self.shortest_max_len = self._shortest_max_len()
-        self.normalize_scores = normalize_scores
-        self.len_penalty = len_penalty
-        self.unk_penalty = unk_penalty
-        self.temperature = temperature
+        self.normalize_scores, self.len_penalty = normalize_scores, len_penalty
+        self.unk_penalty, self.temperature = unk_penalty, temperature
         self.symbols_to_strip_from_output = {self.eos}
         self._warned_cap = False
         self.repeat_ngram_blocker = _ngram_blocker(no_repeat_ngram_size)
         self.output_layer = check_output_layer(output_layer)
         self.no_repeat_ngram_size = no_repeat_ngram_size
-        self.output_backend = self._output_backend()
-        # The search runs in one compiled call where it can (_search_in_one_call);
+        if self.output_backend is None:
+            self.output_backend = self._output_backend()
+        # The search runs in one compiled call where it can (compiled_search.py);
         # False keeps the Python loop (the reference the tests compare it with).
         self.compiled_loop = True
 
@@ -180,31 +167,14 @@ class BeamDecoder:
 
     @property
     def candidates_per_row(self) -> int:
-        """How many candidates each decoder row contributes to its sentence's selection (fused layer).
-
-        A sentence's best k (``stay``) or 2k (``fairseq``) candidates are
-        among its rows' best k (2k). Greedy (k = 1, no pruning) needs only
-        the best: if it ends in EOS the sentence has its one hypothesis and
-        ends, else it is the next token.
-        """
-        k, V = self.beam_size, self.vocab_size
-        if self.finalize == "stay":
-            return min(k, V)
-        if k == 1 and not self.pruning.active:
-            return 1
-        return min(2 * k, V)
+        """How many candidates each decoder row contributes to its sentence's selection (fused layer):
+        :func:`fairseq_stream.candidates.per_row`."""
+        return per_row(self.beam_size, self.vocab_size, self.finalize, self.pruning.active)
 
     def _output_backend(self) -> str:
-        from fairseq_stream.runners.base import module_device
-        from fairseq_stream.runners.fairseq_runner import ModelRunner
-
-        device = module_device(self.runner.model)
-        # Bitwise fairseq needs fairseq's runner and output layer together: without the one, the other
-        # keeps nothing.
-        bitwise = self.keep_reference and isinstance(self.runner, ModelRunner)
-        return choose_backend(self.output_layer, self.runner, device, self.candidates_per_row,
-                              keep_reference=bitwise,
-                              no_repeat_ngram_size=self.no_repeat_ngram_size)
+        """The output backend for this decoder's runner on its models' device (:mod:`.decoder_parts`)."""
+        return decoder_parts.output_backend(self.runner, self.output_layer, self.keep_reference,
+                                            self.candidates_per_row, self.no_repeat_ngram_size)
 
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
         """Translate a fairseq sample; one list of hypotheses per sentence, in sample order."""
@@ -221,110 +191,25 @@ class BeamDecoder:
         return [released(results[i]) for i in range(len(results))]
 
     def _search_in_one_call(self, net_input, bos_token) -> Optional[Dict[int, List[Dict[str, Tensor]]]]:
-        """The search by the runner's compiled loop (``greedy_decode``, ``beam_decode``), or None.
-
-        The hypotheses the Python loop makes, bitwise (tests/test_search_loop.py):
-        the loop's words and cumulative scores, made into hypotheses, scored
-        and ordered by ``_hypotheses``' and ``_score_finalized``'s arithmetic.
-        None (the Python loop runs) for an empty source, pruning or
-        ``--finalize stay``, a beam of more than V - 3 words, the n-gram blocker, the reference output layer,
-        per-step statistics, or a runner without the loops.
-        """
-        src = net_input["src_tokens"]
-        # The compiled loop extends live slots only: exact while the first step has k words to fill the beam
-        # with (at most PAD, EOS and UNK are -inf there); a wider beam takes the Python loop, which extends
-        # every slot as fairseq does (_next_beam).
-        if not (self.compiled_loop and self.dense and self.finalize == "fairseq" and self.output_backend == "cpu"
-                and self.beam_size <= self.vocab_size - 3
-                and self.repeat_ngram_blocker is None and not self.stats.keep_steps
-                and self.score_dtype == torch.float32 and hasattr(self.runner, "beam_decode") and src.size(0) > 0
-                and bool((src.ne(self.eos) & src.ne(self.pad)).any(dim=1).all())):
+        """The batch's search in one compiled call where :mod:`fairseq_stream.compiled_search` applies, else None
+        (the Python loop runs)."""
+        if not compiled_search.applies(self, net_input["src_tokens"]):
             return None
-        rules = dict(bos=self.eos if bos_token is None else bos_token, max_lens=self.max_lengths(src).tolist(),
-                     min_len=self.min_len, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty)
-        if self.beam_size == 1:
-            found = self.runner.greedy_decode(net_input, **rules)
-        else:
-            found = self.runner.beam_decode(net_input, k=self.beam_size, n=self.candidates_per_row, **rules)
-        if found is None:
-            return None
-        per_sentence, steps = found
-        scored = self._score_finalized([[self._finalized_hypothesis(words, sums) for words, sums in finalized]
-                                        for finalized in per_sentence])
-        self._count_steps(steps)
-        return {s: hyp.best_first(hyps, values) for s, (hyps, values) in enumerate(scored)}
+        return compiled_search.search(self, net_input, bos_token)
 
-    @staticmethod
-    def _finalized_hypothesis(words: Tensor, cumulative: Tensor) -> Dict[str, Tensor]:
-        """A hypothesis from a compiled loop's words and running sums, as ``_finalize_fairseq`` makes it."""
-        positional = cumulative.clone()
-        positional[1:] = positional[1:] - positional[:-1]
-        return dict(hyp.hypothesis(words, positional), _final=cumulative[-1])
-
-    def _count_steps(self, lengths: List[int]):
-        """The statistics of the Python loop's steps for sentences that ran ``lengths`` steps: at step t
-        every sentence still running holds its k rows."""
-        for length in range(1, max(lengths) + 1):
-            self.stats.add_step(length, self.beam_size * sum(n >= length for n in lengths), 0.0)
-
-    @staticmethod
-    def check_call(prefix_tokens, constraints):
-        """Refuse fairseq ``generate`` arguments our loop does not implement."""
-        if prefix_tokens is not None:
-            raise FairseqStreamError("--prefix-size is not supported by this --search yet")
-        if constraints is not None:
-            raise FairseqStreamError("--constraints is not supported by this --search")
+    check_call = staticmethod(check_call)
 
     def max_lengths(self, src_tokens: Tensor) -> Tensor:
-        """Each sentence's maximum output length, as fairseq computes it for this batch."""
-        # fairseq bounds the length by the batch's padded source length.
-        max_lens = torch.full((src_tokens.size(0),), src_tokens.size(1), dtype=torch.long,
-                              device=src_tokens.device)
-        max_lens = (max_lens.float() * self.max_len_a + self.max_len_b).long()
-        capped = int(max_lens.gt(self.max_len - 1).sum())
-        if capped and not self._warned_cap:
-            # fairseq caps silently; say so once, since it can truncate translations.
-            logger.warning(
-                "fairseq-stream: --max-len-a/-b allow longer outputs than the model's %d "
-                "positions; outputs are capped at %d tokens", self.max_len, self.max_len - 1)
-            self._warned_cap = True
-        max_lens = max_lens.clamp(max=self.max_len - 1)
-        if (max_lens < self.min_len).any():
-            raise FairseqStreamError("--min-len is larger than the maximum length; adjust --max-len-a/-b")
+        """Each sentence's maximum output length, as fairseq computes it for this batch (:mod:`.lengths`)."""
+        max_lens, self._warned_cap = lengths.max_lengths(src_tokens, self.max_len_a, self.max_len_b, self.min_len,
+                                                         self.max_len, self._warned_cap)
         return max_lens
 
     # -- the loop ----------------------------------------------------------
 
     def open(self, net_input, ids: Optional[Tensor] = None, bos_token=None) -> Cohort:
         """Encode a fairseq batch into a cohort at step 0; ``ids`` name its sentences (default 0..S-1)."""
-        src_tokens = net_input["src_tokens"]
-        device = src_tokens.device
-        k = self.beam_size
-        S0 = src_tokens.size(0)
-        if ids is None:
-            ids = torch.arange(S0, device=device)
-        src_lengths = (src_tokens.ne(self.eos) & src_tokens.ne(self.pad)).long().sum(dim=1)
-        max_lens = self.max_lengths(src_tokens)
-        max_steps = int(max_lens.max().item()) if S0 else 0
-        state = self.runner.start(net_input, k if self.dense else 1, ids)
-        tokens = torch.full((S0 * k, max_steps + 2), self.pad, dtype=torch.long, device=device)
-        tokens[:, 0] = self.eos if bos_token is None else bos_token
-        live = torch.zeros(S0, k, dtype=torch.bool, device=device)
-        live[:, 0] = True
-        cohort = Cohort(
-            k=k, pad=self.pad, step=0, ids=ids.to(device),
-            tokens=tokens,
-            scores=torch.zeros(S0 * k, max_steps + 1, dtype=self.score_dtype, device=device),
-            live=live,
-            done_len=torch.zeros(S0, k, dtype=torch.long, device=device),
-            max_lens=max_lens,
-            empty=src_lengths.eq(0),
-            best_finished=torch.full((S0,), -math.inf, dtype=self.score_dtype, device=device),
-            run_rows=torch.empty(0, dtype=torch.long, device=device),
-            state=state,
-        )
-        cohort.run_rows = self._run_rows(live)
-        return cohort
+        return open_cohort(self, net_input, ids, bos_token)
 
     def advance(self, c: Cohort) -> Dict[int, List[Dict[str, Tensor]]]:
         """One decoder step for every sentence of ``c``, in place.
@@ -342,7 +227,7 @@ class BeamDecoder:
         else:
             prefixes = c.tokens[:, : c.step + 1] if self.dense else c.tokens[c.run_rows, : c.step + 1]
             out, _ = self.runner.step(c.state, prefixes, self.fused)
-        self.stats.add_step(c.longest + 1, c.rows, self._since(t0, out))
+        self.stats.add_step(c.longest + 1, c.rows, _since(self.stats, t0, out))
         return self.update(c, out)
 
     @property
@@ -398,7 +283,7 @@ class BeamDecoder:
             out, _ = self.runner.step_mixed([c.state for c in cohorts], last, [c.step + 1 for c in cohorts],
                                             self.fused)
         rows = sum(c.rows for c in cohorts)
-        self.stats.add_step(max(c.longest for c in cohorts) + 1, rows, self._since(t0, out))
+        self.stats.add_step(max(c.longest for c in cohorts) + 1, rows, _since(self.stats, t0, out))
         finished, start = {}, 0
         for c in cohorts:
             end = start + c.rows
@@ -411,16 +296,6 @@ class BeamDecoder:
     def fused(self) -> bool:
         """Whether steps go through the fused output layer (the runner then returns logits)."""
         return self.output_backend != "torch"
-
-    def _since(self, t0: float, out) -> float:
-        """Seconds since ``t0`` for the step that produced ``out`` (a tensor or a list of them)."""
-        if isinstance(out, list):
-            out = out[0]
-        # CUDA calls return before the GPU is done; the per-step times kept
-        # for plots (Figure 2) would otherwise measure only kernel launches.
-        if self.stats.keep_steps and out.is_cuda:
-            torch.cuda.synchronize(out.device)
-        return time.perf_counter() - t0
 
     def update(self, c: Cohort, lprobs) -> Dict[int, List[Dict[str, Tensor]]]:
         """The search step of ``c`` given the decoder's output for its run rows (in place).
@@ -450,39 +325,15 @@ class BeamDecoder:
         ids = summary[S: 2 * S]
         ending = [s for s in range(S) if summary[s] & 1] if any(summary[:S]) else []
         if self.finalize == "fairseq":
-            self._finalize_fairseq(step_out.sel, c, ids, summary[2 * S: 3 * S])
-        results = self._finished(c, step_out, ending, ids, summary) if ending else {}
+            self.finalizer.after_step(step_out.sel, c, ids, summary[2 * S: 3 * S])
+        results = self.finalizer.finished(c, step_out, ending, ids, summary, self.scores) if ending else {}
         rows = summary[-S:] if per_sentence else None
-        self._next_beam(c, step_out, ending, summary[-S - 1] if per_sentence else summary[-1], rows)
+        next_beam(self, c, step_out, ending, summary[-S - 1] if per_sentence else summary[-1], rows)
         return results
 
     def _candidates(self, c: Cohort, lprobs):
-        """(cand, local, word_of, per_slot): each sentence's candidate scores (sentences, slots x per_slot),
-        their single-word log-probabilities, the word of each candidate (None: its index mod V)."""
-        k, V, S, step = self.beam_size, self.vocab_size, c.size, c.step
-        if self.fused:
-            return self._fused_candidates(c, lprobs)
-        lprobs = self._constrain(c, lprobs)
-        if step == 0 and self.dense:
-            # All slots hold the same start: extend slot 0 only (as fairseq).
-            cand = self._nan_to_neg_inf_(lprobs.view(S, k, V)[:, 0, :])
-            return cand, cand, None, V
-        if self.dense:
-            # In place: nothing reads the log-probabilities of single words
-            # here (dense means no pruning heuristic, the only reader).
-            cand = self._nan_to_neg_inf_(lprobs.add_(c.scores[:, step - 1: step]).view(S, k * V))
-            return cand, cand, None, V
-        # Each row's best candidates first: a sentence's best k (2k for
-        # fairseq's rule) are among its rows' best k (2k), so selection
-        # then works on (sentences, k x n) instead of x V. Each row goes
-        # to its own slot (empty slots hold -inf), so that a candidate's
-        # slot is its index // n and no count of live rows is read back.
-        n = self.candidates_per_row
-        row_scores = lprobs + c.scores[c.run_rows, step - 1: step] if step > 0 else lprobs
-        top_scores, top_words = torch.topk(self._nan_to_neg_inf_(row_scores), k=n, dim=1)
-        top_local = self._nan_to_neg_inf_(lprobs.gather(1, top_words))
-        cand, local, word_of = self._by_slot(S, c.run_rows, top_scores, top_local, top_words)
-        return cand, local, word_of, n
+        """(cand, local, word_of, per_slot) of ``c``'s step: :func:`fairseq_stream.candidates.candidates`."""
+        return candidates(self, c, lprobs)
 
     def _select(self, c: Cohort, cand, local, word_of, per_slot):
         """The finalization rule's selection over the candidates (``stay_step`` or ``fairseq_step``)."""
@@ -494,253 +345,21 @@ class BeamDecoder:
         # counts the finalized ones instead (see fairseq_step): the count
         # travels with the sentence when cohorts split or join.
         step_out = fairseq_step(cand, local, k, per_slot, self.eos, self.pruning, c.step, c.done_len,
-                                c.best_finished, c.max_lens, c.empty, c.ids, word_of, ignore=self._ignore(c))
+                                c.best_finished, c.max_lens, c.empty, c.ids, word_of, ignore=ignore_ranks(self, c))
         c.best_finished = step_out.best_finished
         return step_out
 
-    def _ignore(self, c: Cohort) -> Optional[Tensor]:
-        """fairseq's ranks to ignore this step (:func:`~fairseq_stream.search.selection.forced_eos_ranks`), or
-        None: only a dense beam of V - 1 slots can have been forced to take an EOS."""
-        if not (self.dense and self.beam_size >= self.vocab_size - 1 and c.step > 0):
-            return None
-        S, k = c.size, self.beam_size
-        return forced_eos_ranks(c.tokens[:, c.step].view(S, k), c.scores[:, c.step - 1].view(S, k), self.eos)
-
-    def _finished(self, c: Cohort, step_out, ending: List[int], ids: List[int], summary: List[int]):
-        """{id: hypotheses, best first} of the sentences ``ending`` this step."""
-        ending_rows = self._compact(step_out.finished_now, len(ending))
-        if self.finalize == "stay":
-            collected = self._collect_stay(ending_rows, step_out.sel, step_out.done_len, c)
-        else:
-            collected = self._score_finalized([c.finalized.pop(ids[s], []) for s in ending])
-        results: Dict[int, List[Dict[str, Tensor]]] = {}
-        for s, (hyps, values) in zip(ending, collected):
-            if summary[s] & 2:
-                # Empty sources get an empty hypothesis (fairseq would
-                # translate the lone EOS into something).
-                hyps, values = [self.empty_hypothesis(c.tokens.device)], [0.0]
-            results[ids[s]] = hyp.best_first(hyps, values)
-        return results
-
-    def _next_beam(self, c: Cohort, step_out, ending: List[int], n_live: int, live_rows: Optional[List[int]] = None):
-        """Move ``c`` to the next step: slot j of sentence s continues slot ``flat_parent``; ended sentences
-        leave; the runner's rows follow (``live_rows``: each sentence's live rows, where the runner takes
-        them)."""
-        device, k, S, step = c.tokens.device, self.beam_size, c.size, c.step
-        sel, flat_parent, extended = step_out.sel, step_out.flat_parent, step_out.extended
-        if self.dense:
-            # As fairseq: every slot takes the candidate picked for it, also one that cannot go on (-inf where
-            # the beam is wider than the words at step 0, or an EOS forced in); left as it was, the slot would
-            # extend its old prefix (padding, score 0) and outrank every real hypothesis.
-            extended = torch.ones_like(extended)
-        new_token, new_score = sel.token.view(-1), sel.score.view(-1)
-        tokens, scores, live, done_len, run_rows = c.tokens, c.scores, sel.live, step_out.done_len, c.run_rows
-        if ending:
-            keep = self._compact(~step_out.finished_now, S - len(ending))
-            rows_keep = (keep.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
-            flat_parent = flat_parent.index_select(0, rows_keep)
-            # Whole rows in one copy: the columns not written yet are padding in every row.
-            tokens, scores = tokens.index_select(0, flat_parent), scores.index_select(0, flat_parent)
-            extended, new_token, new_score = (t.index_select(0, rows_keep) for t in (extended, new_token, new_score))
-            live, done_len = live.index_select(0, keep), done_len.index_select(0, keep)
-            c.ids, c.max_lens = c.ids.index_select(0, keep), c.max_lens.index_select(0, keep)
-            c.empty, c.best_finished = c.empty.index_select(0, keep), c.best_finished.index_select(0, keep)
-            if c.mixed:
-                gone = set(ending)
-                c.start = c.start.index_select(0, keep)
-                c.start_host = [a for s, a in enumerate(c.start_host) if s not in gone]
-            tokens[:, step + 1] = torch.where(extended, new_token, tokens[:, step + 1])
-            scores[:, step] = torch.where(extended, new_score, scores[:, step])
-        else:
-            # In place; only the columns written so far need moving.
-            reorder_beam_(tokens, scores, flat_parent, extended, new_token, new_score, step)
-        c.tokens, c.scores, c.live, c.done_len = tokens, scores, live, done_len
-        c.step = step + 1
-        if ending or not self.dense:  # dense, no sentence gone: every row still runs, in order
-            c.run_rows = self._run_rows(live, None if self.dense else n_live)
-        if self.dense:
-            order = flat_parent  # every slot is a runner row
-        else:
-            # The runner holds one row per previous run row.
-            prev_row = torch.full((S * k,), -1, dtype=torch.long, device=device)
-            prev_row.index_copy_(0, run_rows, torch.arange(run_rows.numel(), device=device))
-            order = prev_row.index_select(0, flat_parent.index_select(0, c.run_rows))
-        # One row per sentence (greedy) and none gone: every row continues itself, nothing to move.
-        if c.size and not (self.dense and k == 1 and not ending):
-            if getattr(self.runner, "sync_free", False):
-                # The runner moves its rows by each sentence's count instead of reading them back.
-                gone = set(ending)
-                rows = [0 if s in gone else (k if self.dense else live_rows[s]) for s in range(S)]
-                self.runner.reorder(c.state, order, sentence_rows=rows)
-            else:
-                self.runner.reorder(c.state, order)
-
-    def _fused_candidates(self, c: Cohort, logits: List[Tensor]):
-        """``update``'s candidates from the models' logits by the fused output layer.
-
-        The same candidates as the reference path (each row's best n by
-        cumulative score, in one (S, k x n) layout with -inf for rows not
-        run), but the log-softmax, the rules and the top-n are one kernel
-        call over the logits, and only (rows, n) values come back.
-
-        Returns:
-            (cand, local, word_of, per_slot) as ``update`` uses them.
-        """
-        k, S, step, n = self.beam_size, c.size, c.step, self.candidates_per_row
-        rows = c.run_rows
-        if step == 0 and self.dense:
-            # All slots hold the same start: extend slot 0 only (as fairseq).
-            logits = [x[::k] for x in logits]
-            rows = rows[::k]
-        force_eos = None
-        if step >= self.shortest_max_len:
-            force_eos = c.max_lens.le(step).index_select(0, rows // k)
-        # The arguments are the decoder's own and keep their kinds from step to step.
-        out = self.top_candidates(logits, n, ban_eos=step < self.min_len, force_eos=force_eos, check=step == 0)
-        top_local = out.values
-        if step == 0 and self.dense and n >= self.vocab_size:
-            # Every word of slot 0: fairseq's first step takes the best V - 1 (a beam of V - 1 then takes the
-            # last one even if it is an EOS), so none of the other slots' -inf may stand in for them.
-            m = self.vocab_size - 1
-            return top_local[:, :m], top_local[:, :m], out.indices[:, :m], m
-        if self.dense and step > 0:  # every slot is a run row, in order: a slice, not a gather
-            top_scores = top_local + c.scores[:, step - 1 : step]
-            return top_scores.view(S, k * n), top_local.view(S, k * n), out.indices.view(S, k * n), n
-        top_scores = top_local + c.scores[rows, step - 1 : step] if step > 0 else top_local
-        return (*self._by_slot(S, rows, top_scores, top_local, out.indices), n)
-
     def top_candidates(self, logits, n: int, ban_eos=None, force_eos: Optional[Tensor] = None,
                        check: bool = True) -> OutputLayerResult:
-        """Each row's ``n`` best words and their log-probabilities from the models' ``logits``: the fused layer.
-
-        fairseq's step rules with this decoder's settings (PAD never chosen,
-        ``--unkpen``, ``--temperature``), EOS banned where ``ban_eos`` (True
-        or a row mask: below ``--min-len``) and forced where ``force_eos`` (a
-        row mask: at the maximum length), on this decoder's output backend;
-        ``check``: validate the arguments (see
-        :func:`~fairseq_stream.ops.topk_log_softmax`). Jacobi's windows use it
-        to keep greedy's rules.
-        """
-        return topk_log_softmax(logits, n, pad=self.pad, eos=self.eos, unk=self.unk, unk_penalty=self.unk_penalty,
-                                temperature=self.temperature, ban_eos=ban_eos, force_eos=force_eos,
-                                backend=self.output_backend, check=check)
-
-    def _by_slot(self, S: int, rows: Tensor, top_scores: Tensor, top_local: Tensor, top_words: Tensor):
-        """Each run row's n candidates moved to its beam slot: (cand, local, word_of), each (S, k x n).
-
-        Slots not run hold -inf candidates, so that a candidate's slot is its
-        index // n and no count of live rows is read back.
-        """
-        k, n = self.beam_size, top_scores.size(1)
-        cand = top_scores.new_full((S * k, n), -math.inf).index_copy_(0, rows, top_scores)
-        local = top_local.new_zeros((S * k, n)).index_copy_(0, rows, top_local)
-        word_of = top_words.new_zeros((S * k, n)).index_copy_(0, rows, top_words)
-        return cand.view(S, k * n), local.view(S, k * n), word_of.view(S, k * n)
-
-    def _constrain(self, c: Cohort, lprobs: Tensor) -> Tensor:
-        """``lprobs`` in the score type with fairseq's rules applied (pad, --unkpen, lengths, n-grams).
-
-        NaNs are left for the caller, which turns them into -inf on the
-        candidates it builds anyway (one pass over the vocabulary fewer).
-        """
-        step = c.step
-        at_max = None
-        if step >= self.shortest_max_len:
-            # Sentences at their maximum length may only end.
-            at_max = c.max_lens.le(step).index_select(0, c.run_rows // self.beam_size)
-        lprobs = apply_step_rules(lprobs.to(self.score_dtype), self.pad, self.eos, self.unk, self.unk_penalty, at_max,
-                                  step < self.min_len)
-        if self.repeat_ngram_blocker is not None:
-            rows = c.run_rows.numel()
-            lprobs = self.repeat_ngram_blocker(c.tokens[c.run_rows], lprobs, rows, 1, step)
-        return lprobs
+        """Each row's ``n`` best words from the models' ``logits`` by this decoder's rules and output backend
+        (:func:`fairseq_stream.candidates.top_candidates`; Jacobi's windows use it too)."""
+        return top_candidates(self, logits, n, ban_eos, force_eos, check)
 
     def _shortest_max_len(self) -> int:
-        """A lower bound on every sentence's maximum length (:meth:`max_lengths`), known on the host.
+        """A lower bound on every sentence's maximum length, known on the host (:mod:`.lengths`)."""
+        return lengths.shortest_max_len(self.max_len_a, self.max_len_b, self.max_len)
 
-        Below it no sentence can be at its maximum length, and the step skips
-        the masking of rows, a pass over the vocabulary. Computed once, in
-        the constructor: it depends only on the length options.
-        """
-        a, b = self.max_len_a, self.max_len_b
-        if not a >= 0:
-            return 0
-        try:
-            # max_lengths: (width * a + b) in float32, truncated, and width * a >= 0.
-            floor = int(struct.unpack("f", struct.pack("f", b))[0])
-        except (OverflowError, ValueError, struct.error):
-            return 0
-        return min(floor, self.max_len - 1)
-
-    @staticmethod
-    def _nan_to_neg_inf_(t: Tensor) -> Tensor:
-        """``t`` with NaN replaced by -inf, in place (as fairseq's ``lprobs[lprobs != lprobs]``, without its sync)."""
-        return t.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-
-    # ``mask.nonzero()`` without its host sync where the caller knows the count.
-    _compact = staticmethod(compact)
-
-    def _run_rows(self, live, n_live: Optional[int] = None):
-        """Rows to run through the decoder: all slots when dense, else the ``n_live`` live ones.
-
-        Without ``n_live`` (a new cohort) the live rows are counted, a host sync.
-        """
-        if self.dense:
-            return torch.arange(live.numel(), device=live.device)
-        if n_live is None:
-            return live.view(-1).nonzero().flatten()
-        return self._compact(live, n_live)
-
-    # -- finalization bookkeeping ------------------------------------------
-
-    def _finalize_fairseq(self, sel, c: Cohort, ids, n_final):
-        """Store the EOS hypotheses ``select_fairseq`` finalized in ``c``'s step, at most k per sentence.
-
-        ``ids`` and ``n_final`` (how many each sentence finalized) are the
-        host's copy from the step's read. Nothing is read back here: each
-        hypothesis keeps its cumulative score on the device (``_final``) and
-        is scored when its sentence ends (:meth:`_score_finalized`).
-        """
-        total = sum(n_final)
-        if not total:
-            return
-        k, step, finalized = self.beam_size, c.step, c.finalized
-        flat = self._compact(sel.eos_mask, total)  # by sentence, then rank
-        rows = (flat // k) * k + sel.top_slot.reshape(-1).index_select(0, flat)
-        final = sel.top_score.reshape(-1).index_select(0, flat)
-        if c.mixed:
-            # Each hypothesis' length from its own sentence's start.
-            lens = [step + 1 - c.start_host[s] for s, count in enumerate(n_final) for _ in range(count)]
-            starts = c.start.index_select(0, flat // k)
-            # The lengths on the device from the starts there (not a copy of the host's list).
-            hyps = self._hypotheses(rows, step + 1 - starts, lens, final, c.tokens, c.scores, starts)
-        else:
-            hyps = self._hypotheses(rows, torch.full_like(rows, step + 1), [step + 1] * total, final, c.tokens,
-                                    c.scores)
-        p = 0
-        for s, n in enumerate(n_final):
-            if n:
-                kept = finalized.setdefault(ids[s], [])
-                for q in range(p, p + n):
-                    if len(kept) < k:
-                        hyps[q]["_final"] = final[q]
-                        kept.append(hyps[q])
-                p += n
-
-    def _score_finalized(self, per_sentence):
-        """Score the stored hypotheses of sentences that end (one read for all); [(hyps, scores)]."""
-        pending = [h for hyps in per_sentence for h in hyps]
-        if not pending:
-            return [(hyps, []) for hyps in per_sentence]
-        finals = read_host(torch.stack([h.pop("_final") for h in pending]))
-        values, scores = self.scores(finals, [h["tokens"].numel() for h in pending])
-        for h, score in zip(pending, scores):
-            h["score"] = score
-        out, start = [], 0
-        for hyps in per_sentence:
-            out.append((hyps, values[start : start + len(hyps)]))
-            start += len(hyps)
-        return out
+    # -- scoring (the finalizer's scorer; Jacobi's too) ---------------------
 
     def scores(self, finals: List[float], lens: List[int]) -> Tuple[List[float], List[Tensor]]:
         """This search's hypothesis scores from cumulative ones: the values on the host (to rank by) and
@@ -756,71 +375,3 @@ class BeamDecoder:
     def empty_hypothesis(self, device) -> Dict[str, Tensor]:
         """The hypothesis of an empty source."""
         return hyp.empty_hypothesis(self.eos, device)
-
-    def _hypotheses(self, rows: Tensor, lengths: Tensor, lens: List[int], final: Tensor, tokens: Tensor,
-                    scores: Tensor, starts: Optional[Tensor] = None):
-        """fairseq hypotheses for the prefixes in ``rows`` ending with EOS, all in one go, unscored.
-
-        Args:
-            rows: (P,) rows of ``tokens``/``scores`` holding the prefixes.
-            lengths: (P,) each hypothesis' length, its EOS included.
-            lens: the same lengths on the host.
-            final: (P,) each one's cumulative score, its EOS included.
-            starts: (P,) the column where each prefix begins (a cohort of
-                mixed lengths, :meth:`Cohort.merge`); None: column 0.
-
-        A handful of tensor operations for all P hypotheses and no host sync:
-        built one by one they cost several kernel launches and host syncs
-        each, which on a GPU was a fifth of a var-batch pass
-        (docs/BENCHMARKS.md). The caller sets ``score``.
-        """
-        if not lens:
-            return []
-        width = max(lens)
-        last = (lengths - 1).unsqueeze(1)
-        if starts is None:
-            hyp_tokens = tokens[:, 1 : width + 1].index_select(0, rows)
-            pos = scores[:, :width].index_select(0, rows)
-        else:
-            # Each prefix's own columns; past a shorter prefix's end, columns are clamped (and cut off below).
-            cols = starts.unsqueeze(1) + torch.arange(width, device=rows.device)
-            hyp_tokens = tokens.index_select(0, rows).gather(1, (cols + 1).clamp(max=tokens.size(1) - 1))
-            pos = scores.index_select(0, rows).gather(1, cols.clamp(max=scores.size(1) - 1))
-        hyp_tokens.scatter_(1, last, self.eos)
-        pos.scatter_(1, last, final.to(pos.dtype).unsqueeze(1))
-        pos[:, 1:] = pos[:, 1:] - pos[:, :-1]
-        # No attention history is kept: nothing reads it without
-        # --print-alignment, which these searches refuse.
-        return [hyp.hypothesis(hyp_tokens[p, :length], pos[p, :length]) for p, length in enumerate(lens)]
-
-    def _collect_stay(self, ending: Tensor, sel, done_len: Tensor, c: Cohort):
-        """For each sentence in ``ending`` (of ``c``), the finished entries of its final beam as fairseq hypotheses.
-
-        Returns [(hypotheses, their scores on the host)], one per sentence;
-        one read for all of them.
-        """
-        k, tokens, scores = self.beam_size, c.tokens, c.scores
-        done = sel.done.index_select(0, ending)
-        length = done_len.index_select(0, ending)
-        if c.mixed:
-            # done_len holds the column after each hypothesis' EOS: its length from its own start (only the
-            # finished entries' lengths are read).
-            length = length - c.start.index_select(0, ending).unsqueeze(1)
-        final = sel.score.index_select(0, ending)
-        # Lengths and float32 scores are exact in the score type.
-        flags, lens, finals = read_host(torch.stack([done.to(final.dtype), length.to(final.dtype), final]).view(3, -1))
-        picked = [i for i, flag in enumerate(flags) if flag]
-        flat = self._compact(done, len(picked))
-        sentence = ending.index_select(0, flat // k)
-        rows = sentence * k + sel.parent.reshape(-1).index_select(0, sentence * k + flat % k)
-        hyp_lens = [int(lens[i]) for i in picked]
-        hyps = self._hypotheses(rows, length.view(-1).index_select(0, flat), hyp_lens,
-                                final.view(-1).index_select(0, flat), tokens, scores,
-                                c.start.index_select(0, sentence) if c.mixed else None)
-        values, score_tensors = self.scores([finals[i] for i in picked], hyp_lens)
-        collected = [([], []) for _ in range(ending.numel())]
-        for i, h, value, score in zip(picked, hyps, values, score_tensors):
-            h["score"] = score
-            collected[i // k][0].append(h)
-            collected[i // k][1].append(value)
-        return collected

@@ -1,0 +1,118 @@
+"""How a cohort opens and moves from one step to the next: the bookkeeping around the search's choice.
+
+:func:`open_cohort` encodes a batch into a cohort at step 0;
+:func:`next_beam` moves a cohort past a search step (slots follow their
+parents, ended sentences leave, the runner's rows follow). Functions of the
+decoder (:class:`~fairseq_stream.decoder.BeamDecoder`), which reads the
+step's summary and calls them; what they read of it: ``beam_size``,
+``dense``, ``pad``, ``eos``, ``score_dtype``, ``max_lengths`` and its
+``runner`` (``start``, ``reorder``, ``sync_free``).
+"""
+
+import math
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+from fairseq_stream.cohort import Cohort
+from fairseq_stream.ops.beam_step import reorder_beam_
+from fairseq_stream.ops.packing import compact
+
+
+def open_cohort(d, net_input, ids: Optional[Tensor] = None, bos_token=None) -> Cohort:
+    """Encode a fairseq batch into a cohort at step 0; ``ids`` name its sentences (default 0..S-1)."""
+    src_tokens = net_input["src_tokens"]
+    device = src_tokens.device
+    k = d.beam_size
+    S0 = src_tokens.size(0)
+    if ids is None:
+        ids = torch.arange(S0, device=device)
+    src_lengths = (src_tokens.ne(d.eos) & src_tokens.ne(d.pad)).long().sum(dim=1)
+    max_lens = d.max_lengths(src_tokens)
+    max_steps = int(max_lens.max().item()) if S0 else 0
+    state = d.runner.start(net_input, k if d.dense else 1, ids)
+    tokens = torch.full((S0 * k, max_steps + 2), d.pad, dtype=torch.long, device=device)
+    tokens[:, 0] = d.eos if bos_token is None else bos_token
+    live = torch.zeros(S0, k, dtype=torch.bool, device=device)
+    live[:, 0] = True
+    cohort = Cohort(
+        k=k, pad=d.pad, step=0, ids=ids.to(device),
+        tokens=tokens,
+        scores=torch.zeros(S0 * k, max_steps + 1, dtype=d.score_dtype, device=device),
+        live=live,
+        done_len=torch.zeros(S0, k, dtype=torch.long, device=device),
+        max_lens=max_lens,
+        empty=src_lengths.eq(0),
+        best_finished=torch.full((S0,), -math.inf, dtype=d.score_dtype, device=device),
+        run_rows=torch.empty(0, dtype=torch.long, device=device),
+        state=state,
+    )
+    cohort.run_rows = rows_to_run(d.dense, live)
+    return cohort
+
+
+def next_beam(d, c: Cohort, step_out, ending: List[int], n_live: int, live_rows: Optional[List[int]] = None):
+    """Move ``c`` to the next step: slot j of sentence s continues slot ``flat_parent``; ended sentences
+    leave; the runner's rows follow (``live_rows``: each sentence's live rows, where the runner takes
+    them)."""
+    device, k, S, step = c.tokens.device, d.beam_size, c.size, c.step
+    sel, flat_parent, extended = step_out.sel, step_out.flat_parent, step_out.extended
+    if d.dense:
+        # As fairseq: every slot takes the candidate picked for it, also one that cannot go on (-inf where
+        # the beam is wider than the words at step 0, or an EOS forced in); left as it was, the slot would
+        # extend its old prefix (padding, score 0) and outrank every real hypothesis.
+        extended = torch.ones_like(extended)
+    new_token, new_score = sel.token.view(-1), sel.score.view(-1)
+    tokens, scores, live, done_len, run_rows = c.tokens, c.scores, sel.live, step_out.done_len, c.run_rows
+    if ending:
+        keep = compact(~step_out.finished_now, S - len(ending))
+        rows_keep = (keep.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
+        flat_parent = flat_parent.index_select(0, rows_keep)
+        # Whole rows in one copy: the columns not written yet are padding in every row.
+        tokens, scores = tokens.index_select(0, flat_parent), scores.index_select(0, flat_parent)
+        extended, new_token, new_score = (t.index_select(0, rows_keep) for t in (extended, new_token, new_score))
+        live, done_len = live.index_select(0, keep), done_len.index_select(0, keep)
+        c.ids, c.max_lens = c.ids.index_select(0, keep), c.max_lens.index_select(0, keep)
+        c.empty, c.best_finished = c.empty.index_select(0, keep), c.best_finished.index_select(0, keep)
+        if c.mixed:
+            gone = set(ending)
+            c.start = c.start.index_select(0, keep)
+            c.start_host = [a for s, a in enumerate(c.start_host) if s not in gone]
+        tokens[:, step + 1] = torch.where(extended, new_token, tokens[:, step + 1])
+        scores[:, step] = torch.where(extended, new_score, scores[:, step])
+    else:
+        # In place; only the columns written so far need moving.
+        reorder_beam_(tokens, scores, flat_parent, extended, new_token, new_score, step)
+    c.tokens, c.scores, c.live, c.done_len = tokens, scores, live, done_len
+    c.step = step + 1
+    if ending or not d.dense:  # dense, no sentence gone: every row still runs, in order
+        c.run_rows = rows_to_run(d.dense, live, None if d.dense else n_live)
+    if d.dense:
+        order = flat_parent  # every slot is a runner row
+    else:
+        # The runner holds one row per previous run row.
+        prev_row = torch.full((S * k,), -1, dtype=torch.long, device=device)
+        prev_row.index_copy_(0, run_rows, torch.arange(run_rows.numel(), device=device))
+        order = prev_row.index_select(0, flat_parent.index_select(0, c.run_rows))
+    # One row per sentence (greedy) and none gone: every row continues itself, nothing to move.
+    if c.size and not (d.dense and k == 1 and not ending):
+        if getattr(d.runner, "sync_free", False):
+            # The runner moves its rows by each sentence's count instead of reading them back.
+            gone = set(ending)
+            rows = [0 if s in gone else (k if d.dense else live_rows[s]) for s in range(S)]
+            d.runner.reorder(c.state, order, sentence_rows=rows)
+        else:
+            d.runner.reorder(c.state, order)
+
+
+def rows_to_run(dense: bool, live, n_live: Optional[int] = None):
+    """Rows to run through the decoder: all slots when dense, else the ``n_live`` live ones.
+
+    Without ``n_live`` (a new cohort) the live rows are counted, a host sync.
+    """
+    if dense:
+        return torch.arange(live.numel(), device=live.device)
+    if n_live is None:
+        return live.view(-1).nonzero().flatten()
+    return compact(live, n_live)
