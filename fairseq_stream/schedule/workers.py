@@ -362,6 +362,7 @@ class WorkersGenerator:
         self._ahead = None  # None: not decided; False: decode here; else the results of the look-ahead
         self._done = {}  # sentence id -> hypotheses, fairseq-generate's look-ahead
         self._expected = deque()  # fairseq-interactive: (sample, its results' iterator) announced
+        self._sigint = None  # the SIGINT handler before ours, while ours is installed
         _listening.add(self)
 
     @property
@@ -410,7 +411,25 @@ class WorkersGenerator:
         if self._workers is None:
             self._workers = Workers(self.n, lambda task: decode_samples(self.inner, self.models, *task),
                                     self.stats)
+            self._stop_on_ctrl_c()
         return self._workers
+
+    def _stop_on_ctrl_c(self):
+        """Ctrl-C ends the workers with one line wherever it lands, not only inside ``generate``.
+
+        Between two ``generate`` calls fairseq-generate prints hypotheses, and a
+        KeyboardInterrupt there left fairseq's traceback and status -2. Only the
+        main thread may set a handler; elsewhere ``generate``'s own catch stays.
+        """
+        try:
+            self._sigint = signal.signal(signal.SIGINT, self._interrupted)
+        except ValueError:
+            self._sigint = None
+
+    def _interrupted(self, signum, frame):
+        self.close(wait=False)
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        sys.exit(130)
 
     def _start_ahead(self, sample, bos_token) -> bool:
         itr = self._batches() if self._batches is not None else None
@@ -457,6 +476,12 @@ class WorkersGenerator:
 
     def close(self, wait: bool = True):
         """Stop the workers (fairseq never calls it; the end of the look-ahead, an error or exit does)."""
+        if self._sigint is not None:
+            try:
+                signal.signal(signal.SIGINT, self._sigint)
+            except ValueError:  # closed from another thread (at exit): the process is ending anyway
+                pass
+            self._sigint = None
         if self._workers is not None:
             self._workers.close(wait=wait)
 
