@@ -385,10 +385,8 @@ class WorkersGenerator:
         start = time.perf_counter()
         try:
             results = self._from_workers(sample, bos_token)
-        except KeyboardInterrupt:
-            self.close(wait=False)
-            print(INTERRUPTED, file=sys.stderr)
-            sys.exit(130)
+        except KeyboardInterrupt:  # where our handler could not be set (not the main thread)
+            self._interrupted(signal.SIGINT, None)
         except BaseException:
             self.close(wait=False)
             raise
