@@ -648,4 +648,4 @@ def _why_not_lean(greedy) -> str:
 
     members = greedy.runner.model.models
     reason = next((r for r in map(unsupported_reason, members) if r), None)
-    return reason or "--runner fairseq was asked for"
+    return reason or "--runner {} was asked for".format(getattr(greedy.runner, "name", "fairseq"))

@@ -37,8 +37,10 @@ class DecodeStatsConfig(RnnRunnerConfig):
         metadata={"help": "model runner: fairseq (fairseq's own decoder calls, the reference), lean "
                   "(our incremental step for fairseq transformers: preallocated caches, shared "
                   "encoder keys, fused projections), rnn (our step for fairseq LSTM models with "
-                  "Devlin 2017's tricks) or auto (lean for supported transformers, rnn for supported "
-                  "LSTMs, else fairseq; --search fixed --finalize fairseq keeps fairseq)"},
+                  "Devlin 2017's tricks), static (the lean step over key/value slots allocated once: "
+                  "reorders move indices, fixed shapes; see docs/GPU.md) or auto (lean for supported "
+                  "transformers, rnn for supported LSTMs, else fairseq; --search fixed --finalize fairseq "
+                  "keeps fairseq)"},
     )
     quantize: QuantizeChoice = field(
         default="none",

@@ -12,6 +12,9 @@ step of every row at its own length (:meth:`fairseq_stream.cohort.Cohort.merge`)
 * ``rnn``: :class:`fairseq_stream.runners.rnn.RnnRunner`, our own step for
   fairseq LSTM models with Devlin (2017)'s tricks; ``--rnn-int16`` adds its
   16-bit fixed-point products.
+* ``static``: :class:`fairseq_stream.runners.static_slots.StaticSlotRunner`, the lean step over
+  key/value slots allocated once (issue 53, stage 2): reorder, take and concat move indices, a
+  step's shapes stay fixed; chosen by name only (``auto`` never takes it).
 
 ``--quantize int8|int8w8|int8w7|int16`` runs every product on weights quantized once at
 load (:mod:`fairseq_stream.ops.quantized_linear`): on the lean runner for
@@ -30,7 +33,7 @@ from fairseq_stream.ops.quantized_linear import INT8_KINDS
 
 logger = logging.getLogger(__name__)
 
-RUNNERS = ("auto", "fairseq", "lean", "rnn")
+RUNNERS = ("auto", "fairseq", "lean", "rnn", "static")
 QUANTIZE = ("none",) + quantized_linear.CHOICES
 _said = set()
 
@@ -49,10 +52,10 @@ def check_runner(kind: str, int16: bool = False, quantize: str = "none"):
         raise FairseqStreamError("--runner must be one of {}, got {}".format(", ".join(RUNNERS), kind))
     if quantize not in QUANTIZE:
         raise FairseqStreamError("--quantize must be one of {}, got {}".format(", ".join(QUANTIZE), quantize))
-    if int16 and kind in ("fairseq", "lean"):
+    if int16 and kind in ("fairseq", "lean", "static"):
         raise FairseqStreamError("--rnn-int16 runs on the rnn runner, not --runner {}".format(kind))
-    if quantize != "none" and kind == "fairseq":
-        raise FairseqStreamError("--quantize runs on our runners (lean, rnn), not --runner fairseq")
+    if quantize != "none" and kind in ("fairseq", "static"):
+        raise FairseqStreamError("--quantize runs on our runners (lean, rnn), not --runner {}".format(kind))
     if int16 and quantize in INT8_KINDS:
         raise FairseqStreamError("--rnn-int16 and --quantize {} ask for two precisions; use one".format(quantize))
 
@@ -66,7 +69,7 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
     last one's pages instead of faulting fresh ones in.
 
     Args:
-        kind: ``auto``, ``fairseq``, ``lean`` or ``rnn``.
+        kind: ``auto``, ``fairseq``, ``lean``, ``rnn`` or ``static``.
         keep_fairseq: ``auto`` keeps the fairseq runner (``--search fixed
             --finalize fairseq``, whose promise is bitwise identity with
             fairseq's SequenceGenerator).
@@ -123,6 +126,11 @@ def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantiz
     if reason:
         say_once("fairseq-stream: --runner %s: %s; using the fairseq runner", kind, reason)
         return ModelRunner(models, temperature=temperature)
+    if kind == "static":
+        from fairseq_stream.runners.static_slots import StaticSlotRunner
+
+        say_once("fairseq-stream: using the static-slot runner (%d model(s), one after another)", len(members))
+        return StaticSlotRunner(members, temperature=temperature)
     runner = LeanRunner(members, temperature=temperature, stack_members=stack_members)
     say_once("fairseq-stream: using the lean runner (%s)", _members_line(runner))
     return runner
