@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops.threads import check_cpu_threads
 from fairseq_stream.runners.rnn import RnnOptions
+from fairseq_stream.runners.buckets import parse_buckets
 from fairseq_stream.plugin.common import check_search_options, search_name
 from fairseq_stream.search.pruning import Pruning
 
@@ -81,6 +82,7 @@ class DecoderSpec:
     runner: str = "auto"
     quantize: str = "none"  # --quantize: none, int8, int16
     stack_members: Optional[bool] = None  # --stack-members: None auto, True on, False off
+    static_buckets: str = ""  # --static-buckets: the static-slot runner's row and key-length buckets
     output_layer: str = "auto"
     cpu_threads: Optional[int] = None  # --cpu-threads: None chooses (ops/threads.py)
     cpu_workers: Optional[int] = None  # --cpu-workers: None chooses (ops/threads.py, schedule/workers.py)
@@ -120,6 +122,7 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
         quantize=str(getattr(search_cfg, "quantize", "none")),
         stack_members={"auto": None, "on": True, "off": False}[str(getattr(search_cfg, "stack_members", "auto"))],
         output_layer=str(getattr(search_cfg, "output_layer", "auto")),
+        static_buckets=str(getattr(search_cfg, "static_buckets", "") or ""),
         cpu_threads=check_cpu_threads(getattr(search_cfg, "cpu_threads", None)),
         cpu_workers=check_cpu_threads(getattr(search_cfg, "cpu_workers", None), "--cpu-workers"),
         rnn=RnnOptions.from_config(search_cfg),
@@ -185,6 +188,8 @@ def build_decoder(spec: DecoderSpec, task, models, workers_by_default: bool = Fa
     )
     if spec.quantize != "none":
         _release_float_weights(decoder.runner, spec.quantize)
+    if spec.static_buckets and getattr(decoder.runner, "name", None) == "static":
+        decoder.runner.row_buckets, decoder.runner.length_bucket = parse_buckets(spec.static_buckets)
     layout = _lay_out_threads(decoder.runner, models, spec, workers_by_default)
     if s.wrap is not None:
         decoder = s.wrap(decoder)

@@ -16,7 +16,8 @@ from conftest import decode, decoder_options, differences, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.host_sync import count_update_syncs
 from fairseq_stream.runners import build_runner
-from fairseq_stream.runners.static_slots import StaticSlotRunner, bucket
+from fairseq_stream.runners.buckets import bucket, parse_buckets
+from fairseq_stream.runners.static_slots import StaticSlotRunner
 # The stacked runner's tests run the same searches under the same schedulers (top-up: cohorts of different
 # lengths join, rows at their own lengths in one call).
 from test_stacked import SCHEDULERS, SEARCHES
@@ -159,3 +160,33 @@ def test_the_python_api_takes_the_static_runner(toy):
                                 cpu=True, runner=runner)
         texts[runner] = [t.text for t in translator.translate(lines)]
     assert texts["static"] == texts["lean"] and len(texts["static"]) == len(lines)
+
+
+def test_static_buckets_option(toy, capsys, monkeypatch):
+    """``--static-buckets`` reaches the runner and decodes as without it; a bad one is a one-line error."""
+    from conftest import generate_in_process, hypotheses, parse_generate_args
+    from fairseq_stream import build
+
+    assert parse_buckets("8,16,32:16") == ([8, 16, 32], 16) and parse_buckets(":16") == (None, 16)
+    runners = []
+    build_decoder = build.build_decoder
+
+    def recording(*args, **kwargs):
+        decoder = build_decoder(*args, **kwargs)
+        runners.append(decoder.runner)
+        return decoder
+
+    monkeypatch.setattr(build, "build_decoder", recording)
+    argv = [toy.data_bin, "--path", toy.transformer, "--gen-subset", "test", "--batch-size", "8", "--beam", "5",
+            "--cpu", "--user-dir", "fairseq_stream", "--search", "var-stream", "--runner", "static"]
+    out = {}
+    for extra in ([], ["--static-buckets", "8,16,32,64:16"]):
+        generate_in_process(argv + extra)
+        out[bool(extra)] = {i: text for i, (_, text) in hypotheses(capsys.readouterr().out).items()}
+    assert out[True] == out[False] and len(out[True]) == 37
+    assert (runners[0].row_buckets, runners[-1].row_buckets, runners[-1].length_bucket) == (None, [8, 16, 32, 64], 16)
+    for bad, message in ((["--static-buckets", "8,x"], "ROWS[,ROWS...]"), (["--runner", "lean", "--static-buckets",
+                                                                             ":16"], "is for --runner static")):
+        with pytest.raises(SystemExit):
+            parse_generate_args(argv + bad)
+        assert message in capsys.readouterr().err

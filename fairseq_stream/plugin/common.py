@@ -9,6 +9,7 @@ from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.output_choice import OUTPUT_LAYERS, check_output_layer
 from fairseq_stream.runners import QUANTIZE, RUNNERS, check_runner
 from fairseq_stream.runners.rnn import RnnOptions, RnnRunnerConfig
+from fairseq_stream.runners.buckets import parse_buckets
 
 RunnerChoice = ChoiceEnum(list(RUNNERS))
 QuantizeChoice = ChoiceEnum(list(QUANTIZE))
@@ -68,6 +69,12 @@ class DecodeStatsConfig(RnnRunnerConfig):
                   "product once for all members, one cache), off one after another, auto stacked where "
                   "the members' step is not compiled (CUDA: stacked; the CPU keeps each member's compiled "
                   "step, measured faster there; docs/ensemble.md)"},
+    )
+    static_buckets: str = field(
+        default="",
+        metadata={"help": "--runner static: pad each step's rows up to the next of these sizes and read keys to "
+                  "a multiple of POSITIONS, as ROWS[,ROWS...][:POSITIONS] (e.g. 8,16,32,64,128:16): the "
+                  "fixed shapes a CUDA graph of the step needs (docs/GPU.md); empty: no padding"},
     )
     output_layer: OutputLayerChoice = field(
         default="auto",
@@ -211,9 +218,21 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
     check_runner(str(getattr(search_cfg, "runner", "auto")), RnnOptions.from_config(search_cfg).int16,
                  str(getattr(search_cfg, "quantize", "none")))
     check_output_layer(getattr(search_cfg, "output_layer", "auto"))
+    _check_static_buckets(search_cfg)
     if hasattr(search_cls, "pruning"):
         search_cls.pruning(search_cfg)
     if hasattr(search_cls, "check"):
         search_cls.check(search_cfg)
     if stream_cfg is not None:
         GENERATOR_REGISTRY[scheduler or "stream"].pool_settings(stream_cfg)
+
+
+def _check_static_buckets(search_cfg):
+    """A one-line error for ``--static-buckets`` that does not parse or is given without ``--runner static``."""
+    text = str(getattr(search_cfg, "static_buckets", "") or "")
+    if not text:
+        return
+    parse_buckets(text)
+    if str(getattr(search_cfg, "runner", "auto")) != "static":
+        raise FairseqStreamError("--static-buckets is for --runner static (got --runner {})".format(
+            getattr(search_cfg, "runner", "auto")))

@@ -27,7 +27,6 @@ masked key range; in float64 its n-best lists equal the lean runner's
 (tests/test_static_slots.py).
 """
 
-import bisect
 import weakref
 from typing import List, Optional, Sequence
 
@@ -35,6 +34,7 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.runners import static_attention
+from fairseq_stream.runners.buckets import bucket
 from fairseq_stream.runners.lean_model import LeanModel
 from fairseq_stream.runners.own_step import OwnStepRunner
 from fairseq_stream.runners.slot_pool import SlotPool
@@ -82,14 +82,6 @@ class StaticState:
     @property
     def rows(self) -> int:
         return self.slot.numel()
-
-
-def bucket(n: int, buckets: Sequence[int]) -> int:
-    """The smallest bucket holding ``n`` (past the largest: ``n`` rounded up to a multiple of it)."""
-    at = bisect.bisect_left(buckets, n)
-    if at < len(buckets):
-        return buckets[at]
-    return -(-n // buckets[-1]) * buckets[-1]
 
 
 class StaticSlotRunner(OwnStepRunner):
