@@ -72,3 +72,36 @@ def test_steps_in_one_bucket_make_the_same_aten_calls_and_read_nothing(exact, na
     counts = sorted({len(calls) for _, calls, _ in records})
     print("{} {} {}: ATen calls per step {} over {} steps, {} buckets".format(
         name, search, "topup" if stream else "batch", counts, len(records), len({b for b, _, _ in records})))
+
+
+def test_reorders_of_quiet_steps_make_the_same_aten_calls_and_read_nothing(exact):
+    """The search's reorder (bookkeeping a graph of the whole step would hold too): in quiet steps with as many
+    rows, sentences and owned slots, in one position bucket, the same calls and nothing read; in no reorder
+    a data-dependent call (its copy list is padded to rows minus sentences)."""
+    models, task = exact("transformer")
+    dec = BeamDecoder(models, task.target_dictionary, runner="static", keep_reference=False,
+                      **decoder_options("fixed"))
+    runner = dec.runner
+    runner.compiled_attention = False
+    runner.row_buckets, runner.length_bucket = ROW_BUCKETS, LENGTH_BUCKET
+    records, reorder = [], runner.reorder
+
+    def traced(state, order, sentence_rows=None):
+        key = (order.numel(), len(state.holding.sentences), sum(1 for c in sentence_rows or () if c),
+               state.owned.numel(), runner.pool.shape, runner._positions(state.longest))
+        with HostSyncCounter() as syncs, OpTrace() as trace:
+            reorder(state, order, sentence_rows)
+        records.append((key, trace.calls, syncs.count))
+
+    runner.reorder = traced
+    with torch.no_grad():
+        for s in sorted_batches(task, 8, 24):
+            dec.generate(models, s)
+    # Steps where no sentence ended: as many sentences before as after.
+    quiet = [r for r in records if r[0][1] == r[0][2]]
+    assert all(syncs == 0 for _, _, syncs in quiet)
+    assert not [c.op for _, calls, _ in records for c in calls if c.data_dependent]
+    pairs = [(a, b) for a, b in zip(quiet, quiet[1:]) if a[0] == b[0]]
+    assert len(pairs) >= len(quiet) // 2
+    assert all(a[1] == b[1] for a, b in pairs)
+    print("reorder: ATen calls {} over {} quiet reorders".format(sorted({len(c) for _, c, _ in quiet}), len(quiet)))

@@ -46,11 +46,17 @@ def move_children(parent_slot: Tensor, owned: Tensor, pool_slots: int, moved: in
     return new_slot, source, target
 
 
-def copy_slots(caches: List[Tensor], source: Tensor, target: Tensor, positions: int):
-    """Positions ``0..positions-1`` of each ``source`` slot copied to its ``target`` slot, in every model's cache."""
+def copy_slots(caches: List[Tensor], source: Tensor, target: Tensor, positions: int, compiled: bool = True):
+    """Positions ``0..positions-1`` of each ``source`` slot copied to its ``target`` slot, in every model's cache.
+
+    ``compiled``: the CPU's compiled copy where it is built; False: torch's indexed copy (CUDA's).
+    """
     if positions and source.numel():
         for cache in caches:
-            attention.copy_slots_(cache, source, target, positions)
+            if compiled:
+                attention.copy_slots_(cache, source, target, positions)
+            else:
+                cache[:, target, :, :positions] = cache[:, source, :, :positions]
 
 
 def ordered_distinct(values: List[int]) -> List[int]:

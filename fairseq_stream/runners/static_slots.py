@@ -175,7 +175,7 @@ class StaticSlotRunner(OwnStepRunner):
             moved = rows - sum(1 for c in sentence_rows if c)
             if moved > 0:
                 slot, source, target = move_children(slot, state.owned, pool.slots.capacity, moved)
-                copy_slots(pool.caches, source, target, state.longest)
+                self._copy(source, target, state.longest)
             state.slot = slot
             state.sentence = state.sentence.index_select(0, new_order)
             state.length = state.length.index_select(0, new_order)
@@ -193,7 +193,7 @@ class StaticSlotRunner(OwnStepRunner):
         with pool.lock:
             slots = pool.take_slots(rows.numel())
             owned = _numbers(slots, self.device)
-            copy_slots(pool.caches, state.slot.index_select(0, rows), owned, state.longest)
+            self._copy(state.slot.index_select(0, rows), owned, state.longest)
             sentence = state.sentence.index_select(0, rows)
             sentences = ordered_distinct(sentence.tolist())  # a split: the scheduler's, not a step's
             pool.sentences.retain(sentences)
@@ -244,9 +244,19 @@ class StaticSlotRunner(OwnStepRunner):
         pool, holding = self.pool, state.holding
         slots = pool.take_slots(state.rows)
         fresh = _numbers(slots, self.device)
-        copy_slots(pool.caches, state.slot, fresh, state.longest)
+        self._copy(state.slot, fresh, state.longest)
         pool.slots.release(holding.slots)
         holding.slots, state.owned, state.slot = slots, fresh, fresh
+
+    def _positions(self, n: int) -> int:
+        """``n`` positions rounded up to the length bucket (a fixed shape for a span of steps)."""
+        return -(-n // self.length_bucket) * self.length_bucket if self.length_bucket and n else n
+
+    def _copy(self, source: Tensor, target: Tensor, written: int):
+        """Keys and values of ``source`` slots copied to ``target`` slots, every model, up to the written
+        positions (rounded up to the length bucket: the copy's shape stays fixed between steps)."""
+        positions = min(self._positions(written), self.pool.positions)
+        copy_slots(self.pool.caches, source, target, positions, self.compiled_attention)
 
     def _forward(self, states: List[StaticState], last_tokens: Tensor, logits: bool):
         """One step of every row of ``states``: inputs padded to their bucket, the static region, lengths moved on."""
@@ -256,9 +266,7 @@ class StaticSlotRunner(OwnStepRunner):
 
         slot, sentence, length = joined("slot"), joined("sentence"), joined("length")
         rows, longest = slot.numel(), max(s.longest for s in states)
-        positions = longest + 1
-        if self.length_bucket:
-            positions = -(-positions // self.length_bucket) * self.length_bucket
+        positions = self._positions(longest + 1)
         tokens = last_tokens
         if self.row_buckets:
             extra = bucket(rows, self.row_buckets) - rows
