@@ -190,3 +190,14 @@ def test_static_buckets_option(toy, capsys, monkeypatch):
         with pytest.raises(SystemExit):
             parse_generate_args(argv + bad)
         assert message in capsys.readouterr().err
+
+
+def test_jacobi_names_the_static_runner_when_it_refuses(loaded):
+    """Jacobi's windows run on the lean runner only; the one-line refusal names the runner asked for."""
+    from fairseq_stream.errors import FairseqStreamError
+    from fairseq_stream.jacobi.decoder import JacobiDecoder
+
+    models, task = loaded("transformer")
+    greedy = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="static")
+    with pytest.raises(FairseqStreamError, match="--runner static was asked for"):
+        JacobiDecoder(greedy)
