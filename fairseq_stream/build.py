@@ -224,8 +224,6 @@ def _lay_out_threads(runner, models, spec: DecoderSpec, workers_by_default: bool
 def _release_float_weights(runner, quantize: str):
     """Free the float weights the quantized products replace: the decoder built here owns the models
     (fairseq-generate's, the API's), and with a WMT'19 ensemble they are most of the process's memory."""
-    if not hasattr(runner, "release_float_weights"):
-        return
     freed = runner.release_float_weights()
     if freed:
         logger.info("fairseq-stream: --quantize %s: released %.0f MB of float weights the quantized products "

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import sorted_batches
+from fairseq_stream import compiled_search
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.ops import search_loop
 
@@ -23,9 +24,9 @@ def python_loop(models, task, quantize="none", beam=1, **rules):
 def compiled_words_and_positional_scores(dec, sample):
     """Each sentence's (words, positional scores) from the runner's compiled greedy loop."""
     src = sample["net_input"]["src_tokens"]
-    found, steps = dec.runner.greedy_decode(
-        sample["net_input"], bos=dec.eos, max_lens=dec.max_lengths(src).tolist(), min_len=dec.min_len, pad=dec.pad,
-        eos=dec.eos, unk=dec.unk, unk_penalty=dec.unk_penalty)
+    found, steps = compiled_search.greedy_decode(
+        dec.runner, sample["net_input"], bos=dec.eos, max_lens=dec.max_lengths(src).tolist(), min_len=dec.min_len,
+        pad=dec.pad, eos=dec.eos, unk=dec.unk, unk_penalty=dec.unk_penalty)
     assert steps == [len(words) for (words, _), in found]
     out = []
     for (words, cumulative), in found:
@@ -58,18 +59,18 @@ def test_it_applies_to_compiled_float32_models(loaded, exact):
     models, task = loaded("transformer")
     dec = python_loop(models, task)
     two = sorted_batches(task, 2, 4)[0]
-    found, steps = dec.runner.beam_decode(two["net_input"], k=2, n=4, bos=2, max_lens=[5, 5], min_len=1, pad=1, eos=2,
-                                          unk=3, unk_penalty=0.0)
+    found, steps = compiled_search.beam_decode(dec.runner, two["net_input"], k=2, n=4, bos=2, max_lens=[5, 5],
+                                               min_len=1, pad=1, eos=2, unk=3, unk_penalty=0.0)
     assert len(found) == len(steps) == 2 and all(1 <= len(hyps) <= 2 for hyps in found)
-    found, steps = dec.runner.greedy_decode(two["net_input"], bos=2, max_lens=[5, 5], min_len=1, pad=1, eos=2, unk=3,
-                                            unk_penalty=0.0)
+    found, steps = compiled_search.greedy_decode(dec.runner, two["net_input"], bos=2, max_lens=[5, 5], min_len=1,
+                                                 pad=1, eos=2, unk=3, unk_penalty=0.0)
     assert len(found) == len(steps) == 2
     models64, _ = exact("transformer")
     assert python_loop(models64, task).runner.lean[0].search_loop is None
     dec.runner.compiled_step = False
     one = sorted_batches(task, 1, 1)[0]
-    assert dec.runner.greedy_decode(one["net_input"], bos=2, max_lens=[5], min_len=1, pad=1, eos=2, unk=3,
-                                    unk_penalty=0.0) is None
+    assert compiled_search.greedy_decode(dec.runner, one["net_input"], bos=2, max_lens=[5], min_len=1, pad=1, eos=2,
+                                         unk=3, unk_penalty=0.0) is None
 
 
 @pytest.mark.parametrize("beam, rules, batch", [
@@ -90,8 +91,8 @@ def test_decoder_gives_the_python_loops_hypotheses(loaded, monkeypatch, name, qu
     ours = python_loop(models, task, quantize, beam, **rules)
     ours.compiled_loop = True
     loop = "greedy_decode" if beam == 1 else "beam_decode"
-    calls, counted = [], getattr(LeanRunner, loop)
-    monkeypatch.setattr(LeanRunner, loop, lambda *a, **k: calls.append(1) or counted(*a, **k))
+    calls, counted = [], getattr(compiled_search, loop)
+    monkeypatch.setattr(compiled_search, loop, lambda *a, **k: calls.append(1) or counted(*a, **k))
     batches = sorted_batches(task, batch, 30, subset="valid")
     for sample in batches:
         with torch.no_grad():
@@ -119,7 +120,7 @@ def test_fairseq_generate_prints_the_python_loops_lines(toy, capsys, monkeypatch
         generate_in_process(argv)
         compiled = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-", "D-")]
         with monkeypatch.context() as patched:
-            patched.setattr(LeanRunner, "_loop_encoders", lambda *a, **k: None)
+            patched.setattr(LeanRunner, "compiled_loop_inputs", lambda *a, **k: None)
             generate_in_process(argv)
         python = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("H-", "P-", "D-")]
         assert compiled == python and len(compiled) >= 3 * 37

@@ -16,6 +16,7 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from conftest import decoder_options, differences
+from fairseq_stream import compiled_search
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.ops import output_layer, search_loop
 from fairseq_stream.schedule.pool import StreamPool
@@ -92,8 +93,8 @@ def test_compiled_loop_gives_the_python_loops_hypotheses(loaded, monkeypatch, be
     dec.compiled_loop = False
     expected = run(dec, models, task)
     calls = []
-    decode = dec.runner.beam_decode
-    monkeypatch.setattr(dec.runner, "beam_decode", lambda *a, **kw: calls.append(1) or decode(*a, **kw))
+    decode = compiled_search.beam_decode
+    monkeypatch.setattr(compiled_search, "beam_decode", lambda *a, **kw: calls.append(1) or decode(*a, **kw))
     dec.compiled_loop = True
     got = run(dec, models, task)
     assert bool(calls) == (below >= 3)

@@ -73,6 +73,28 @@ class Runner(Protocol):
     def concat(self, states: List[RowGroup], any_length: bool = False) -> RowGroup:
         """The groups joined, rows in order."""
 
+    def step_own(self, states: List[RowGroup], last_tokens: Tensor,
+                 logits: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        """One step of groups whose rows are each at its own length (joined by ``concat(any_length=True)``);
+        ``last_tokens`` (rows, 1) are the rows' last tokens. Only where ``joins_lengths`` holds: the fairseq
+        runner refuses it."""
+
+    def release_float_weights(self) -> int:
+        """Free the float weights that only quantized products read (``--quantize``); the bytes freed (0 where
+        no product is quantized, or the runner keeps them). Only where the runner owns the models."""
+
+
+@runtime_checkable
+class CompiledLoopRunner(Protocol):
+    """A runner whose models the compiled search loop drives (:mod:`fairseq_stream.compiled_search`): the lean
+    runner. It only hands out what the loop reads; the search itself is the loop's, not the runner's."""
+
+    temperature: float
+
+    def compiled_loop_inputs(self, net_input) -> Optional[Tuple[list, list]]:
+        """(each model's compiled-loop weights, each one's encoder keys of ``net_input``), or None where the
+        compiled loop does not apply to these models (then the Python loop steps the runner)."""
+
 
 def _first_floating(module: torch.nn.Module) -> Optional[Tensor]:
     """The module's first floating-point parameter, else its first floating-point buffer, else None.

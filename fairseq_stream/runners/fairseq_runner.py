@@ -266,6 +266,15 @@ class ModelRunner:
             incremental_states=incremental_states,
         )
 
+    def step_own(self, states: List[RowState], last_tokens: Tensor, logits: bool = False):
+        """Refused: no state holds rows at different lengths here (``joins_lengths``; :meth:`concat`)."""
+        raise ValueError("internal: the fairseq runner steps groups of one length only (step, step_mixed)")
+
+    @staticmethod
+    def release_float_weights() -> int:
+        """0: fairseq's models keep their float products."""
+        return 0
+
 
 @contextlib.contextmanager
 def _row_positions(models, row_lengths: Tensor):

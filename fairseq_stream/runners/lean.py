@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.ops import attention, lean_step, search_loop
+from fairseq_stream.ops import attention, lean_step
 from fairseq_stream.ops.packing import compact, pack_by_sentence
 from fairseq_stream.runners import stacked
 from fairseq_stream.runners.lean_model import EncoderKeys, LeanModel
@@ -130,6 +130,25 @@ def quantized_modules(model, lean, lean_encoder: bool = True):
         modules += [a.q_proj for a in attentions] + [a.k_proj for a in attentions] + [a.v_proj for a in attentions]
         modules += [a.out_proj for a in attentions] + [layer.fc1, layer.fc2]
     return [m for m in modules if m is not None and m.weight.numel()]
+
+
+def free_float_weights(models, lean: List[LeanModel], lean_encoder: bool) -> int:
+    """Free the float weights of ``models`` that only ``lean``'s quantized products read; the bytes freed.
+
+    Every projection of the decoder's layers (and of the encoder's, where
+    the lean encoder runs it) has its own quantized copy, so the model's
+    float matrices are dead weight: for a WMT'19 transformer-big, about
+    1 GB of each model's 1.28. What stays in float: the embeddings (the
+    output projection too where it shares them), positions, layer norms
+    and biases. The models cannot run float products afterwards: call it
+    only where the runner owns them (:func:`fairseq_stream.build.build_decoder`).
+    """
+    freed = 0
+    for model, own in zip(models, lean):
+        for module in quantized_modules(model, own, lean_encoder):
+            freed += module.weight.numel() * module.weight.element_size()
+            module.weight.data = module.weight.data.new_empty(0)
+    return freed
 
 
 def _resized(cache: Tensor, rows: int, positions: int, length: int, slot: Optional[Tensor] = None) -> Tensor:
@@ -339,63 +358,23 @@ class LeanRunner(OwnStepRunner):
         """
         return self._forward([s for st in states for s in st.segments], last_tokens.view(-1), logits), None
 
-    def _loop_encoders(self, net_input):
-        """Each model's encoder keys for the compiled search loops, or None where they do not apply (the
-        Python step's paths)."""
+    def compiled_loop_inputs(self, net_input):
+        """What the compiled search loop (:mod:`fairseq_stream.compiled_search`) needs of these models for
+        ``net_input``: (each model's loop weights, each one's encoder keys), or None where the loop does not
+        apply (the Python step's paths)."""
         if not (self.compiled_step and self.compiled_attention) or any(m.search_loop is None for m in self.lean):
             return None
         encoders = [m.encode(net_input, self.packed_encoder) for m in self.lean]
-        return encoders if attention.compiled_applies(encoders[0].keys[0]) else None
-
-    @torch.no_grad()
-    def greedy_decode(self, net_input, **rules):
-        """A batch decoded greedily in one compiled call (:func:`fairseq_stream.ops.search_loop.greedy`).
-
-        ``rules``: ``bos, max_lens`` (one per sentence), ``min_len, pad, eos,
-        unk, unk_penalty``. Returns each sentence's [(words, cumulative scores
-        float32)], EOS last, and the steps each ran: bitwise what the
-        decoder's Python loop computes for the batch at beam 1; None where the
-        compiled loop does not apply.
-        """
-        return self._in_one_call(search_loop.greedy, net_input, rules)
-
-    @torch.no_grad()
-    def beam_decode(self, net_input, **rules):
-        """A batch's beam search in one compiled call (:func:`fairseq_stream.ops.search_loop.beam`).
-
-        ``rules``: ``k, n, bos, max_lens, min_len, pad, eos, unk,
-        unk_penalty``. Returns each sentence's finalized hypotheses as
-        (words, cumulative scores) pairs in finalization order, and the steps
-        each ran: bitwise the decoder's Python loop's under fairseq's
-        finalization; None where it does not apply.
-        """
-        return self._in_one_call(search_loop.beam, net_input, rules)
-
-    def _in_one_call(self, loop, net_input, rules):
-        encoders = self._loop_encoders(net_input)
-        if encoders is None:
+        if not attention.compiled_applies(encoders[0].keys[0]):
             return None
-        return loop([m.search_loop for m in self.lean], encoders, temperature=self.temperature, **rules)
+        return [m.search_loop for m in self.lean], encoders
 
     def release_float_weights(self) -> int:
-        """Free the float weights that only quantized products read (``--quantize``); the bytes freed.
-
-        Every projection of the decoder's layers (and of the encoder's, where
-        the lean encoder runs it) has its own quantized copy, so the model's
-        float matrices are dead weight: for a WMT'19 transformer-big, about
-        1 GB of each model's 1.28. What stays in float: the embeddings (the
-        output projection too where it shares them), positions, layer norms
-        and biases. The models cannot run float products afterwards: call it
-        only where the runner owns them (:func:`fairseq_stream.build.build_decoder`).
-        """
+        """Free the float weights that only quantized products read (``--quantize``; :func:`free_float_weights`);
+        the bytes freed (0 for float products)."""
         if self.quantize is None:
             return 0
-        freed = 0
-        for model, lean in zip(self.model.models, self.lean):
-            for module in quantized_modules(model, lean, self.packed_encoder):
-                freed += module.weight.numel() * module.weight.element_size()
-                module.weight.data = module.weight.data.new_empty(0)
-        return freed
+        return free_float_weights(self.model.models, self.lean, self.packed_encoder)
 
     def reorder(self, state: LeanState, new_order: Tensor, sentence_rows: Optional[List[int]] = None):
         """Make row ``i`` continue old row ``new_order[i]`` (select, copy or drop rows), in place.
@@ -406,34 +385,33 @@ class LeanRunner(OwnStepRunner):
         (as the decoder's do). With :attr:`sync_free` the move then reads
         nothing back from the device.
         """
-        known = self._split_known(state, new_order, sentence_rows) if self.sync_free else None
+        known = _split_known(state, new_order, sentence_rows) if self.sync_free else None
         if known is not None:
             state.segments = [segment for segment, order, rows in known if rows]
             for segment, order, rows in known:
                 if rows:
-                    self._reorder_known(segment, order, rows)
+                    _reorder_known(segment, order, rows, self.compiled_attention)
             return
-        parts = self._split(state, new_order)
+        parts = _split(state, new_order)
         kept = []
         for segment, order in parts:
             if order.numel() == 0:
                 continue
-            self._reorder_segment(segment, order)
+            _reorder_segment(segment, order, self.compiled_attention)
             kept.append(segment)
         state.segments = kept
 
     def take(self, state: LeanState, rows: Tensor) -> LeanState:
         """A new state holding rows ``rows`` of ``state``; ``state`` itself is left as it was."""
         taken = []
-        for segment, order in self._split(state, rows):
+        for segment, order in _split(state, rows):
             if order.numel() == 0:
                 continue
             slots = segment.slots().index_select(0, order)
             # Only the written positions: a cohort split when it is admitted (length 0) copied its whole
             # preallocated cache, 15 ms a split at k=5 and 64 sentences, 6% of a top-up run.
             caches = [_resized(cache, slots.numel(), cache.size(3), segment.length, slots) for cache in segment.caches]
-            taken.append(self._compacted(_Segment(segment.encoder, segment.row_sentence[order],
-                                                  caches, segment.length)))
+            taken.append(_compacted(_Segment(segment.encoder, segment.row_sentence[order], caches, segment.length)))
         return LeanState(taken)
 
     def concat(self, states: List[LeanState], any_length: bool = False) -> LeanState:
@@ -448,7 +426,7 @@ class LeanRunner(OwnStepRunner):
         if len(lengths) > 1 and not any_length:
             raise ValueError("joining decoder states of different steps")
         if len(lengths) == 1 and len(segments) > MAX_SEGMENTS:
-            segments = [self._merge(segments)]
+            segments = [_merge(segments)]
         elif len(segments) > MAX_MIXED_SEGMENTS:
             segments = self._merge_equal_lengths(segments)
         return LeanState(segments)
@@ -461,190 +439,7 @@ class LeanRunner(OwnStepRunner):
                 runs[-1].append(segment)
             else:
                 runs.append([segment])
-        return [run[0] if len(run) == 1 else self._merge(run) for run in runs]
-
-    # -- internals ---------------------------------------------------------
-
-    @staticmethod
-    def _split(state: LeanState, order: Tensor):
-        """``order`` (rows of the whole state) as (segment, rows of that segment) pairs.
-
-        Our decoder keeps each sentence's rows in its segment and segments in
-        order; anything else is first merged into one segment.
-        """
-        segments = state.segments
-        if len(segments) == 1:
-            return [(segments[0], order)]
-        sizes = torch.tensor([s.rows for s in segments], device=order.device)
-        ends = torch.cumsum(sizes, 0)
-        owner = torch.bucketize(order, ends, right=True)
-        if order.numel() > 1 and bool((owner[1:] < owner[:-1]).any()):
-            if len({s.length for s in segments}) > 1:
-                raise ValueError("internal: rows moved across segments of different lengths")
-            merged = LeanRunner._merge(segments)
-            state.segments = [merged]
-            return [(merged, order)]
-        counts = torch.bincount(owner, minlength=len(segments)).tolist()
-        starts = (ends - sizes).tolist()
-        parts, at = [], 0
-        for segment, count, start in zip(segments, counts, starts):
-            parts.append((segment, order[at: at + count] - start))
-            at += count
-        return parts
-
-    @staticmethod
-    def _split_known(state: LeanState, order: Tensor, sentence_rows: Optional[List[int]]):
-        """``order`` as (segment, its rows of it, its sentences' row counts without the ended ones) triples, from
-        the host's counts (no read of the device); None where a segment's sentences are not known there."""
-        segments = state.segments
-        if sentence_rows is None or any(s.present is None for s in segments) or \
-                sum(s.present for s in segments) != len(sentence_rows):
-            return None
-        if sum(sentence_rows) != order.numel():
-            raise ValueError("internal: {} rows counted by sentence for {} new rows".format(sum(sentence_rows),
-                                                                                          order.numel()))
-        parts, at, first_row, first_sentence = [], 0, 0, 0
-        for segment in segments:
-            counts = sentence_rows[first_sentence: first_sentence + segment.present]
-            n = sum(counts)
-            own = order[at: at + n]
-            parts.append((segment, own - first_row if first_row else own, [c for c in counts if c]))
-            at, first_row, first_sentence = at + n, first_row + segment.rows, first_sentence + segment.present
-        return parts
-
-    @staticmethod
-    def _merge(segments: List[_Segment]) -> _Segment:
-        """One segment holding the rows of ``segments`` (same length), caches and encoder keys joined."""
-        length = segments[0].length
-        capacity = max(s.caches[0].size(3) for s in segments)
-        caches = []
-        for i in range(len(segments[0].caches)):
-            parts = [_resized(s.caches[i], s.rows, capacity, length, s.slot) for s in segments]
-            caches.append(torch.cat(parts, dim=1))
-        offsets, sentence = 0, []
-        for s in segments:
-            sentence.append(s.row_sentence + offsets)
-            offsets += s.encoder[0].sentences
-        encoder = [EncoderKeys.concat([s.encoder[i] for s in segments]) for i in range(len(segments[0].encoder))]
-        return LeanRunner._compacted(_Segment(encoder, torch.cat(sentence), caches, length))
-
-    @staticmethod
-    def _compacted(segment: _Segment, present_count: Optional[int] = None) -> _Segment:
-        """Drop encoder keys of sentences that have no row left (``present_count``: how many have rows, if
-        the host knows it: then nothing is read back)."""
-        sentences = segment.encoder[0].sentences
-        present = torch.zeros(sentences, dtype=torch.bool, device=segment.row_sentence.device)
-        present.index_fill_(0, segment.row_sentence, True)
-        if present_count is None:
-            kept = present.nonzero().flatten()
-        else:
-            kept = compact(present, present_count)
-        segment.present = kept.numel()
-        if kept.numel() < sentences:
-            segment.encoder = [e.select(kept) for e in segment.encoder]
-            remap = torch.cumsum(present, 0) - 1
-            segment.row_sentence = remap[segment.row_sentence]
-        segment.pack = None
-        return segment
-
-    def _reorder_segment(self, segment: _Segment, order: Tensor):
-        rows, length = order.numel(), segment.length
-        arange = torch.arange(rows, device=order.device)
-        slot = segment.slots().index_select(0, order)
-        capacity = segment.caches[0].size(1)
-        # A row keeps its parent's slot; a parent's second and later children
-        # get free slots with a copy of its keys and values.
-        first = torch.full((capacity,), rows, dtype=torch.long, device=order.device)
-        first.scatter_reduce_(0, slot, arange, reduce="amin")
-        children = (first.index_select(0, slot) != arange).nonzero().flatten()
-        if children.numel():
-            used = torch.zeros(capacity, dtype=torch.bool, device=order.device)
-            used[slot] = True
-            free = (~used).nonzero().flatten()
-            if free.numel() < children.numel():
-                grown = max(capacity + children.numel() - free.numel(), 2 * capacity)
-                segment.caches = [_resized(c, grown, c.size(3), length) for c in segment.caches]
-                free = torch.cat([free, torch.arange(capacity, grown, device=order.device)])
-                capacity = grown
-            target = free[: children.numel()]
-            if length:
-                source = slot.index_select(0, children)
-                for cache in segment.caches:
-                    attention.copy_slots_(cache, source, target, length)
-            slot = slot.index_put((children,), target)
-        if capacity >= 2 * COMPACT_ABOVE_SLOTS and 2 * rows < capacity:
-            # Most slots are free (sentences ended): attention runs over every
-            # slot, so gather the used ones.
-            segment.caches = [c.index_select(1, slot) for c in segment.caches]
-            slot = arange
-        segment.slot = None if torch.equal(slot, arange) else slot
-        new_sentence = segment.row_sentence.index_select(0, order)
-        if not torch.equal(new_sentence, segment.row_sentence):
-            segment.row_sentence = new_sentence
-            segment.pack = None
-            # The compiled attention reads only its rows' sentences, so keys of sentences without rows cost
-            # it nothing but memory: they are dropped once they are the larger part (copies stay amortized).
-            # The torch attention packs every sentence: drop them at once.
-            segment.counts = segment.present = None
-            if self._drops_keys_at_once(segment):
-                self._compacted(segment)
-
-    def _reorder_known(self, segment: _Segment, order: Tensor, sentence_rows: List[int]):
-        """:meth:`_reorder_segment` without a read of the device: the same slots, copies and compactions, sized
-        from ``sentence_rows`` (the host's count of each sentence's new rows)."""
-        rows, length = order.numel(), segment.length
-        arange = torch.arange(rows, device=order.device)
-        slot = segment.slots().index_select(0, order)
-        capacity = segment.caches[0].size(1)
-        # Children (rows whose parent already has a row) fit the free slots unless rows outnumber the slots.
-        if rows > capacity:
-            grown = max(rows, 2 * capacity)
-            segment.caches = [_resized(c, grown, c.size(3), length) for c in segment.caches]
-            capacity = grown
-        # Each sentence's first row keeps its parent's slot: at most this many rows are children.
-        moved = rows - len(sentence_rows)
-        if moved > 0:
-            slot = self._move_children(segment, slot, arange, capacity, moved)
-        if capacity >= 2 * COMPACT_ABOVE_SLOTS and 2 * rows < capacity:
-            segment.caches = [c.index_select(1, slot) for c in segment.caches]
-            slot = arange
-        segment.slot = slot  # a tensor even where it is the identity: telling would read the device
-        # Rows stay with their sentence, in order: the same counts are the same rows' sentences.
-        if sentence_rows != segment.counts:
-            segment.row_sentence = segment.row_sentence.index_select(0, order)
-            segment.pack = None
-        segment.counts, segment.present = sentence_rows, len(sentence_rows)
-        if len(sentence_rows) < segment.encoder[0].sentences and self._drops_keys_at_once(segment):
-            self._compacted(segment, len(sentence_rows))
-
-    @staticmethod
-    def _move_children(segment: _Segment, slot: Tensor, arange: Tensor, capacity: int, moved: int) -> Tensor:
-        """Each row's new slot: a parent's first child keeps the parent's, a later one takes the next free slot
-        (lowest first) with a copy of the parent's keys and values; at most ``moved`` rows are later children."""
-        rows, device = arange.numel(), slot.device
-        first = torch.full((capacity,), rows, dtype=torch.long, device=device)
-        first.scatter_reduce_(0, slot, arange, reduce="amin")
-        child = first.index_select(0, slot).ne(arange)
-        free = torch.ones(capacity, dtype=torch.bool, device=device).index_fill_(0, slot, False)
-        # free_slot[r]: the r-th free slot (entries past the free slots are never read).
-        free_slot = torch.zeros(capacity + 1, dtype=torch.long, device=device).scatter_(
-            0, torch.where(free, torch.cumsum(free, 0) - 1, capacity), torch.arange(capacity, device=device))
-        child_rank = torch.cumsum(child, 0) - 1
-        new_slot = torch.where(child, free_slot.index_select(0, child_rank.clamp(min=0)), slot)
-        if segment.length:
-            # The copy list, padded to `moved` entries: entry r copies the r-th child's parent slot to its new
-            # slot; the entries past the children copy row 0's slot onto itself (row 0 is never a child).
-            at = torch.where(child, child_rank, moved)
-            source = slot[:1].repeat(moved + 1).scatter_(0, at, slot)[:moved]
-            target = slot[:1].repeat(moved + 1).scatter_(0, at, new_slot)[:moved]
-            for cache in segment.caches:
-                attention.copy_slots_(cache, source, target, segment.length)
-        return new_slot
-
-    def _drops_keys_at_once(self, segment: _Segment) -> bool:
-        """Whether a reorder drops the encoder keys of sentences left without rows (see _reorder_segment)."""
-        return (not (self.compiled_attention and attention.compiled_applies(segment.encoder[0].keys[0]))
-                or 2 * segment.rows <= segment.encoder[0].sentences)
+        return [run[0] if len(run) == 1 else _merge(run) for run in runs]
 
     def _forward(self, segments: List[_Segment], last_tokens: Tensor, logits: bool = False):
         """One step of every model over the segments' rows; the ensemble's log-probabilities (or logits)."""
@@ -699,6 +494,195 @@ class LeanRunner(OwnStepRunner):
 
         x = lean.run_layers(x, self_attention, encoder_attention)
         return lean.logits(x)
+
+
+# The segments' bookkeeping (split, merge, compact, reorder): functions of segments, which read no runner state
+# but the flag passed in. They stay in this file: tests/test_host_sync.py tells the step's host reads by it.
+
+
+def _split(state: LeanState, order: Tensor):
+    """``order`` (rows of the whole state) as (segment, rows of that segment) pairs.
+
+    Our decoder keeps each sentence's rows in its segment and segments in
+    order; anything else is first merged into one segment.
+    """
+    segments = state.segments
+    if len(segments) == 1:
+        return [(segments[0], order)]
+    sizes = torch.tensor([s.rows for s in segments], device=order.device)
+    ends = torch.cumsum(sizes, 0)
+    owner = torch.bucketize(order, ends, right=True)
+    if order.numel() > 1 and bool((owner[1:] < owner[:-1]).any()):
+        if len({s.length for s in segments}) > 1:
+            raise ValueError("internal: rows moved across segments of different lengths")
+        merged = _merge(segments)
+        state.segments = [merged]
+        return [(merged, order)]
+    counts = torch.bincount(owner, minlength=len(segments)).tolist()
+    starts = (ends - sizes).tolist()
+    parts, at = [], 0
+    for segment, count, start in zip(segments, counts, starts):
+        parts.append((segment, order[at: at + count] - start))
+        at += count
+    return parts
+
+
+def _split_known(state: LeanState, order: Tensor, sentence_rows: Optional[List[int]]):
+    """``order`` as (segment, its rows of it, its sentences' row counts without the ended ones) triples, from
+    the host's counts (no read of the device); None where a segment's sentences are not known there."""
+    segments = state.segments
+    if sentence_rows is None or any(s.present is None for s in segments) or \
+            sum(s.present for s in segments) != len(sentence_rows):
+        return None
+    if sum(sentence_rows) != order.numel():
+        raise ValueError("internal: {} rows counted by sentence for {} new rows".format(sum(sentence_rows),
+                                                                                      order.numel()))
+    parts, at, first_row, first_sentence = [], 0, 0, 0
+    for segment in segments:
+        counts = sentence_rows[first_sentence: first_sentence + segment.present]
+        n = sum(counts)
+        own = order[at: at + n]
+        parts.append((segment, own - first_row if first_row else own, [c for c in counts if c]))
+        at, first_row, first_sentence = at + n, first_row + segment.rows, first_sentence + segment.present
+    return parts
+
+
+def _merge(segments: List[_Segment]) -> _Segment:
+    """One segment holding the rows of ``segments`` (same length), caches and encoder keys joined."""
+    length = segments[0].length
+    capacity = max(s.caches[0].size(3) for s in segments)
+    caches = []
+    for i in range(len(segments[0].caches)):
+        parts = [_resized(s.caches[i], s.rows, capacity, length, s.slot) for s in segments]
+        caches.append(torch.cat(parts, dim=1))
+    offsets, sentence = 0, []
+    for s in segments:
+        sentence.append(s.row_sentence + offsets)
+        offsets += s.encoder[0].sentences
+    encoder = [EncoderKeys.concat([s.encoder[i] for s in segments]) for i in range(len(segments[0].encoder))]
+    return _compacted(_Segment(encoder, torch.cat(sentence), caches, length))
+
+
+def _compacted(segment: _Segment, present_count: Optional[int] = None) -> _Segment:
+    """Drop encoder keys of sentences that have no row left (``present_count``: how many have rows, if
+    the host knows it: then nothing is read back)."""
+    sentences = segment.encoder[0].sentences
+    present = torch.zeros(sentences, dtype=torch.bool, device=segment.row_sentence.device)
+    present.index_fill_(0, segment.row_sentence, True)
+    if present_count is None:
+        kept = present.nonzero().flatten()
+    else:
+        kept = compact(present, present_count)
+    segment.present = kept.numel()
+    if kept.numel() < sentences:
+        segment.encoder = [e.select(kept) for e in segment.encoder]
+        remap = torch.cumsum(present, 0) - 1
+        segment.row_sentence = remap[segment.row_sentence]
+    segment.pack = None
+    return segment
+
+
+def _reorder_segment(segment: _Segment, order: Tensor, compiled_attention: bool):
+    """Make the segment's row ``i`` continue its row ``order[i]``, in place (:meth:`LeanRunner.reorder`)."""
+    rows, length = order.numel(), segment.length
+    arange = torch.arange(rows, device=order.device)
+    slot = segment.slots().index_select(0, order)
+    capacity = segment.caches[0].size(1)
+    # A row keeps its parent's slot; a parent's second and later children
+    # get free slots with a copy of its keys and values.
+    first = torch.full((capacity,), rows, dtype=torch.long, device=order.device)
+    first.scatter_reduce_(0, slot, arange, reduce="amin")
+    children = (first.index_select(0, slot) != arange).nonzero().flatten()
+    if children.numel():
+        used = torch.zeros(capacity, dtype=torch.bool, device=order.device)
+        used[slot] = True
+        free = (~used).nonzero().flatten()
+        if free.numel() < children.numel():
+            grown = max(capacity + children.numel() - free.numel(), 2 * capacity)
+            segment.caches = [_resized(c, grown, c.size(3), length) for c in segment.caches]
+            free = torch.cat([free, torch.arange(capacity, grown, device=order.device)])
+            capacity = grown
+        target = free[: children.numel()]
+        if length:
+            source = slot.index_select(0, children)
+            for cache in segment.caches:
+                attention.copy_slots_(cache, source, target, length)
+        slot = slot.index_put((children,), target)
+    if capacity >= 2 * COMPACT_ABOVE_SLOTS and 2 * rows < capacity:
+        # Most slots are free (sentences ended): attention runs over every
+        # slot, so gather the used ones.
+        segment.caches = [c.index_select(1, slot) for c in segment.caches]
+        slot = arange
+    segment.slot = None if torch.equal(slot, arange) else slot
+    new_sentence = segment.row_sentence.index_select(0, order)
+    if not torch.equal(new_sentence, segment.row_sentence):
+        segment.row_sentence = new_sentence
+        segment.pack = None
+        # The compiled attention reads only its rows' sentences, so keys of sentences without rows cost
+        # it nothing but memory: they are dropped once they are the larger part (copies stay amortized).
+        # The torch attention packs every sentence: drop them at once.
+        segment.counts = segment.present = None
+        if _drops_keys_at_once(segment, compiled_attention):
+            _compacted(segment)
+
+
+def _reorder_known(segment: _Segment, order: Tensor, sentence_rows: List[int], compiled_attention: bool):
+    """:meth:`_reorder_segment` without a read of the device: the same slots, copies and compactions, sized
+    from ``sentence_rows`` (the host's count of each sentence's new rows)."""
+    rows, length = order.numel(), segment.length
+    arange = torch.arange(rows, device=order.device)
+    slot = segment.slots().index_select(0, order)
+    capacity = segment.caches[0].size(1)
+    # Children (rows whose parent already has a row) fit the free slots unless rows outnumber the slots.
+    if rows > capacity:
+        grown = max(rows, 2 * capacity)
+        segment.caches = [_resized(c, grown, c.size(3), length) for c in segment.caches]
+        capacity = grown
+    # Each sentence's first row keeps its parent's slot: at most this many rows are children.
+    moved = rows - len(sentence_rows)
+    if moved > 0:
+        slot = _move_children(segment, slot, arange, capacity, moved)
+    if capacity >= 2 * COMPACT_ABOVE_SLOTS and 2 * rows < capacity:
+        segment.caches = [c.index_select(1, slot) for c in segment.caches]
+        slot = arange
+    segment.slot = slot  # a tensor even where it is the identity: telling would read the device
+    # Rows stay with their sentence, in order: the same counts are the same rows' sentences.
+    if sentence_rows != segment.counts:
+        segment.row_sentence = segment.row_sentence.index_select(0, order)
+        segment.pack = None
+    segment.counts, segment.present = sentence_rows, len(sentence_rows)
+    if len(sentence_rows) < segment.encoder[0].sentences and _drops_keys_at_once(segment, compiled_attention):
+        _compacted(segment, len(sentence_rows))
+
+
+def _move_children(segment: _Segment, slot: Tensor, arange: Tensor, capacity: int, moved: int) -> Tensor:
+    """Each row's new slot: a parent's first child keeps the parent's, a later one takes the next free slot
+    (lowest first) with a copy of the parent's keys and values; at most ``moved`` rows are later children."""
+    rows, device = arange.numel(), slot.device
+    first = torch.full((capacity,), rows, dtype=torch.long, device=device)
+    first.scatter_reduce_(0, slot, arange, reduce="amin")
+    child = first.index_select(0, slot).ne(arange)
+    free = torch.ones(capacity, dtype=torch.bool, device=device).index_fill_(0, slot, False)
+    # free_slot[r]: the r-th free slot (entries past the free slots are never read).
+    free_slot = torch.zeros(capacity + 1, dtype=torch.long, device=device).scatter_(
+        0, torch.where(free, torch.cumsum(free, 0) - 1, capacity), torch.arange(capacity, device=device))
+    child_rank = torch.cumsum(child, 0) - 1
+    new_slot = torch.where(child, free_slot.index_select(0, child_rank.clamp(min=0)), slot)
+    if segment.length:
+        # The copy list, padded to `moved` entries: entry r copies the r-th child's parent slot to its new
+        # slot; the entries past the children copy row 0's slot onto itself (row 0 is never a child).
+        at = torch.where(child, child_rank, moved)
+        source = slot[:1].repeat(moved + 1).scatter_(0, at, slot)[:moved]
+        target = slot[:1].repeat(moved + 1).scatter_(0, at, new_slot)[:moved]
+        for cache in segment.caches:
+            attention.copy_slots_(cache, source, target, segment.length)
+    return new_slot
+
+
+def _drops_keys_at_once(segment: _Segment, compiled_attention: bool) -> bool:
+    """Whether a reorder drops the encoder keys of sentences left without rows (see _reorder_segment)."""
+    return (not (compiled_attention and attention.compiled_applies(segment.encoder[0].keys[0]))
+            or 2 * segment.rows <= segment.encoder[0].sentences)
 
 
 def _position(lean: LeanModel, segments: List[_Segment], device):

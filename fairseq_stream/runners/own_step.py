@@ -42,6 +42,11 @@ class OwnStepRunner:
         return self.model.max_decoder_positions()
 
     @staticmethod
+    def release_float_weights() -> int:
+        """0 unless the runner quantizes its products and overrides this (the lean runner)."""
+        return 0
+
+    @staticmethod
     def logits_unsupported() -> Optional[str]:
         """Always None: every model these runners accept ends in a plain log-softmax."""
         return None
