@@ -174,3 +174,35 @@ def test_the_beam_decoder_has_the_declared_stepping_interface(loaded):
 def test_each_folder_sits_at_one_layer():
     # A dotted key would place one module of a folder apart from the rest: move the module instead.
     assert [name for name in LAYERS if "." in name] == []
+
+
+# The modules that drive the greedy decoder through Jacobi's interface (jacobi.interface.GreedyDecoder).
+JACOBI_DRIVERS = ("jacobi/decoder.py", "jacobi/calibration.py")
+
+
+def greedy_attributes(path):
+    """The attributes ``path`` reads of a greedy decoder: ``greedy.X``, ``probe.X`` (a copy at other lengths)
+    and ``<anything>.greedy.X``."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in ("greedy", "probe"):
+            names.add(node.attr)
+        elif isinstance(owner, ast.Attribute) and owner.attr == "greedy":
+            names.add(node.attr)
+    return names
+
+
+def test_jacobi_uses_only_the_declared_greedy_interface(loaded):
+    from fairseq_stream.decoder import BeamDecoder
+    from fairseq_stream.jacobi.interface import GreedyDecoder
+
+    declared = set(GreedyDecoder.__annotations__) | {n for n in vars(GreedyDecoder) if not n.startswith("_")}
+    used = {name: greedy_attributes(PACKAGE / name) for name in JACOBI_DRIVERS}
+    assert all(used.values()), "the reader found no greedy attribute: {}".format(used)
+    assert {name: sorted(attrs - declared) for name, attrs in used.items()} == {name: [] for name in used}
+    models, task = loaded("transformer")
+    greedy = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", keep_reference=False)
+    assert isinstance(greedy, GreedyDecoder) and isinstance(greedy.with_lengths(0, 5, 5), GreedyDecoder)

@@ -81,19 +81,20 @@ def cache_file(signature: dict, environ=os.environ) -> Path:
     return cache_base(environ) / "jacobi-calibration" / "{}.json".format(digest)
 
 
-def signature(greedy, device, rows: Sequence[int], widths: Sequence[int], draft: str) -> dict:
+def signature(jacobi, device, rows: Sequence[int], widths: Sequence[int]) -> dict:
     """What the costs depend on: the models' shapes, the runner, the output layer, threads, CPU, the setting.
 
     Shapes, not weights: a call's cost is the same for any weights of one
-    architecture, so a retrained model reuses its predecessor's table.
+    architecture, so a retrained model reuses its predecessor's table. The
+    models are read through the Jacobi decoder's window runner.
     """
-    models = greedy.runner.model.models
-    shapes = [[[name, list(p.shape), str(p.dtype)] for name, p in m.state_dict().items()] for m in models]
+    runner = jacobi.windows.runner
+    shapes = [[[name, list(p.shape), str(p.dtype)] for name, p in m.state_dict().items()] for m in runner.model.models]
     # Quantized products cost another share of a call (a float run's table keeps its key).
-    quantize = getattr(greedy.runner, "quantize", None)
+    quantize = getattr(runner, "quantize", None)
     return dict(version=CACHE_VERSION, torch=torch.__version__, hardware=_hardware(device), device=device.type,
-                threads=torch.get_num_threads(), runner=type(greedy.runner).__name__,
-                output=greedy.output_backend, shapes=shapes, rows=list(rows), widths=list(widths), draft=draft,
+                threads=torch.get_num_threads(), runner=type(runner).__name__,
+                output=jacobi.output_backend, shapes=shapes, rows=list(rows), widths=list(widths), draft=jacobi.draft,
                 **({"quantize": quantize} if quantize else {}))
 
 
@@ -196,7 +197,7 @@ def load_or_measure(jacobi, device, rows: Sequence[int], widths: Sequence[int]) 
     such a table (another shape, a cost of zero, a directory or a FIFO in its
     place) is one warning line and a new measurement, never an error.
     """
-    sig = signature(jacobi.greedy, device, rows, widths, jacobi.draft)
+    sig = signature(jacobi, device, rows, widths)
     path = cache_file(sig)
     costs, unusable = _read_cache(path, sig, rows)
     if costs is not None:
@@ -213,6 +214,14 @@ def load_or_measure(jacobi, device, rows: Sequence[int], widths: Sequence[int]) 
         logger.warning("jacobi: could not cache the calibration in %s (%s); it is measured again next run",
                        path, unwritten)
     return costs
+
+
+def log_costs(costs: Costs):
+    """One log line: the table, and whether it was measured now (and where it is cached) or read."""
+    cached = "cached in {}".format(costs.path) if costs.path else "not cached"
+    where = ("measured in {:.1f} s, {}".format(costs.seconds, cached)
+             if costs.source == "measured" else "read from {}".format(costs.path))
+    logger.info("jacobi: the cost of windows on %s (%s): %s", costs.hardware, where, costs.describe())
 
 
 def _read_cache(path: Path, sig: dict, rows: Sequence[int]) -> Tuple[Optional[Costs], Optional[str]]:
@@ -335,7 +344,7 @@ def measure(jacobi, device, rows: Sequence[int], widths: Sequence[int]) -> Costs
     """
     start = time.perf_counter()
     greedy = jacobi.greedy
-    samples = {r: _synthetic_sample(greedy, r, device, seed=r) for r in rows}
+    samples = {r: _synthetic_sample(jacobi, r, device, seed=r) for r in rows}
     configs = [(r, None) for r in rows] + [(r, w) for r in rows for w in widths]
     times: Dict[tuple, List[float]] = {}
     calls: Dict[tuple, Tuple[int, int]] = {}
@@ -403,13 +412,13 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def _synthetic_sample(greedy, rows: int, device, seed: int) -> dict:
+def _synthetic_sample(jacobi, rows: int, device, seed: int) -> dict:
     """A fairseq batch of ``rows`` random sources of ``SOURCE_LENGTH`` tokens (EOS last)."""
-    vocab = greedy.runner.model.models[0].encoder.embed_tokens.num_embeddings
+    vocab = jacobi.windows.runner.model.models[0].encoder.embed_tokens.num_embeddings
     gen = torch.Generator().manual_seed(seed)
     # fairseq dictionaries: 0-3 are BOS, PAD, EOS, UNK.
     tokens = torch.randint(4, max(5, vocab), (rows, SOURCE_LENGTH - 1), generator=gen)
-    tokens = torch.cat([tokens, torch.full((rows, 1), greedy.eos, dtype=torch.long)], dim=1).to(device)
+    tokens = torch.cat([tokens, torch.full((rows, 1), jacobi.eos, dtype=torch.long)], dim=1).to(device)
     lengths = torch.full((rows,), SOURCE_LENGTH, dtype=torch.long, device=device)
     return {"id": torch.arange(rows), "net_input": {"src_tokens": tokens, "src_lengths": lengths}}
 

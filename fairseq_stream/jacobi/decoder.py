@@ -43,7 +43,6 @@ which it needs anyway to accept tokens and draft the next window.
 """
 
 import collections
-import logging
 import math
 import time
 from typing import Dict, List, Optional
@@ -52,15 +51,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fairseq_stream.decoder import check_call
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.hypotheses import hypothesis
+from fairseq_stream.hypotheses import empty_hypothesis, hypothesis
 from fairseq_stream.jacobi import calibration
 from fairseq_stream.jacobi.drafts import DRAFTS, AcceptanceRates, NgramPool, likely_tree, next_draft
+from fairseq_stream.jacobi.interface import GreedyDecoder
 from fairseq_stream.runners.lean import LeanRunner
 from fairseq_stream.runners.lean_window import WindowRunner, depths
 from fairseq_stream.stats import DecodeStats
-
-logger = logging.getLogger(__name__)
 
 VARIANTS = ("pj", "pgj", "hgj")
 # The n-gram pool's continuation length for pj, whose window has no block size.
@@ -161,6 +160,18 @@ class JacobiStats:
             self.accepted[m] = self.accepted.get(m, 0) + 1
         self.iterations += len(counts)
 
+    def add_greedy_batch(self, results, chosen: bool) -> List[List[int]]:
+        """Count a batch that greedy's own step decoded (``chosen``: the calibration sent it there) as
+        iterations of one token each; its outputs' tokens (empty sources left out)."""
+        outputs = [tokens for tokens in (hypos[0]["tokens"].tolist() for hypos in results) if tokens]
+        for tokens in outputs:
+            self.add_accepted([1] * len(tokens))
+            self.greedy_steps += len(tokens)
+        self.greedy_calls += max(map(len, outputs), default=0)
+        self.greedy_batches += 1
+        self.calibrated_greedy_batches += int(chosen)
+        return outputs
+
     def summary(self) -> dict:
         """The greedy decoder's counters and Jacobi's, as a JSON-able dict (the ``--stats-file`` content)."""
         out = self.calls.summary()
@@ -219,14 +230,59 @@ class _Row:
         self.max_len = max_len
         self.trace = trace
 
+    def accept(self, window: List[int], tree: Optional[List[int]], outputs: List[int], values: List[float], eos: int,
+               rates: AcceptanceRates, stats: "JacobiStats"):
+        """Add to the row the tokens its window verified: (how many, their window indices in a tree or None,
+        guesses).
+
+        A chain accepts its outputs while the draft before each was right; a
+        tree, the branch the model verifies (:func:`_accepted_path`). The
+        guesses are the outputs after them, for the next draft.
+        """
+        width = len(window)
+        if tree is None:
+            m = 1
+            while m < width and window[m] == outputs[m - 1] and outputs[m - 1] != eos:
+                m += 1
+            if self.estimates:
+                rates.record(self.estimates, m - 1)
+            path, guess = None, outputs[m:]
+        else:
+            path, guess = _accepted_path(window, tree, outputs, eos)
+            m = len(path)
+            stats.tree_windows += 1
+            stats.off_chain += any(j != k for k, j in enumerate(path))
+            on_path = set(path)
+            rates.record(self.estimates, 0, [j + 1 in on_path for j in range(width - 1)])
+        if self.trace is not None:
+            self.trace.append({"start": len(self.tokens) - 1, "width": width, "accepted": m,
+                               "tokens": outputs, "lprobs": values})
+        self.tokens.extend(outputs[:m] if path is None else [outputs[j] for j in path])
+        self.lprobs.extend(values[:m] if path is None else [values[j] for j in path])
+        return m, path, guess
+
+    def hypothesis(self, greedy: GreedyDecoder, device) -> Dict[str, Tensor]:
+        """fairseq's hypothesis dict for the finished row, scored as greedy scores it."""
+        dtype = np.float64 if greedy.score_dtype == torch.float64 else np.float32
+        # Greedy accumulates in the score type, step by step, and takes positional
+        # scores as differences of the running sums: the same here.
+        cumulative = np.cumsum(np.asarray(self.lprobs, dtype=dtype), dtype=dtype)
+        positional = np.diff(cumulative, prepend=dtype(0)).astype(dtype)
+        tokens = self.tokens[1:]
+        _, (score,) = greedy.scores([float(cumulative[-1])], [len(tokens)])
+        return hypothesis(torch.tensor(tokens, dtype=torch.long, device=device),
+                          torch.from_numpy(positional).to(device), score)
+
 
 class JacobiDecoder:
     """A fairseq generator (``generate(models, sample)``) giving greedy's output by Jacobi iteration.
 
     Args:
-        greedy: the greedy :class:`~fairseq_stream.decoder.BeamDecoder` this
-            decoder reproduces (beam 1, on the lean runner): its length rules,
-            output layer and score arithmetic are used as they are.
+        greedy: the greedy decoder this decoder reproduces (beam 1, on the
+            lean runner; a :class:`~fairseq_stream.decoder.BeamDecoder`),
+            reached through :class:`~fairseq_stream.jacobi.interface.GreedyDecoder`
+            only: its length rules, output layer and score arithmetic are
+            used as they are, its runner's models run the windows.
         variant: ``pj``, ``pgj`` or ``hgj``.
         block: b, the window of ``pgj`` and ``hgj`` (>= 1; 1 is greedy); None:
             ``hgj`` takes ``AUTO_BLOCK`` by how many sentences share a call, ``pgj`` 2.
@@ -251,17 +307,11 @@ class JacobiDecoder:
             measuring (and caching) one.
     """
 
-    def __init__(self, greedy, variant: str = "hgj", block: Optional[int] = None, draft: str = "ngram",
+    def __init__(self, greedy: GreedyDecoder, variant: str = "hgj", block: Optional[int] = None, draft: str = "ngram",
                  horizon: Optional[int] = None, trace_ids=(), call_cost: Optional[float] = None,
                  candidates: int = 1, calibrate: str = "off", costs: Optional[calibration.Costs] = None):
         check_options(variant, block, draft, horizon, call_cost, candidates, calibrate)
-        if not isinstance(greedy.runner, LeanRunner):
-            raise FairseqStreamError(
-                "--search jacobi runs fairseq transformers on the lean runner only (this model: {}); "
-                "use --search greedy".format(_why_not_lean(greedy)))
-        if greedy.repeat_ngram_blocker is not None:
-            raise FairseqStreamError("--search jacobi does not support --no-repeat-ngram-size "
-                                     "(use --search greedy)")
+        runner = _lean_runner_of(greedy)
         self.greedy = greedy
         self.variant = variant
         self.auto_block = block is None and variant == "hgj"
@@ -275,7 +325,7 @@ class JacobiDecoder:
         self.costs = costs
         self.chooser: Optional[calibration.Chooser] = None  # built at the first batch (the device is known)
         self.calls: Optional[List] = None  # (rows, positions) of the current batch's calls, for the chooser
-        self.windows = WindowRunner(greedy.runner)
+        self.windows = WindowRunner(runner)
         self.eos, self.pad = greedy.eos, greedy.pad
         span = PJ_DRAFT_SPAN if variant == "pj" else max(1, self.block - 1)
         self.pool = NgramPool(span, self.candidates) if draft == "ngram" else None
@@ -315,7 +365,7 @@ class JacobiDecoder:
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
         """Translate a fairseq sample; one list with greedy's hypothesis per sentence, in sample order."""
-        self.greedy.check_call(prefix_tokens, constraints)
+        check_call(prefix_tokens, constraints)
         start = time.perf_counter()
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
@@ -357,15 +407,10 @@ class JacobiDecoder:
                 return None
             widest = 4 if self.variant == "pj" else max(2, self.block)
             widths = list(range(1, widest + 1))
-            costs = self.costs
-            if costs is None:
-                costs = calibration.load_or_measure(self, device, rows, widths)
-                cached = "cached in {}".format(costs.path) if costs.path else "not cached"
-                where = ("measured in {:.1f} s, {}".format(costs.seconds, cached)
-                         if costs.source == "measured" else "read from {}".format(costs.path))
-                logger.info("jacobi: the cost of windows on %s (%s): %s", costs.hardware, where, costs.describe())
-                self.costs = costs
-            self.chooser = calibration.Chooser(costs, widths[1:])
+            if self.costs is None:
+                self.costs = calibration.load_or_measure(self, device, rows, widths)
+                calibration.log_costs(self.costs)
+            self.chooser = calibration.Chooser(self.costs, widths[1:])
         return self.chooser
 
     def _greedy_pays(self, rows: int, device) -> bool:
@@ -395,21 +440,11 @@ class JacobiDecoder:
         """
         results = self.greedy.generate(models, sample, prefix_tokens=prefix_tokens, constraints=constraints,
                                        bos_token=bos_token, **kwargs)
-        bos = self.eos if bos_token is None else int(bos_token)
-        longest = 0
-        for hypos in results:
-            tokens = hypos[0]["tokens"].tolist()
-            if not tokens:  # an empty source
-                continue
-            self.stats.add_accepted([1] * len(tokens))
-            self.stats.greedy_steps += len(tokens)
-            longest = max(longest, len(tokens))
-            if self.pool is not None:
-                # Learnt when a batch runs windows (_learn): in a run of full batches, never.
-                self.unlearned.append([bos] + tokens)
-        self.stats.greedy_calls += longest
-        self.stats.greedy_batches += 1
-        self.stats.calibrated_greedy_batches += int(chosen)
+        outputs = self.stats.add_greedy_batch(results, chosen)
+        if self.pool is not None:
+            # Learnt when a batch runs windows (_learn): in a run of full batches, never.
+            bos = self.eos if bos_token is None else int(bos_token)
+            self.unlearned.extend([bos] + tokens for tokens in outputs)
         return results
 
     def decode(self, net_input, ids: List[int], bos_token=None) -> List[List[Dict[str, Tensor]]]:
@@ -426,7 +461,7 @@ class JacobiDecoder:
         for i in range(S):
             if empty[i]:
                 # Greedy gives an empty source an empty hypothesis (fairseq would fail on it).
-                results[i] = [greedy.empty_hypothesis(device)]
+                results[i] = [empty_hypothesis(self.eos, device)]
                 continue
             trace = [] if ids[i] in self.trace_ids else None
             rows.append(_Row(i, bos, max_lens[i], [], trace))
@@ -443,7 +478,7 @@ class JacobiDecoder:
         while rows:
             rows, state, done = self._iterate(rows, state, device)
             for row in done:
-                results[row.index] = [self._hypothesis(row, device)]
+                results[row.index] = [row.hypothesis(self.greedy, device)]
                 longest_output = max(longest_output, len(row.tokens) - 1)
                 if self.pool is not None:
                     self.pool.add_output(row.tokens)
@@ -483,8 +518,8 @@ class JacobiDecoder:
         offset = 0
         for i, r in enumerate(rows):
             width = len(windows[i])
-            m, path, guess = self._accept(r, windows[i], trees[i], words[offset: offset + width],
-                                          values[offset: offset + width])
+            m, path, guess = r.accept(windows[i], trees[i], words[offset: offset + width],
+                                      values[offset: offset + width], self.eos, self.rates, self.stats)
             offset += width
             accepted.append(m)
             if paths is not None:
@@ -516,59 +551,12 @@ class JacobiDecoder:
         logits = self.windows.window(state, layout)
         # Each window position's depth after the verified prefix (its index, in a chain).
         levels = [depths(t) if t is not None else range(len(w)) for w, t in zip(windows, trees)]
-        ban_eos, force_eos = self._eos_rules(rows, levels, state.lengths, layout.tokens.device)
+        ban_eos, force_eos = _eos_rules(rows, levels, state.lengths, self.greedy.min_len, layout.tokens.device)
         # The arguments are built here and keep their kinds: checked once per decoder.
         out = self.greedy.top_candidates(logits, 1, ban_eos=ban_eos, force_eos=force_eos, check=not self._checked)
         self._checked = True
         words, values = _read_back(out.indices.view(-1), out.values.view(-1))
         return layout, words, values
-
-    def _accept(self, r: _Row, window: List[int], tree: Optional[List[int]], outputs: List[int], values: List[float]):
-        """Add to ``r`` the tokens its window verified: (how many, their window indices in a tree or None, guesses).
-
-        A chain accepts its outputs while the draft before each was right; a
-        tree, the branch the model verifies (:func:`_accepted_path`). The
-        guesses are the outputs after them, for the next draft.
-        """
-        width = len(window)
-        if tree is None:
-            m = 1
-            while m < width and window[m] == outputs[m - 1] and outputs[m - 1] != self.eos:
-                m += 1
-            if r.estimates:
-                self.rates.record(r.estimates, m - 1)
-            path, guess = None, outputs[m:]
-        else:
-            path, guess = _accepted_path(window, tree, outputs, self.eos)
-            m = len(path)
-            self.stats.tree_windows += 1
-            self.stats.off_chain += any(j != k for k, j in enumerate(path))
-            on_path = set(path)
-            self.rates.record(r.estimates, 0, [j + 1 in on_path for j in range(width - 1)])
-        if r.trace is not None:
-            r.trace.append({"start": len(r.tokens) - 1, "width": width, "accepted": m,
-                            "tokens": outputs, "lprobs": values})
-        r.tokens.extend(outputs[:m] if path is None else [outputs[j] for j in path])
-        r.lprobs.extend(values[:m] if path is None else [values[j] for j in path])
-        return m, path, guess
-
-    def _eos_rules(self, rows: List[_Row], levels, lengths: List[int], device):
-        """Per window position: EOS banned (below ``--min-len``), EOS forced (at the row's maximum length).
-
-        ``levels[r]``: row r's window positions' depths after its verified
-        prefix (a position's step is the row's length plus its depth). Each
-        is None where no position of the call needs it, as in most
-        iterations: known on the host, so no tensor is built for it.
-        """
-        min_len = self.greedy.min_len
-        ban = force = None
-        if min(lengths) < min_len:
-            ban = torch.tensor([length + j < min_len for d, length in zip(levels, lengths) for j in d],
-                               device=device)
-        if any(length + max(d) >= r.max_len for r, d, length in zip(rows, levels, lengths)):
-            force = torch.tensor([length + j >= r.max_len for r, d, length in zip(rows, levels, lengths)
-                                  for j in d], device=device)
-        return ban, force
 
     def _draft(self, row: _Row, guesses: List[int], threshold: Optional[float], rows: int):
         """Set the row's next draft: a fixed window (``threshold`` None), or the tokens that pay for their positions."""
@@ -585,23 +573,28 @@ class JacobiDecoder:
         """How many draft tokens the row's next window can take, in a call of ``rows``."""
         return max(0, self.width(len(row.tokens) - 1, row.max_len, rows) - 1)
 
-    def _hypothesis(self, row: _Row, device) -> Dict[str, Tensor]:
-        """fairseq's hypothesis dict for a finished row, scored as greedy scores it."""
-        greedy = self.greedy
-        dtype = np.float64 if greedy.score_dtype == torch.float64 else np.float32
-        # Greedy accumulates in the score type, step by step, and takes positional
-        # scores as differences of the running sums: the same here.
-        cumulative = np.cumsum(np.asarray(row.lprobs, dtype=dtype), dtype=dtype)
-        positional = np.diff(cumulative, prepend=dtype(0)).astype(dtype)
-        tokens = row.tokens[1:]
-        _, (score,) = greedy.scores([float(cumulative[-1])], [len(tokens)])
-        return hypothesis(torch.tensor(tokens, dtype=torch.long, device=device),
-                          torch.from_numpy(positional).to(device), score)
-
 
 def _lengths(results) -> List[int]:
     """Each output's tokens (EOS included), sentences with an empty source (no output) left out."""
     return [n for n in (len(hypos[0]["tokens"]) for hypos in results) if n]
+
+
+def _eos_rules(rows: List[_Row], levels, lengths: List[int], min_len: int, device):
+    """Per window position: EOS banned (below ``--min-len``), EOS forced (at the row's maximum length).
+
+    ``levels[r]``: row r's window positions' depths after its verified
+    prefix (a position's step is the row's length plus its depth). Each
+    is None where no position of the call needs it, as in most
+    iterations: known on the host, so no tensor is built for it.
+    """
+    ban = force = None
+    if min(lengths) < min_len:
+        ban = torch.tensor([length + j < min_len for d, length in zip(levels, lengths) for j in d],
+                           device=device)
+    if any(length + max(d) >= r.max_len for r, d, length in zip(rows, levels, lengths)):
+        force = torch.tensor([length + j >= r.max_len for r, d, length in zip(rows, levels, lengths)
+                              for j in d], device=device)
+    return ban, force
 
 
 def _read_back(words: Tensor, values: Tensor):
@@ -643,9 +636,22 @@ def _accepted_path(window: List[int], parents: List[int], outputs: List[int], eo
     return path, guesses
 
 
-def _why_not_lean(greedy) -> str:
+def _lean_runner_of(greedy: GreedyDecoder) -> LeanRunner:
+    """The greedy decoder's runner, which the windows run on; a one-line error where Jacobi cannot use it."""
+    runner = greedy.runner
+    if not isinstance(runner, LeanRunner):
+        raise FairseqStreamError(
+            "--search jacobi runs fairseq transformers on the lean runner only (this model: {}); "
+            "use --search greedy".format(_why_not_lean(runner)))
+    if greedy.repeat_ngram_blocker is not None:
+        raise FairseqStreamError("--search jacobi does not support --no-repeat-ngram-size "
+                                 "(use --search greedy)")
+    return runner
+
+
+def _why_not_lean(runner) -> str:
     from fairseq_stream.runners.lean import unsupported_reason
 
-    members = greedy.runner.model.models
+    members = runner.model.models
     reason = next((r for r in map(unsupported_reason, members) if r), None)
     return reason or "--runner {} was asked for".format(getattr(greedy.runner, "name", "fairseq"))
