@@ -206,3 +206,10 @@ def test_jacobi_uses_only_the_declared_greedy_interface(loaded):
     models, task = loaded("transformer")
     greedy = BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", keep_reference=False)
     assert isinstance(greedy, GreedyDecoder) and isinstance(greedy.with_lengths(0, 5, 5), GreedyDecoder)
+
+
+def test_the_pool_planner_holds_no_decoder(graph):
+    """schedule/plan.py decides and returns plans; the pool's loop executes them (vLLM's ``schedule()`` /
+    ``update_from_output``): the planner imports nothing that runs a model and names no decoder."""
+    assert graph["schedule.plan"] <= {"cohort"}
+    assert decoder_attributes(PACKAGE / "schedule" / "plan.py") == set()

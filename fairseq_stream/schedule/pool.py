@@ -44,15 +44,21 @@ Options beyond the paper:
 
 None of this changes what is decoded, only when: every sentence goes through
 the same search steps as with ``--generator batch``.
+
+The decisions are a planner's (:class:`~fairseq_stream.schedule.plan.PoolPlanner`:
+which cohorts refill, join, split and step), which holds no decoder and
+returns plans, as vLLM's scheduler returns a ``SchedulerOutput``.
+:class:`StreamPool` is the loop: it executes each plan through the decoder's
+stepping interface (:class:`CohortDecoder`) and feeds the results back.
 """
 
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Protocol, Tuple, runtime_checkable
 
-import torch
 from torch import Tensor
 
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.schedule.plan import Join, PoolPlanner, StepPlan
 from fairseq_stream.stats import DecodeStats
 
 ORDERS = ("shortest", "fifo")
@@ -140,6 +146,11 @@ def check_pool_options(pool_size: int, eps: float, refill_unit: str = "sentences
 class StreamPool:
     """Decode a stream of encoded batches through a bounded pool.
 
+    The loop: its :class:`~fairseq_stream.schedule.plan.PoolPlanner` decides
+    (refill, join, split, step) and never calls a model; the pool executes
+    each plan through the decoder's stepping interface and feeds the results
+    back.
+
     Args:
         decoder: a :class:`CohortDecoder` (a
             :class:`~fairseq_stream.decoder.BeamDecoder`: its search, runner
@@ -169,20 +180,18 @@ class StreamPool:
         check_pool_options(pool_size, eps, refill_unit, capacity, capacity_unit, max_wait, order)
         self.decoder = decoder
         self.pool_size = pool_size
-        self.eps = eps
-        self.refill_unit = refill_unit
-        self.capacity = capacity
-        self.capacity_unit = capacity_unit
-        self.max_wait = max_wait
-        self.order = order
         # Every call runs every cohort (FIFO without a capacity, as top-up does): where the runner holds rows
         # of different lengths in one state, the cohorts past their first step become one (Cohort.merge),
         # so that a call makes one search update, not one per refill still decoding.
-        self.joins_lengths = join_lengths and order == "fifo" and capacity is None and decoder.joins_lengths
+        joins_lengths = join_lengths and order == "fifo" and capacity is None and decoder.joins_lengths
+        self.planner = PoolPlanner(pool_size, eps, refill_unit, capacity, capacity_unit, max_wait, order,
+                                   decoder.beam_size, decoder.first_step_rows, decoder.can_join, joins_lengths)
         self.peak_sentences = 0  # most sentences held at once, encoded ones waiting included
-        self.clock = 0  # decoder calls made so far, lone first steps not counted (see max_wait)
 
-    # -- public --------------------------------------------------------------
+    @property
+    def joins_lengths(self) -> bool:
+        """Whether cohorts at different steps are merged into one (the planner's rule)."""
+        return self.planner.joins_lengths
 
     def run(self, batches: Iterable[Cohort], may_read: Optional[Callable[[], bool]] = None
             ) -> Iterator[Tuple[int, List[dict]]]:
@@ -198,7 +207,7 @@ class StreamPool:
         staging: List[Cohort] = []
         cohorts: List[Cohort] = []
         exhausted = False
-        stats = self.decoder.stats
+        stats, planner = self.decoder.stats, self.planner
         while True:
             if not exhausted and self._should_refill(cohorts):
                 hold = may_read is not None and bool(cohorts) and not may_read()
@@ -211,41 +220,29 @@ class StreamPool:
                 if exhausted and not staging:
                     return
                 continue
-            stats.peak_lag = max([stats.peak_lag] + [self._lag(c) for c in cohorts])
-            chosen = self._choose_fifo(cohorts) if self.order == "fifo" else self._choose(cohorts)
-            lone_first_step = chosen[0].step == 0
-            finished = self.decoder.advance_together(chosen)
-            if not lone_first_step:
-                self.clock += 1
+            stats.peak_lag = max([stats.peak_lag] + [planner.lag(c) for c in cohorts])
+            plan = planner.schedule(cohorts)
+            finished = self.decoder.advance_together(self._split(cohorts, plan))
+            planner.update_from_output(plan)
             for sid, hyps in finished.items():
                 yield sid, hyps
             cohorts = [c for c in cohorts if c.size]
-            cohorts = self._join_equal_lengths(cohorts)
+            cohorts = self._join(cohorts)
 
-    # -- policy ----------------------------------------------------------------
+    # -- executing the planner's decisions -------------------------------------
 
     def _active(self, cohorts) -> int:
-        if self.refill_unit == "rows":
-            return sum(c.rows for c in cohorts)
-        return sum(c.size for c in cohorts)
-
-    def _limit(self) -> int:
-        """The pool's capacity in the refill unit."""
-        if self.refill_unit == "rows":
-            return self.pool_size * self.decoder.beam_size
-        return self.pool_size
+        return self.planner.active(cohorts)
 
     def _should_refill(self, cohorts) -> bool:
-        return self._active(cohorts) <= self.eps * self._limit()
+        return self.planner.should_refill(cohorts)
 
     def _refill(self, source, staging: List[Cohort], cohorts: List[Cohort], hold: bool = False):
-        """Admit sentences until the pool is full (``hold``: only from ``staging``).
+        """Admit the sentences the planner asks for (``hold``: only from ``staging``).
 
         Returns (the source is exhausted and nothing is staged, sentences admitted).
         """
-        need = self._limit() - self._active(cohorts)
-        per_sentence = self.decoder.first_step_rows if self.refill_unit == "rows" else 1
-        need = -(-need // per_sentence)
+        need = self.planner.refill_need(cohorts)
         admitted: List[Cohort] = []
         exhausted = False
         while need > 0:
@@ -269,108 +266,31 @@ class StreamPool:
                 first, staging[0] = self.decoder.split(head, need)
                 admitted.append(first)
                 need = 0
-        for c in admitted:
-            c.admitted = self.clock
+        self.planner.admit(admitted)
         if admitted:
             cohorts.extend(admitted)
-            cohorts[:] = self._join_equal_lengths(cohorts)
+            cohorts[:] = self._join(cohorts)
         return exhausted and not staging, sum(c.size for c in admitted)
 
-    def _lag(self, c: Cohort) -> int:
-        """Decoder calls since ``c``'s earliest sentence was admitted that did not expand it.
-
-        Its first step ran in a lone first-step call, which the clock does not
-        count; each later step ran in a counted call.
-        """
-        return self.clock - c.admitted - max(c.step - 1, 0)
-
-    def _overdue(self, c: Cohort) -> bool:
-        return bool(self.max_wait) and c.step > 0 and self._lag(c) >= self.max_wait
-
-    def _choose(self, cohorts: List[Cohort]) -> List[Cohort]:
-        """The cohorts for the next call: the shortest (split to capacity), or the overdue ones and it."""
-        shortest = min(cohorts, key=lambda c: c.step)
-        overdue = self._overdue_first(cohorts) if shortest.step > 0 else []
-        if not overdue:
-            # (A first step has no decoder state to pad and share: it runs on its own.)
-            return [self._choose_among(cohorts, shortest)]
-        # One padded call over the overdue cohorts and the shortest (as FIFO
-        # does), so an overdue cohort is passed over no more.
-        if not any(c is shortest for c in overdue):
-            overdue.append(shortest)
-        return self._fill(cohorts, overdue)
-
-    def _choose_among(self, cohorts: List[Cohort], chosen: Cohort) -> Cohort:
-        """``chosen``, or its first sentences up to the capacity (the rest stay in ``cohorts``)."""
-        if self.capacity is None or self._cost(chosen.rows, chosen.step) <= self.capacity:
-            return chosen
-        # Split the chosen cohort: its first sentences up to the capacity run
-        # now, the rest wait (they are the shortest, so they run next).
-        rows_per_sentence = torch.bincount(chosen.run_rows // chosen.k, minlength=chosen.size)
-        cost = torch.cumsum(rows_per_sentence, 0)
-        fits = int((self._cost(cost, chosen.step) <= self.capacity).sum())
-        fits = max(fits, 1)
-        first, rest = self.decoder.split(chosen, fits)
+    def _split(self, cohorts: List[Cohort], plan: StepPlan) -> List[Cohort]:
+        """The cohorts ``plan`` runs: where it splits one, its first part (the rest takes its place after it)."""
+        if plan.split is None:
+            return plan.run
+        (chosen,) = plan.run
+        first, rest = self.decoder.split(chosen, plan.split)
         position = next(i for i, c in enumerate(cohorts) if c is chosen)
         cohorts[position:position + 1] = [first, rest]
-        return first
+        return [first]
 
-    def _choose_fifo(self, cohorts: List[Cohort]) -> List[Cohort]:
-        """Cohorts for one padded call: the overdue ones, then the longest prefixes, up to the capacity."""
-        starting = [c for c in cohorts if c.step == 0]
-        if starting:
-            return [self._choose_among(cohorts, starting[0])]
-        overdue = self._overdue_first(cohorts)
-        rest = sorted((c for c in cohorts if not any(c is o for o in overdue)), key=lambda c: -c.step)
-        return self._fill(cohorts, overdue + rest)
-
-    def _overdue_first(self, cohorts: List[Cohort]) -> List[Cohort]:
-        """The overdue cohorts, the longest passed over first."""
-        return sorted((c for c in cohorts if self._overdue(c)), key=lambda c: -self._lag(c))
-
-    def _fill(self, cohorts: List[Cohort], ordered: List[Cohort]) -> List[Cohort]:
-        """The first of ``ordered`` that fit in one call's capacity (a lone one above it is split)."""
-        if self.capacity is None:
-            return ordered
-        chosen, rows, longest = [], 0, 0
-        for c in ordered:
-            if chosen and self._cost(rows + c.rows, max(longest, c.step)) > self.capacity:
-                break
-            chosen.append(c)
-            rows, longest = rows + c.rows, max(longest, c.step)
-        if len(chosen) == 1:
-            return [self._choose_among(cohorts, chosen[0])]
-        return chosen
-
-    def _cost(self, rows, step):
-        if self.capacity_unit == "tokens":
-            return rows * (step + 1)
-        return rows
-
-    def _join_equal_lengths(self, cohorts: List[Cohort]) -> List[Cohort]:
-        """Join cohorts at the same step into one decoder call (within the capacity); see ``joins_lengths``."""
-        joined: List[Cohort] = []
-        if self.joins_lengths:
-            joinable = [c for c in cohorts if self.decoder.can_join(c)]
-            cohorts = [c for c in cohorts if not self.decoder.can_join(c)]
-            if len(joinable) > 1:
-                # Keep the largest lag of the parts (the merge moves the step the lag is counted from).
-                lag = max(self._lag(c) for c in joinable)
-                merged = self.decoder.join(joinable, any_length=True)
-                merged.admitted = self.clock - lag - max(merged.step - 1, 0)
-                joinable = [merged]
-            joined.extend(joinable)
-        by_step: Dict[int, List[Cohort]] = {}
-        for c in cohorts:
-            by_step.setdefault(c.step, []).append(c)
-        for step, group in by_step.items():
-            current = [group[0]]
-            for c in group[1:]:
-                rows = sum(x.rows for x in current) + c.rows
-                if self.capacity is not None and self._cost(rows, step) > self.capacity:
-                    joined.append(self.decoder.join(current))
-                    current = [c]
-                else:
-                    current.append(c)
-            joined.append(self.decoder.join(current))
+    def _join(self, cohorts: List[Cohort]) -> List[Cohort]:
+        """The planner's joins (:meth:`PoolPlanner.joins`) made by the decoder."""
+        joined = []
+        for entry in self.planner.joins(cohorts):
+            if isinstance(entry, Join):
+                merged = self.decoder.join(entry.cohorts, any_length=True) if entry.any_length \
+                    else self.decoder.join(entry.cohorts)
+                self.planner.joined(merged, entry)
+                joined.append(merged)
+            else:
+                joined.append(entry)
         return joined
