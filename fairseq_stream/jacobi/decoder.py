@@ -654,4 +654,4 @@ def _why_not_lean(runner) -> str:
 
     members = runner.model.models
     reason = next((r for r in map(unsupported_reason, members) if r), None)
-    return reason or "--runner {} was asked for".format(getattr(greedy.runner, "name", "fairseq"))
+    return reason or "--runner {} was asked for".format(getattr(runner, "name", "fairseq"))

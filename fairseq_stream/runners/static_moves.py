@@ -1,6 +1,6 @@
 """Where a static-slot group's rows go when the search reorders them: slot numbers, and a fixed-size copy list.
 
-The lean runner's rule (:meth:`LeanRunner._move_children`), over a group's
+The lean runner's rule (:func:`fairseq_stream.runners.lean._move_children`), over a group's
 own slots of a shared pool: a row continues its parent's slot if it is the
 parent's first child; a later child takes the group's next free slot with a
 copy of the parent's keys and values. The copy list is padded to a length
