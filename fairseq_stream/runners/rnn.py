@@ -409,9 +409,8 @@ class RnnRunner(OwnStepRunner):
     The same interface as :class:`fairseq_stream.runners.fairseq_runner.ModelRunner`.
 
     Args:
-        models: fairseq LSTM models (an ensemble of one or more) that
-            :func:`unsupported_reason` accepts.
-        temperature: divides the decoder logits, as fairseq's ``--temperature``.
+        models, temperature: as :class:`~fairseq_stream.runners.own_step.OwnStepRunner`'s (LSTM models,
+            as :func:`unsupported_reason` accepts them).
         options: the tricks to use.
     """
 
@@ -452,13 +451,8 @@ class RnnRunner(OwnStepRunner):
 
     @torch.no_grad()
     def step(self, state: RnnState, tokens: Tensor, logits: bool = False):
-        """Run one decoder step on all rows of ``state``; ``tokens`` (rows, length) are their prefixes.
-
-        Returns:
-            (lprobs (rows, vocab), None): no attention is kept. With
-            ``logits``, a list of one (rows, vocab) tensor per model (in the
-            model's type, before ``--temperature``) instead of ``lprobs``.
-        """
+        """:class:`~fairseq_stream.runners.base.Runner`'s ``step``, on the prefixes' last tokens (an LSTM keeps
+        the rest in its state); the attention returned is None (none is kept)."""
         return self._forward([state], tokens[:, -1], logits), None
 
     @torch.no_grad()
