@@ -126,7 +126,7 @@ def test_every_runner_has_the_declared_interface(loaded, kind, model):
 
 
 # The modules that drive a BeamDecoder through its stepping interface (schedule.pool.CohortDecoder).
-DECODER_DRIVERS = ("schedule/pool.py", "schedule/stream.py", "api.py")
+DECODER_DRIVERS = ("schedule/pool.py", "schedule/stream.py", "schedule/wrapper.py", "api.py")
 
 
 def decoder_attributes(path):

@@ -31,6 +31,7 @@ from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.option_field import option
 from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, CohortDecoder, StreamPool, check_pool_options
 from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
+from fairseq_stream.schedule.wrapper import DecoderWrapper
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def pool_settings(options, order: str = "shortest", refill_eps: Optional[Callabl
     return settings
 
 
-class StreamGenerator:
+class StreamGenerator(DecoderWrapper):
     """A fairseq generator that decodes through a :class:`StreamPool`.
 
     Args:
@@ -134,7 +135,6 @@ class StreamGenerator:
     def __init__(self, decoder: CohortDecoder, options, batches=None, batch_size: Optional[int] = None,
                  pool_args: Optional[dict] = None):
         self.decoder = decoder
-        self.stats = decoder.stats
         self.pool_args = pool_settings(options) if pool_args is None else pool_args
         self.pool_size = options.stream_pool or batch_size
         self.max_cached = getattr(options, "stream_max_cached", None)
@@ -144,14 +144,6 @@ class StreamGenerator:
         self._stream = None
         self._encoded = None
         self._results = {}
-
-    @property
-    def eos(self):
-        return self.decoder.eos
-
-    @property
-    def symbols_to_strip_from_output(self):
-        return self.decoder.symbols_to_strip_from_output
 
     def cuda(self):
         self.decoder.cuda()
