@@ -29,7 +29,7 @@ fairseq-fixed 0.12.3.1 with Hydra 1.3.2 needs these adjustments (see
   aborted fairseq-generate after an error ("terminate called without an
   active exception").
 
-Each adjustment that wraps a fairseq function is installed by :func:`_patch`;
+Each adjustment to a fairseq function, wrapped or replaced, is installed by :func:`_patch`;
 preset expansion is :mod:`fairseq_stream.presets.resolve`, maxi-batching
 :mod:`fairseq_stream.schedule.maxi_batch`.
 """
@@ -173,12 +173,7 @@ def _add_plugin_options(parser):
         help="load the --path checkpoints with the full unpickler even if they "
         "contain globals fairseq checkpoints do not need (only for files you trust)",
     )
-    _add_option_once(
-        parser, maxi_batch.FLAG, type=int, default=None, metavar="M",
-        help="cut batches from windows of M x --batch-size input sentences, each sorted by "
-        "length (Marian's maxi-batch); 1: input order, unsorted (default: fairseq's order, "
-        "the whole input sorted)",
-    )
+    _add_option_once(parser, maxi_batch.FLAG, type=int, default=None, metavar="M", help=maxi_batch.HELP)
 
 
 def _check_before_parsing(parser, input_args):
@@ -223,10 +218,12 @@ def _set_maxi_batch(parser, m):
     the value is a setting of that patch, set on it at each parse.
     """
     from fairseq.data import data_utils
-    from fairseq_stream.schedule.maxi_batch import FLAG
+    from fairseq_stream.schedule import maxi_batch
 
-    if m is not None and m < 1:
-        parser.error("{} must be at least 1, got {}".format(FLAG, m))
+    try:
+        maxi_batch.check(m)
+    except FairseqStreamError as e:
+        parser.error(str(e))
     data_utils.batch_by_size.maxi_batch = m
 
 
@@ -601,7 +598,9 @@ def _patch_checkpoint_loading():
 
     from fairseq_stream.checkpoint import check_readable, load_checkpoint_to_cpu
 
-    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    def load_checkpoint_to_cpu_safely(original, *args, **kwargs):
+        # Ours in place of fairseq's, not around it: fairseq's torch.load with no allow-list fails on torch >= 2.6.
+        return load_checkpoint_to_cpu(*args, **kwargs)
 
     def load_model_ensemble_and_task(original, filenames, arg_overrides=None, task=None, strict=True,
                                      suffix="", num_shards=1, state=None):
@@ -617,4 +616,5 @@ def _patch_checkpoint_loading():
         return original(filenames, arg_overrides=arg_overrides, task=task, strict=strict,
                         suffix=suffix, num_shards=num_shards, state=state)
 
+    _patch(checkpoint_utils, "load_checkpoint_to_cpu", load_checkpoint_to_cpu_safely)
     _patch(checkpoint_utils, "load_model_ensemble_and_task", load_model_ensemble_and_task)

@@ -270,14 +270,29 @@ def methods_of(rows):
     return sorted({r["method"] for r in rows}, key=method_rank)
 
 
+def labels_of(rows):
+    """The table's row labels (:func:`row_label`), in first-seen order: a plot's x ticks or markers."""
+    return list(OrderedDict.fromkeys(row_label(r, rows) for r in rows))
+
+
 def colour(i):
     """matplotlib's i-th default colour, so a method looks the same in both plots."""
     return "C{}".format(i % 10)
 
 
+def finish_plot(plt, fig, ax, what, device, beam, path):
+    """Title a plot ``what`` for its table, put its legend outside the axes and write it to ``path``."""
+    ax.set_title(what + "\n" + table_title(device, beam), fontsize="medium")
+    # Outside the axes: inside, it covers the tallest bars.
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+
+
 def plot_decode_bars(plt, device, beam, rows, path):
     """Grouped bars: decode seconds of each method, grouped by pair, std as error bars."""
-    labels = list(OrderedDict.fromkeys(row_label(r, rows) for r in rows))
+    labels = labels_of(rows)
     methods = methods_of(rows)
     width = 0.8 / len(methods)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 0.35 * len(labels) * len(methods)), 4))
@@ -290,19 +305,14 @@ def plot_decode_bars(plt, device, beam, rows, path):
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels)
     ax.set_ylabel("decode seconds (mean ± std)")
-    ax.set_title("decode time\n" + table_title(device, beam), fontsize="medium")
-    # Outside the axes: inside, it covers the tallest bars.
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
+    finish_plot(plt, fig, ax, "decode time", device, beam, path)
 
 
 def plot_bleu_vs_time(plt, device, beam, rows, path):
     """Scatter of BLEU against decode seconds, one point per method and pair, labelled."""
     fig, ax = plt.subplots(figsize=(6, 4.5))
     methods = methods_of(rows)
-    labels = list(OrderedDict.fromkeys(row_label(r, rows) for r in rows))
+    labels = labels_of(rows)
     several = len(labels) > 1
     for r in rows:
         if r["bleu"] is None or r["decode"] is None:
@@ -314,11 +324,7 @@ def plot_bleu_vs_time(plt, device, beam, rows, path):
                    marker=MARKERS[labels.index(row_label(r, rows)) % len(MARKERS)], label=label, alpha=0.8)
     ax.set_xlabel("decode seconds (mean)")
     ax.set_ylabel("BLEU")
-    ax.set_title("BLEU vs decode time\n" + table_title(device, beam), fontsize="medium")
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
+    finish_plot(plt, fig, ax, "BLEU vs decode time", device, beam, path)
 
 
 def write_outputs(tables, baseline, out):

@@ -1,11 +1,12 @@
 """What every search entry of ours shares: the runner, output-layer and statistics options, and their checks."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.option_field import option
 from fairseq_stream.output_choice import OUTPUT_LAYERS, check_output_layer
 from fairseq_stream.runners import QUANTIZE, RUNNERS, check_runner
 from fairseq_stream.runners.rnn import RnnOptions, RnnRunnerConfig
@@ -22,67 +23,46 @@ class DecodeStatsConfig(RnnRunnerConfig):
     """Options every search of ours shares: statistics, the model runner (and the rnn runner's own,
     registered by it), the output layer."""
 
-    stats_file: Optional[str] = field(
-        default=None,
-        metadata={"help": "write decoding counters (sentences, timesteps, expansions, "
-                  "expansions_per_step, wall_s) as JSON to this file"},
-    )
-    stats_steps: bool = field(
-        default=False,
-        metadata={"help": "also record every decoder step (length, rows, seconds) in --stats-file"},
-    )
+    stats_file: Optional[str] = option(None, "write decoding counters (sentences, timesteps, expansions, "
+                                       "expansions_per_step, wall_s) as JSON to this file")
+    stats_steps: bool = option(False, "also record every decoder step (length, rows, seconds) in --stats-file")
     # Every search of ours runs on a runner, so the option lives with the
     # options every search shares.
-    runner: RunnerChoice = field(
-        default="auto",
-        metadata={"help": "model runner: fairseq (fairseq's own decoder calls, the reference), lean "
-                  "(our incremental step for fairseq transformers: preallocated caches, shared "
-                  "encoder keys, fused projections), rnn (our step for fairseq LSTM models with "
-                  "Devlin 2017's tricks), static (the lean step over key/value slots allocated once: "
-                  "reorders move indices, fixed shapes; see docs/GPU.md) or auto (lean for supported "
-                  "transformers, rnn for supported LSTMs, else fairseq; --search fixed --finalize fairseq "
-                  "keeps fairseq)"},
-    )
-    quantize: QuantizeChoice = field(
-        default="none",
-        metadata={"help": "run every product of the model on weights quantized once at load (CPU, float32 "
-                  "models): int8 (per-row scales, AVX-512 VNNI / AVX2 kernels; its weights 8-bit, or 7-bit "
-                  "where AVX2 is the CPU's best int8 code), int8w8 / int8w7 (that width on every CPU) or "
-                  "int16; transformers on the lean runner, LSTMs (int16) on the rnn runner; none keeps float"},
-    )
-    cpu_threads: Optional[int] = field(
-        default=None,
-        metadata={"help": "threads a CPU decode on our runners (lean, rnn) uses: our kernels split their "
-                  "work over them, torch's ops run on one (default: the cores this process may use, at "
-                  "most torch's thread count, OMP_NUM_THREADS); fairseq's runner keeps torch's threads"},
-    )
-    cpu_workers: Optional[int] = field(
-        default=None,
-        metadata={"help": "worker processes decoding batches at once on the CPU (CTranslate2's inter_threads), "
-                  "each with its own decoder state and --cpu-threads kernel threads; results in input order, "
-                  "the same bits as one worker where each batch is decoded on its own (default: one a core "
-                  "on --generator batch in fairseq-generate and fairseq-interactive, else 1; our runners only)"},
-    )
-    stack_members: StackChoice = field(
-        default="auto",
-        metadata={"help": "lean runner, an ensemble whose members share a shape: on runs them stacked (each "
-                  "product once for all members, one cache), off one after another, auto stacked where "
-                  "the members' step is not compiled (CUDA: stacked; the CPU keeps each member's compiled "
-                  "step, measured faster there; docs/ensemble.md)"},
-    )
-    static_buckets: str = field(
-        default="",
-        metadata={"help": "--runner static: pad each step's rows up to the next of these sizes and read keys to "
-                  "a multiple of POSITIONS, as ROWS[,ROWS...][:POSITIONS] (e.g. 8,16,32,64,128:16): the "
-                  "fixed shapes a CUDA graph of the step needs (docs/GPU.md); empty: no padding"},
-    )
-    output_layer: OutputLayerChoice = field(
-        default="auto",
-        metadata={"help": "output layer: torch (log-softmax over the vocabulary, then the rules and "
-                  "top-k: the reference), fused (bias + log-softmax + rules + top-k in one compiled "
-                  "kernel pass; an error if no kernel is built) or auto (fused where a kernel is built "
-                  "for the device, else torch; --search fixed --finalize fairseq keeps torch)"},
-    )
+    runner: RunnerChoice = option("auto", "model runner: fairseq (fairseq's own decoder calls, the reference), lean "
+                                  "(our incremental step for fairseq transformers: preallocated caches, shared "
+                                  "encoder keys, fused projections), rnn (our step for fairseq LSTM models with "
+                                  "Devlin 2017's tricks), static (the lean step over key/value slots allocated once: "
+                                  "reorders move indices, fixed shapes; see docs/GPU.md) or auto (lean for supported "
+                                  "transformers, rnn for supported LSTMs, else fairseq; --search fixed --finalize "
+                                  "fairseq keeps fairseq)")
+    quantize: QuantizeChoice = option("none", "run every product of the model on weights quantized once at load (CPU, "
+                                      "float32 models): int8 (per-row scales, AVX-512 VNNI / AVX2 kernels; its "
+                                      "weights 8-bit, or 7-bit where AVX2 is the CPU's best int8 code), int8w8 / "
+                                      "int8w7 (that width on every CPU) or int16; transformers on the lean runner, "
+                                      "LSTMs (int16) on the rnn runner; none keeps float")
+    cpu_threads: Optional[int] = option(None, "threads a CPU decode on our runners (lean, rnn) uses: our kernels "
+                                        "split their work over them, torch's ops run on one (default: the cores this "
+                                        "process may use, at most torch's thread count, OMP_NUM_THREADS); fairseq's "
+                                        "runner keeps torch's threads")
+    cpu_workers: Optional[int] = option(None, "worker processes decoding batches at once on the CPU (CTranslate2's "
+                                        "inter_threads), each with its own decoder state and --cpu-threads kernel "
+                                        "threads; results in input order, the same bits as one worker where each "
+                                        "batch is decoded on its own (default: one a core on --generator batch in "
+                                        "fairseq-generate and fairseq-interactive, else 1; our runners only)")
+    stack_members: StackChoice = option("auto", "lean runner, an ensemble whose members share a shape: on runs them "
+                                        "stacked (each product once for all members, one cache), off one after "
+                                        "another, auto stacked where the members' step is not compiled (CUDA: "
+                                        "stacked; the CPU keeps each member's compiled step, measured faster there; "
+                                        "docs/ensemble.md)")
+    static_buckets: str = option("", "--runner static: pad each step's rows up to the next of these sizes and read "
+                                 "keys to a multiple of POSITIONS, as ROWS[,ROWS...][:POSITIONS] (e.g. "
+                                 "8,16,32,64,128:16): the fixed shapes a CUDA graph of the step needs (docs/GPU.md); "
+                                 "empty: no padding")
+    output_layer: OutputLayerChoice = option("auto", "output layer: torch (log-softmax over the vocabulary, then the "
+                                             "rules and top-k: the reference), fused (bias + log-softmax + rules + "
+                                             "top-k in one compiled kernel pass; an error if no kernel is built) or "
+                                             "auto (fused where a kernel is built for the device, else torch; "
+                                             "--search fixed --finalize fairseq keeps torch)")
 
 
 # fairseq generation options our loop does not implement; each is refused by

@@ -7,10 +7,11 @@ var-stream`` is the same search on ``--generator stream`` (VAR-STREAM), with
 the stream options (``--stream-eps`` ...) in the preset itself.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from fairseq_stream.registry import register_search
+from fairseq_stream.option_field import option
 from fairseq_stream.plugin.fixed import FinalizeChoice, FixedSearch
 from fairseq_stream.plugin.common import DecodeStatsConfig
 from fairseq_stream.search.pruning import Pruning
@@ -19,27 +20,15 @@ from fairseq_stream.schedule.stream import StreamOptions
 
 @dataclass
 class VarSearchConfig(DecodeStatsConfig):
-    finalize: FinalizeChoice = field(
-        default="stay", metadata={"help": "finalization rule (see --search fixed)"}
-    )
-    prune_rp: Optional[float] = field(
-        default=None,
-        metadata={"help": "relative threshold rp in (0, 1]: drop candidates with probability "
-                  "below rp times the best one's"},
-    )
-    prune_ap: Optional[float] = field(
-        default=None,
-        metadata={"help": "absolute threshold ap (delta) >= 0: drop candidates whose log-probability "
-                  "is more than ap below the best (finished or not)"},
-    )
-    prune_rpl: Optional[float] = field(
-        default=None,
-        metadata={"help": "relative local threshold rpl in (0, 1]: rp on the last word's probability"},
-    )
-    prune_mc: Optional[int] = field(
-        default=None,
-        metadata={"help": "max candidates per node M >= 1: at most M candidates extending the same hypothesis"},
-    )
+    finalize: FinalizeChoice = option("stay", "finalization rule (see --search fixed)")
+    prune_rp: Optional[float] = option(None, "relative threshold rp in (0, 1]: drop candidates with probability below "
+                                       "rp times the best one's")
+    prune_ap: Optional[float] = option(None, "absolute threshold ap (delta) >= 0: drop candidates whose "
+                                       "log-probability is more than ap below the best (finished or not)")
+    prune_rpl: Optional[float] = option(None, "relative local threshold rpl in (0, 1]: rp on the last word's "
+                                        "probability")
+    prune_mc: Optional[int] = option(None, "max candidates per node M >= 1: at most M candidates extending the same "
+                                     "hypothesis")
 
 
 @register_search("var", dataclass=VarSearchConfig)
@@ -56,8 +45,8 @@ class VarSearch(FixedSearch):
 
 @dataclass
 class VarBatchConfig(VarSearchConfig):
-    prune_ap: Optional[float] = field(default=1.5, metadata={"help": "absolute threshold (preset: 1.5)"})
-    prune_mc: Optional[int] = field(default=5, metadata={"help": "max candidates per node (preset: 5)"})
+    prune_ap: Optional[float] = option(1.5, "absolute threshold (preset: 1.5)")
+    prune_mc: Optional[int] = option(5, "max candidates per node (preset: 5)")
 
 
 @register_search("var-batch", dataclass=VarBatchConfig)

@@ -14,6 +14,11 @@ class OwnStepRunner:
     :meth:`cuda`) and implement the runner interface (``start / step /
     step_mixed / reorder / take / concat``, and ``step_own``: their states
     join across lengths).
+
+    Args:
+        models: fairseq models (an ensemble of one or more) that the
+            subclass's module's ``unsupported_reason`` accepts.
+        temperature: divides the decoder logits, as fairseq's ``--temperature``.
     """
 
     def __init__(self, models, temperature: float = 1.0):

@@ -57,6 +57,7 @@ from fairseq_stream.ops import int16_linear as int16
 from fairseq_stream.ops import rnn_step as compiled_step
 from fairseq_stream.runners.own_step import OwnStepRunner
 from fairseq_stream.ops.packing import pack_by_sentence
+from fairseq_stream.option_field import option
 
 # The first layer's input table holds this many of the most frequent words by default.
 DEFAULT_EMBED_TABLE_WORDS = 50000
@@ -114,37 +115,19 @@ class RnnOptions:
 class RnnRunnerConfig(FairseqDataclass):
     """The rnn runner's ``--rnn-*`` options; every search's options include them (any search runs on it)."""
 
-    rnn_int16: bool = field(
-        default=False,
-        metadata={"help": "LSTM models on the CPU: 16-bit fixed-point products (Devlin 2017) on the rnn runner, "
-                  "with every --no-rnn-* trick on unless turned off"},
-    )
-    no_rnn_embed_table: bool = field(
-        default=False,
-        metadata={"help": "rnn runner: multiply the first LSTM layer's input per token instead of looking it "
-                  "up in a table of the most frequent words"},
-    )
-    rnn_embed_table_words: int = field(
-        default=DEFAULT_EMBED_TABLE_WORDS,
-        metadata={"help": "rnn runner: words in the first layer's input table (the most frequent; 0: all)"},
-    )
-    no_rnn_attention_table: bool = field(
-        default=False,
-        metadata={"help": "rnn runner: do not pre-compute the attention's source-side products per sentence"},
-    )
-    no_rnn_merge_states: bool = field(
-        default=False,
-        metadata={"help": "rnn runner: compute recurrent products per row instead of once per parent hypothesis"},
-    )
-    no_rnn_int16_output: bool = field(
-        default=False,
-        metadata={"help": "with --rnn-int16: keep the output layer in float32"},
-    )
-    no_rnn_fused_step: bool = field(
-        default=False,
-        metadata={"help": "with --rnn-int16: run the decoder step as torch operations instead of one compiled "
-                  "call (vectorized approximate sigmoid and tanh)"},
-    )
+    rnn_int16: bool = option(False, "LSTM models on the CPU: 16-bit fixed-point products (Devlin 2017) on the rnn "
+                             "runner, with every --no-rnn-* trick on unless turned off")
+    no_rnn_embed_table: bool = option(False, "rnn runner: multiply the first LSTM layer's input per token instead of "
+                                      "looking it up in a table of the most frequent words")
+    rnn_embed_table_words: int = option(DEFAULT_EMBED_TABLE_WORDS, "rnn runner: words in the first layer's input "
+                                        "table (the most frequent; 0: all)")
+    no_rnn_attention_table: bool = option(False, "rnn runner: do not pre-compute the attention's source-side products "
+                                          "per sentence")
+    no_rnn_merge_states: bool = option(False, "rnn runner: compute recurrent products per row instead of once per "
+                                       "parent hypothesis")
+    no_rnn_int16_output: bool = option(False, "with --rnn-int16: keep the output layer in float32")
+    no_rnn_fused_step: bool = option(False, "with --rnn-int16: run the decoder step as torch operations instead of "
+                                     "one compiled call (vectorized approximate sigmoid and tanh)")
 
 
 def unsupported_reason(model) -> Optional[str]:
@@ -426,9 +409,8 @@ class RnnRunner(OwnStepRunner):
     The same interface as :class:`fairseq_stream.runners.fairseq_runner.ModelRunner`.
 
     Args:
-        models: fairseq LSTM models (an ensemble of one or more) that
-            :func:`unsupported_reason` accepts.
-        temperature: divides the decoder logits, as fairseq's ``--temperature``.
+        models, temperature: as :class:`~fairseq_stream.runners.own_step.OwnStepRunner`'s (LSTM models,
+            as :func:`unsupported_reason` accepts them).
         options: the tricks to use.
     """
 
@@ -469,13 +451,8 @@ class RnnRunner(OwnStepRunner):
 
     @torch.no_grad()
     def step(self, state: RnnState, tokens: Tensor, logits: bool = False):
-        """Run one decoder step on all rows of ``state``; ``tokens`` (rows, length) are their prefixes.
-
-        Returns:
-            (lprobs (rows, vocab), None): no attention is kept. With
-            ``logits``, a list of one (rows, vocab) tensor per model (in the
-            model's type, before ``--temperature``) instead of ``lprobs``.
-        """
+        """:class:`~fairseq_stream.runners.base.Runner`'s ``step``, on the prefixes' last tokens (an LSTM keeps
+        the rest in its state); the attention returned is None (none is kept)."""
         return self._forward([state], tokens[:, -1], logits), None
 
     @torch.no_grad()

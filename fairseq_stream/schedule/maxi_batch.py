@@ -16,8 +16,16 @@ import numpy as np
 from fairseq_stream.errors import FairseqStreamError
 
 FLAG = "--maxi-batch"
+HELP = ("cut batches from windows of M x --batch-size input sentences, each sorted by length (Marian's "
+        "maxi-batch); 1: input order, unsorted (default: fairseq's order, the whole input sorted)")
 
 Item = TypeVar("Item")
+
+
+def check(m: Optional[int]):
+    """Refuse a ``--maxi-batch`` below 1 (None, not given, keeps fairseq's order)."""
+    if m is not None and m < 1:
+        raise FairseqStreamError("{} must be at least 1, got {}".format(FLAG, m))
 
 
 def windows(items: Iterable[Item], m: int, batch_size: int,

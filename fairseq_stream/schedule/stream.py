@@ -19,7 +19,7 @@ fairseq-interactive) and a smaller ``--stream-pool``.
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, Optional
 
@@ -28,8 +28,10 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
+from fairseq_stream.option_field import option
 from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, CohortDecoder, StreamPool, check_pool_options
 from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
+from fairseq_stream.schedule.wrapper import DecoderWrapper
 
 logger = logging.getLogger(__name__)
 
@@ -44,55 +46,30 @@ CapacityUnit = ChoiceEnum(["rows", "tokens"])
 class StreamOptions(FairseqDataclass):
     """Options of the streaming scheduler (also part of the ``--search var-stream`` preset)."""
 
-    stream_eps: str = field(
-        default="1/6",
-        metadata={"help": "refill threshold epsilon in (0, 1], a fraction (1/6) or a decimal: "
-                  "refill the pool when at most epsilon * --stream-pool sentences are active"},
-    )
-    stream_pool: Optional[int] = field(
-        default=None,
-        metadata={"help": "n, the most sentences decoded at once (default: --batch-size, else "
-                  "the first batch's size); memory is bounded by it, not by the input size"},
-    )
-    stream_refill_unit: RefillUnit = field(
-        default="sentences",
-        metadata={"help": "what epsilon counts: sentences (the paper) or rows (live hypotheses, "
-                  "refill at epsilon * n * beam)"},
-    )
-    stream_capacity: Optional[int] = field(
-        default=None,
-        metadata={"help": "at most this many decoder rows (or tokens, see --stream-capacity-unit) "
-                  "per decoder call; larger groups are split (default: no limit)"},
-    )
-    stream_capacity_unit: CapacityUnit = field(
-        default="rows",
-        metadata={"help": "unit of --stream-capacity: rows (total beam width) or tokens "
-                  "(rows x current prefix length, which bounds self-attention work)"},
-    )
-    stream_max_wait: int = field(
-        default=DEFAULT_MAX_WAIT,
-        metadata={"help": "latency guard: once a sentence has been passed over this many decoder "
-                  "calls since it entered the pool, it is expanded in every call, whatever its "
-                  "length (0: off)"},
-    )
-    stream_max_cached: Optional[int] = field(
-        default=None,
-        metadata={"help": "fairseq-generate: stop reading later batches while more than this many "
-                  "finished translations wait for an earlier batch to finish (default: 4 x the pool)"},
-    )
-    stream_within_batch: bool = field(
-        default=False,
-        metadata={"help": "do not read ahead into later batches of fairseq-generate; refill only "
-                  "from the batch being translated"},
-    )
-    encoder_queue: Optional[int] = field(
-        default=None,
-        metadata={"help": "run the encoder ahead in a background thread (on a GPU, on a CUDA stream of its "
-                  "own), up to this many encoded batches waiting for the pool (0: encode in the decoder's "
-                  "thread when the pool "
-                  "refills; default: 2 on the CPU where torch's threads leave a core free, where it "
-                  "was measured to help, else 0)"},
-    )
+    stream_eps: str = option("1/6", "refill threshold epsilon in (0, 1], a fraction (1/6) or a decimal: refill the "
+                             "pool when at most epsilon * --stream-pool sentences are active")
+    stream_pool: Optional[int] = option(None, "n, the most sentences decoded at once (default: --batch-size, else the "
+                                        "first batch's size); memory is bounded by it, not by the input size")
+    stream_refill_unit: RefillUnit = option("sentences", "what epsilon counts: sentences (the paper) or rows (live "
+                                            "hypotheses, refill at epsilon * n * beam)")
+    stream_capacity: Optional[int] = option(None, "at most this many decoder rows (or tokens, see "
+                                            "--stream-capacity-unit) per decoder call; larger groups are split "
+                                            "(default: no limit)")
+    stream_capacity_unit: CapacityUnit = option("rows", "unit of --stream-capacity: rows (total beam width) or tokens "
+                                                "(rows x current prefix length, which bounds self-attention work)")
+    stream_max_wait: int = option(DEFAULT_MAX_WAIT, "latency guard: once a sentence has been passed over this many "
+                                  "decoder calls since it entered the pool, it is expanded in every call, whatever "
+                                  "its length (0: off)")
+    stream_max_cached: Optional[int] = option(None, "fairseq-generate: stop reading later batches while more than "
+                                              "this many finished translations wait for an earlier batch to finish "
+                                              "(default: 4 x the pool)")
+    stream_within_batch: bool = option(False, "do not read ahead into later batches of fairseq-generate; refill only "
+                                       "from the batch being translated")
+    encoder_queue: Optional[int] = option(None, "run the encoder ahead in a background thread (on a GPU, on a CUDA "
+                                          "stream of its own), up to this many encoded batches waiting for the pool "
+                                          "(0: encode in the decoder's thread when the pool refills; default: 2 on "
+                                          "the CPU where torch's threads leave a core free, where it was measured to "
+                                          "help, else 0)")
 
 
 @dataclass
@@ -140,7 +117,7 @@ def pool_settings(options, order: str = "shortest", refill_eps: Optional[Callabl
     return settings
 
 
-class StreamGenerator:
+class StreamGenerator(DecoderWrapper):
     """A fairseq generator that decodes through a :class:`StreamPool`.
 
     Args:
@@ -158,7 +135,6 @@ class StreamGenerator:
     def __init__(self, decoder: CohortDecoder, options, batches=None, batch_size: Optional[int] = None,
                  pool_args: Optional[dict] = None):
         self.decoder = decoder
-        self.stats = decoder.stats
         self.pool_args = pool_settings(options) if pool_args is None else pool_args
         self.pool_size = options.stream_pool or batch_size
         self.max_cached = getattr(options, "stream_max_cached", None)
@@ -168,14 +144,6 @@ class StreamGenerator:
         self._stream = None
         self._encoded = None
         self._results = {}
-
-    @property
-    def eos(self):
-        return self.decoder.eos
-
-    @property
-    def symbols_to_strip_from_output(self):
-        return self.decoder.symbols_to_strip_from_output
 
     def cuda(self):
         self.decoder.cuda()

@@ -9,9 +9,10 @@ refill threshold in place of ``--stream-eps``: this module holds its options
 and reads them into the pool's settings.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.option_field import option
 from fairseq_stream.schedule.stream import StreamOptions, parse_eps
 from fairseq_stream.schedule.stream import pool_settings as stream_pool_settings
 
@@ -23,12 +24,9 @@ THRESHOLD_FLAG = "--topup-threshold"
 class TopupOptions(StreamOptions):
     """The stream options, refilling at ``--topup-threshold`` instead of ``--stream-eps``."""
 
-    topup_threshold: str = field(
-        default="1/2",
-        metadata={"help": "top the batch up from the queue of encoded sentences when at most this "
-                  "fraction of it (--stream-pool, default --batch-size) is still decoding: a fraction "
-                  "(Marian's 1/2) or a decimal in (0, 1]"},
-    )
+    topup_threshold: str = option("1/2", "top the batch up from the queue of encoded sentences when at most this "
+                                  "fraction of it (--stream-pool, default --batch-size) is still decoding: a fraction "
+                                  "(Marian's 1/2) or a decimal in (0, 1]")
 
 
 def refill_eps(options) -> float:

@@ -51,6 +51,7 @@ import torch
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
+from fairseq_stream.schedule.wrapper import DecoderWrapper
 
 logger = logging.getLogger(__name__)
 
@@ -345,18 +346,18 @@ def announce(samples: list):
         generator.expect(samples)
 
 
-class WorkersGenerator:
+class WorkersGenerator(DecoderWrapper):
     """A fairseq generator whose batches are decoded by :class:`Workers`, answered in fairseq's order.
 
     Args:
-        inner: the generator each worker runs (its copy, forked).
+        decoder: what each worker decodes with (its copy, forked): the decoder, or a generator around it.
         n: workers.
         models: fairseq's models (``generate``'s argument).
         batches: a callable building fairseq-generate's epoch iterator again, or None.
     """
 
-    def __init__(self, inner, n: int, models, batches: Optional[Callable] = None):
-        self.inner, self.n, self.models = inner, n, models
+    def __init__(self, decoder, n: int, models, batches: Optional[Callable] = None):
+        self.decoder, self.n, self.models = decoder, n, models
         self._batches = batches
         self._workers = None
         self._ahead = None  # None: not decided; False: decode here; else the results of the look-ahead
@@ -364,18 +365,6 @@ class WorkersGenerator:
         self._expected = deque()  # fairseq-interactive: (sample, its results' iterator) announced
         self._sigint = None  # the SIGINT handler before ours, while ours is installed
         _listening.add(self)
-
-    @property
-    def stats(self):
-        return self.inner.stats
-
-    @property
-    def eos(self):
-        return self.inner.eos
-
-    @property
-    def symbols_to_strip_from_output(self):
-        return self.inner.symbols_to_strip_from_output
 
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
         """Translate a fairseq sample; one list of hypotheses per sentence, in sample order."""
@@ -391,7 +380,7 @@ class WorkersGenerator:
             self.close(wait=False)
             raise
         if results is None:
-            return self.inner.generate(models, sample, bos_token=bos_token, **kwargs)
+            return self.decoder.generate(models, sample, bos_token=bos_token, **kwargs)
         self.stats.add_sentences(len(results), time.perf_counter() - start)
         return results
 
@@ -407,7 +396,7 @@ class WorkersGenerator:
 
     def _pool(self) -> Workers:
         if self._workers is None:
-            self._workers = Workers(self.n, lambda task: decode_samples(self.inner, self.models, *task),
+            self._workers = Workers(self.n, lambda task: decode_samples(self.decoder, self.models, *task),
                                     self.stats)
             self._stop_on_ctrl_c()
         return self._workers
@@ -436,7 +425,7 @@ class WorkersGenerator:
             logger.info("fairseq-stream: the batches are not fairseq-generate's; decoding them in this process, "
                         "one at a time")
             return False
-        size = STREAM_CHUNK if streams_across_batches(self.inner) else 1
+        size = STREAM_CHUNK if streams_across_batches(self.decoder) else 1
 
         def tasks():
             batches = (b for b in _chained(first, itr) if "net_input" in b)

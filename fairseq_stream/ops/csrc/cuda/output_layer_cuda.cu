@@ -277,6 +277,31 @@ __device__ __forceinline__ bool is_special(const Params<scalar_t>& p, int i, boo
   return i == p.pad || (p.penalize_unk && i == p.unk) || (rule_eos && i == p.eos);
 }
 
+// Model m's normalizer of a whole row, merged from stats_kernel's partials in split order.
+template <typename scalar_t>
+__device__ __forceinline__ Online<typename Acc<scalar_t>::type> merged_partials(const Params<scalar_t>& p,
+                                                                               int64_t row, int m) {
+  Online<typename Acc<scalar_t>::type> o;
+  o.init();
+  for (int s = 0; s < p.splits; ++s) {
+    const int64_t at = (row * p.splits + s) * p.models + m;
+    o.merge(p.part_max[at], p.part_sum[at], p.part_bad[at] != 0);
+  }
+  return o;
+}
+
+// Keeps model m's row normalizer o for the row's log-probabilities; whether it spoils the row.
+template <typename scalar_t>
+__device__ __forceinline__ bool keep_normalizer(Shared<scalar_t>& sh, int m,
+                                                const Online<typename Acc<scalar_t>::type>& o) {
+  const bool bad = o.bad();
+  if (threadIdx.x == 0) {
+    sh.max[m] = o.max;
+    sh.log_sum[m] = acc_log(o.sum);
+  }
+  return bad;
+}
+
 // The ensemble log-probability of word i, as torch.logsumexp(stack(lp_m), 0) - log(M).
 template <typename scalar_t>
 __device__ typename Acc<scalar_t>::type ensemble_lp(const Params<scalar_t>& p, const Shared<scalar_t>& sh,
@@ -472,11 +497,7 @@ __global__ void __launch_bounds__(kThreads) select_kernel(Params<scalar_t> p) {
         p.part_bad[at] = o.nan || o.max == inf;
       }
     } else {
-      bad = o.bad();
-      if (threadIdx.x == 0) {
-        sh.max[0] = o.max;
-        sh.log_sum[0] = acc_log(o.sum);
-      }
+      bad = keep_normalizer(sh, 0, o);
     }
   } else {
     // Every model's normalizer of the whole row: computed here (one block per row) or
@@ -488,16 +509,9 @@ __global__ void __launch_bounds__(kThreads) select_kernel(Params<scalar_t> p) {
         for (int i = threadIdx.x; i < p.vocab; i += kThreads) o.add(logit(p, m, row, i));
         o = block_merge(o);
       } else {
-        for (int s = 0; s < p.splits; ++s) {
-          const int64_t at = (row * p.splits + s) * p.models + m;
-          o.merge(p.part_max[at], p.part_sum[at], p.part_bad[at] != 0);
-        }
+        o = merged_partials(p, row, m);
       }
-      bad |= o.bad();
-      if (threadIdx.x == 0) {
-        sh.max[m] = o.max;
-        sh.log_sum[m] = acc_log(o.sum);
-      }
+      bad |= keep_normalizer(sh, m, o);
     }
     __syncthreads();
     if (!bad && !force) {
@@ -565,19 +579,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(Params<scalar_t> p) {
   const bool force = p.force && p.force[row];
   const bool ban = p.ban_all || (p.ban && p.ban[row]);
   bool bad = false;
-  for (int m = 0; m < p.models; ++m) {
-    Online<acc_t> o;
-    o.init();
-    for (int s = 0; s < p.splits; ++s) {
-      const int64_t at = (row * p.splits + s) * p.models + m;
-      o.merge(p.part_max[at], p.part_sum[at], p.part_bad[at] != 0);
-    }
-    bad |= o.bad();
-    if (threadIdx.x == 0) {
-      sh.max[m] = o.max;
-      sh.log_sum[m] = acc_log(o.sum);
-    }
-  }
+  for (int m = 0; m < p.models; ++m) bad |= keep_normalizer(sh, m, merged_partials(p, row, m));
   if (threadIdx.x == 0) {
     // Splits in index order keep equal keys in index order for the final sort's tie rule.
     int count = 0;
