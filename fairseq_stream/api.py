@@ -78,7 +78,10 @@ class Translator:
             in input order (default 1: the pool streams across every
             batch; with workers each chunk is streamed on its own, so
             float32 scores may move in the last bits, int8's do not;
-            :mod:`fairseq_stream.schedule.workers`).
+            :mod:`fairseq_stream.schedule.workers`). ``host_lag=N`` reads
+            each step's summary N decoder calls late (greedy and
+            ``fixed`` on ``runner="static"`` or ``"lean"``;
+            :mod:`fairseq_stream.late_reads`).
             All options are checked before the checkpoints are loaded, each
             by the type its field (or this signature) declares; a string is
             read as the command line reads it (``beam="5"`` is 5), a value

@@ -83,6 +83,7 @@ class DecoderSpec:
     quantize: str = "none"  # --quantize: none, int8, int16
     stack_members: Optional[bool] = None  # --stack-members: None auto, True on, False off
     static_buckets: str = ""  # --static-buckets: the static-slot runner's row and key-length buckets
+    host_lag: int = 0  # --host-lag: read each step's summary this many decoder calls late (late_reads.py)
     output_layer: str = "auto"
     cpu_threads: Optional[int] = None  # --cpu-threads: None chooses (ops/threads.py)
     cpu_workers: Optional[int] = None  # --cpu-workers: None chooses (ops/threads.py, schedule/workers.py)
@@ -123,6 +124,7 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
         stack_members={"auto": None, "on": True, "off": False}[str(getattr(search_cfg, "stack_members", "auto"))],
         output_layer=str(getattr(search_cfg, "output_layer", "auto")),
         static_buckets=str(getattr(search_cfg, "static_buckets", "") or ""),
+        host_lag=_checked_host_lag(settings, search_cfg),
         cpu_threads=check_cpu_threads(getattr(search_cfg, "cpu_threads", None)),
         cpu_workers=check_cpu_threads(getattr(search_cfg, "cpu_workers", None), "--cpu-workers"),
         rnn=RnnOptions.from_config(search_cfg),
@@ -130,6 +132,18 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
         stats_steps=bool(getattr(search_cfg, "stats_steps", False)),
         scheduler=scheduler, scheduler_options=options,
     )
+
+
+def _checked_host_lag(settings: SearchSettings, search_cfg) -> int:
+    """``--host-lag`` where it holds for the search (one-line errors; the decoder checks the runner it gets)."""
+    from fairseq_stream.decoder_parts import is_dense
+    from fairseq_stream.late_reads import check
+
+    lag = int(getattr(search_cfg, "host_lag", 0) or 0)
+    runner = str(getattr(search_cfg, "runner", "auto"))
+    check(lag, is_dense(settings.finalize, settings.pruning), None if runner == "auto" else runner,
+          settings.wrap is not None)
+    return lag
 
 
 def spec_from_options(search: str, beam: int, options: dict):
@@ -185,6 +199,7 @@ def build_decoder(spec: DecoderSpec, task, models, workers_by_default: bool = Fa
         normalize_scores=rules.normalize_scores, len_penalty=rules.len_penalty, unk_penalty=rules.unk_penalty,
         temperature=rules.temperature, no_repeat_ngram_size=rules.no_repeat_ngram_size,
         runner=runner, output_layer=spec.output_layer, keep_reference=s.keep_reference, output_backend=backend,
+        host_lag=spec.host_lag,
     )
     if spec.quantize != "none":
         _release_float_weights(decoder.runner, spec.quantize)

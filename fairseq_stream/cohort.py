@@ -72,6 +72,8 @@ class Cohort:
     # the host; None: 0 for every sentence (one length)
     start: Optional[Tensor] = None
     start_host: Optional[List[int]] = None
+    # ids on the host where a late reader keeps them (late_reads.py; None: not read yet)
+    ids_host: Optional[List[int]] = None
 
     @property
     def size(self) -> int:

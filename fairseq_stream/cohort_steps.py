@@ -32,14 +32,16 @@ def open_cohort(d, net_input, ids: Optional[Tensor] = None, bos_token=None) -> C
     max_lens = d.max_lengths(src_tokens)
     max_steps = int(max_lens.max().item()) if S0 else 0
     state = d.runner.start(net_input, k if d.dense else 1, ids)
-    tokens = torch.full((S0 * k, max_steps + 2), d.pad, dtype=torch.long, device=device)
+    # A lagged read (late_reads.py) steps a sentence up to host_lag calls past its end: room for them.
+    lag = getattr(d, "host_lag", 0)
+    tokens = torch.full((S0 * k, max_steps + 2 + lag), d.pad, dtype=torch.long, device=device)
     tokens[:, 0] = d.eos if bos_token is None else bos_token
     live = torch.zeros(S0, k, dtype=torch.bool, device=device)
     live[:, 0] = True
     cohort = Cohort(
         k=k, pad=d.pad, step=0, ids=ids.to(device),
         tokens=tokens,
-        scores=torch.zeros(S0 * k, max_steps + 1, dtype=d.score_dtype, device=device),
+        scores=torch.zeros(S0 * k, max_steps + 1 + lag, dtype=d.score_dtype, device=device),
         live=live,
         done_len=torch.zeros(S0, k, dtype=torch.long, device=device),
         max_lens=max_lens,

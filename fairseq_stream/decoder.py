@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_stream import compiled_search, decoder_parts
+from fairseq_stream import compiled_search, decoder_parts, late_reads
 from fairseq_stream import hypotheses as hyp
 from fairseq_stream import lengths
 from fairseq_stream.candidates import candidates, ignore_ranks, per_row, top_candidates
@@ -105,6 +105,7 @@ class BeamDecoder:
             None: chosen from ``output_layer``. The names (``runner``,
             ``output_layer``, ``keep_reference``, ``rnn_options``,
             ``quantize``, ``stack_members``): see :mod:`fairseq_stream.decoder_parts`.
+        host_lag: read each step's summary this many decoder calls late (:mod:`.late_reads`); 0: at once.
     """
 
     def __init__(self, models, tgt_dict, beam_size: int = 5, finalize: str = "fairseq",
@@ -113,7 +114,7 @@ class BeamDecoder:
                  unk_penalty: float = 0.0, temperature: float = 1.0, no_repeat_ngram_size: int = 0,
                  runner="fairseq", output_layer: str = "torch", keep_reference: Optional[bool] = None,
                  rnn_options=None, quantize: str = "none", stack_members: Optional[bool] = None,
-                 output_backend: Optional[str] = None):
+                 output_backend: Optional[str] = None, host_lag: int = 0):
         decoder_parts.check_rules(finalize, temperature)
         self.dense = decoder_parts.is_dense(finalize, pruning)
         self.keep_reference = decoder_parts.keeps_reference(finalize, pruning, keep_reference)
@@ -150,6 +151,8 @@ class BeamDecoder:
         # The search runs in one compiled call where it can (compiled_search.py);
         # False keeps the Python loop (the reference the tests compare it with).
         self.compiled_loop = True
+        self.host_lag = host_lag
+        self.late = late_reads.reader(host_lag, self.dense, getattr(self.runner, "name", None))
 
     def with_lengths(self, max_len_a: float, max_len_b: int, min_len: int) -> "BeamDecoder":
         """A copy sharing the runner and its weights, with other length rules and counters of its own
@@ -193,7 +196,7 @@ class BeamDecoder:
     def _search_in_one_call(self, net_input, bos_token) -> Optional[Dict[int, List[Dict[str, Tensor]]]]:
         """The batch's search in one compiled call where :mod:`fairseq_stream.compiled_search` applies, else None
         (the Python loop runs)."""
-        if not compiled_search.applies(self, net_input["src_tokens"]):
+        if self.late is not None or not compiled_search.applies(self, net_input["src_tokens"]):
             return None
         return compiled_search.search(self, net_input, bos_token)
 
@@ -311,6 +314,9 @@ class BeamDecoder:
         sentence ends. A step in which some end also reads their hypotheses.
         """
         step_out = self._select(c, *self._candidates(c, lprobs))
+        if self.late is not None:
+            # The summary of a step made host_lag calls before is read instead (late_reads.py).
+            return self.late.update(self, c, step_out)
         S = c.size
         # The step's one host read (the summary): per sentence, 1 if it ends
         # (+2 for an empty source) and its id, under fairseq's rule the

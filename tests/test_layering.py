@@ -25,7 +25,7 @@ LAYERS = {
     "ops": 1,
     "runners": 2,
     "decoder": 3, "decoder_parts": 3, "candidates": 3, "cohort_steps": 3, "lengths": 3, "compiled_search": 3,
-    "finalize": 3, "output_choice": 3, "search": 3, "schedule": 3, "jacobi": 3,
+    "finalize": 3, "late_reads": 3, "output_choice": 3, "search": 3, "schedule": 3, "jacobi": 3,
     "build": 4, "option_types": 4, "plugin": 4,
     "": 5, "fairseq_glue": 5, "api": 5, "cli": 5, "bulk": 5, "newstest": 5, "ddgviz": 5,
 }

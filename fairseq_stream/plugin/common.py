@@ -58,6 +58,12 @@ class DecodeStatsConfig(RnnRunnerConfig):
                                  "keys to a multiple of POSITIONS, as ROWS[,ROWS...][:POSITIONS] (e.g. "
                                  "8,16,32,64,128:16): the fixed shapes a CUDA graph of the step needs (docs/GPU.md); "
                                  "empty: no padding")
+    host_lag: int = option(0, "read each step's summary (which sentences ended) this many decoder calls late, so "
+                           "that on a GPU the host never waits on the step it just launched; the rows of a "
+                           "sentence that ended keep stepping, masked, until read. Greedy and fixed width with "
+                           "--finalize fairseq on --runner static or lean; same output as 0 (bitwise where the "
+                           "rows are padded to one --static-buckets bucket). 0 (default) reads at once: the CPU's "
+                           "best; 2 on CUDA (docs/GPU.md)")
     output_layer: OutputLayerChoice = option("auto", "output layer: torch (log-softmax over the vocabulary, then the "
                                              "rules and top-k: the reference), fused (bias + log-softmax + rules + "
                                              "top-k in one compiled kernel pass; an error if no kernel is built) or "

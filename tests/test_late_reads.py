@@ -1,0 +1,166 @@
+"""Reading a step's summary N decoder calls late (late_reads.py, ``--host-lag N``; issue 53).
+
+The toy checkpoints (the transformer and a 2-member ensemble), real
+decoding: for greedy and fixed width (k=5, fairseq's finalization) under the
+batch and stream generators, a lag of 1, 2 or 8 gives bitwise the n-best
+lists of lag 0 (tokens, scores, positional scores), in float64 and in
+float32, with the static runner's rows padded to one bucket: the rows of
+sentences that ended but were not read yet still run, and without a bucket
+the products' shapes change with them, which moves even float64 results in
+the last bit (greedy, measured); in one bucket the shapes are lag 0's. On the
+lean runner (no buckets) the tokens are lag 0's and the scores within 1e-12. The host's one read of a quiet step is of
+the step made N calls before. Searches whose rows per sentence change are
+refused with one line.
+"""
+
+import pytest
+import torch
+
+from conftest import decode, decoder_options, differences, sorted_batches
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.host_sync import count_update_syncs
+from test_stacked import SCHEDULERS
+
+torch.set_num_threads(1)
+
+SENTENCES = 12
+# One row bucket above every step's rows (a stream pool of 8 sentences at k=5: 40 rows): the products have the
+# same shape whatever the lag leaves running.
+ONE_BUCKET = (64,)
+
+_references = {}
+
+
+def lagged_decoder(models, task, search, lag, runner="static", buckets=None):
+    opts = dict(decoder_options(search), output_layer="torch" if search == "fixed" else "fused")
+    dec = BeamDecoder(models, task.target_dictionary, runner=runner, keep_reference=False, host_lag=lag, **opts)
+    if buckets:
+        dec.runner.row_buckets = buckets
+    return dec
+
+
+def nbest(models, task, search, scheduler, lag, runner="static", buckets=None):
+    batches = sorted_batches(task, 4, SENTENCES)
+    return decode(lagged_decoder(models, task, search, lag, runner, buckets), models, batches, SCHEDULERS[scheduler])
+
+
+def reference(load, name, search, scheduler, runner="static", buckets=None):
+    models, task = load(name)
+    key = (next(models[0].parameters()).dtype, name, search, scheduler, runner, buckets)
+    if key not in _references:
+        _references[key] = nbest(models, task, search, scheduler, 0, runner, buckets)
+    return _references[key]
+
+
+def assert_bitwise(ref, ours):
+    assert len(ours) == SENTENCES
+    assert differences(ref, ours, tolerance=0.0) == []
+    for sid in ref:
+        for a, b in zip(ref[sid], ours[sid]):
+            assert torch.equal(a["positional_scores"], b["positional_scores"]) and float(a["score"]) == float(b["score"])
+
+
+@pytest.mark.parametrize("lag", [1, 2, 8])
+@pytest.mark.parametrize("scheduler", ["batch", "stream"])
+@pytest.mark.parametrize("search", ["greedy", "fixed"])
+@pytest.mark.parametrize("name", ["transformer", "ensemble"])
+def test_late_reads_are_bitwise_lag_0_float64(exact, name, search, scheduler, lag):
+    models, task = exact(name)
+    ref = reference(exact, name, search, scheduler, buckets=ONE_BUCKET)
+    assert_bitwise(ref, nbest(models, task, search, scheduler, lag, buckets=ONE_BUCKET))
+
+
+@pytest.mark.parametrize("lag", [1, 2, 8])
+@pytest.mark.parametrize("scheduler", ["batch", "stream"])
+@pytest.mark.parametrize("search", ["greedy", "fixed"])
+@pytest.mark.parametrize("name", ["transformer", "ensemble"])
+def test_late_reads_are_bitwise_lag_0_float32_in_one_bucket(loaded, name, search, scheduler, lag):
+    models, task = loaded(name)
+    ref = reference(loaded, name, search, scheduler, buckets=ONE_BUCKET)
+    assert_bitwise(ref, nbest(models, task, search, scheduler, lag, buckets=ONE_BUCKET))
+
+
+@pytest.mark.parametrize("search", ["greedy", "fixed"])
+def test_late_reads_on_the_lean_runner_float64(exact, search):
+    """The lean runner has no buckets: the rows still running change the products' shapes, and float64 moves
+    in the last bits (as it does between --batch-size values); the tokens are the same."""
+    models, task = exact("transformer")
+    ref = reference(exact, "transformer", search, "batch", runner="lean")
+    assert differences(ref, nbest(models, task, search, "batch", 2, runner="lean"), tolerance=1e-12) == []
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_a_quiet_steps_one_read_is_of_an_older_step(loaded, lag):
+    """host_sync counts one read in each quiet update, and the summary it reads was made ``lag`` calls before."""
+    models, task = loaded("transformer")
+    dec = lagged_decoder(models, task, "fixed", lag)
+    late = dec.late
+    reads_by_update = []
+
+    update = dec.update
+
+    def tracked(c, lprobs):
+        before = len(late.log)
+        out = update(c, lprobs)
+        reads_by_update.append(late.log[before:])
+        return out
+
+    dec.update = tracked
+    with torch.no_grad(), count_update_syncs(dec) as records:
+        for s in sorted_batches(task, 8, 16):
+            dec.generate(models, s)
+    quiet = [(r, reads) for r, reads in zip(records, reads_by_update) if r.quiet and reads]
+    assert quiet
+    for record, reads in quiet:
+        assert record.syncs == 1 and record.events[0][0] == "tolist", record.events
+        assert record.runner_syncs == 0, record.runner_events
+        assert [read - made for made, read in reads] == [lag], reads
+    # Only a batch's first lag updates read no summary (no step is lag calls old yet); past its first step
+    # (the ids read once), nothing at all.
+    unread = [r for r, reads in zip(records, reads_by_update) if not reads]
+    assert unread and all(r.step < lag for r in unread)
+    assert all(r.syncs == 0 for r in unread if r.step > 0)
+
+
+@pytest.mark.parametrize("search,runner,message", [
+    ("var-batch", "static", "rows per sentence are fixed"),
+    ("fixed-stay", "static", "rows per sentence are fixed"),
+    ("fixed", "fairseq", "--runner static or lean"),
+])
+def test_lag_is_refused_where_it_does_not_hold(loaded, search, runner, message):
+    models, task = loaded("transformer")
+    with pytest.raises(FairseqStreamError, match=message):
+        lagged_decoder(models, task, search, 1, runner=runner)
+
+
+def test_host_lag_on_the_command_line(toy, capsys):
+    """``--host-lag 2`` in fairseq-generate (float32, rows in one bucket) prints lag 0's output, scores to the
+    last digit; a var search refuses it in one line."""
+    from conftest import generate_in_process, hypotheses
+
+    common = [str(toy.data_bin), "--path", str(toy.transformer), "--gen-subset", "valid", "--batch-size", "8",
+              "--beam", "5", "--cpu", "--user-dir", "fairseq_stream", "--runner", "static", "--search", "fixed",
+              "--static-buckets", "64"]
+    outs = []
+    for lag in ("0", "2"):
+        generate_in_process(common + ["--host-lag", lag])
+        outs.append(hypotheses(capsys.readouterr().out))
+    assert outs[0] == outs[1] and len(outs[0]) > 0
+    with pytest.raises(FairseqStreamError, match="rows per sentence"):
+        generate_in_process([a if a != "fixed" else "var-batch" for a in common] + ["--host-lag", "1"])
+
+
+def test_the_python_api_takes_host_lag(toy):
+    from fairseq_stream.api import Translator
+
+    lines = [l for l in (toy.raw / "test.src").read_text().splitlines()[:6] if l]
+    out = {}
+    for lag in (0, 2):
+        translator = Translator([str(toy.transformer)], data=str(toy.data_bin), search="fixed", beam=5, pool=8,
+                                cpu=True, runner="static", static_buckets="64", host_lag=lag)
+        out[lag] = [(t.text, t.score) for t in translator.translate(lines)]
+    assert out[0] == out[2] and len(out[2]) == len(lines)
+    with pytest.raises(FairseqStreamError, match="rows per sentence"):
+        Translator([str(toy.transformer)], data=str(toy.data_bin), search="var-batch", cpu=True, runner="static",
+                   host_lag=1)
