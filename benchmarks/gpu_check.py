@@ -11,7 +11,8 @@ Steps, each bounded in time (docs/GPU.md says what each proves):
 3. ``build``: ``setup.py build_ext --inplace``: the CPU kernels and, on a CUDA machine with nvcc,
    ``fairseq_stream._ops_cuda``; both must load. On ``--device cpu``: skipped (CI compiles the CUDA
    sources with scripts/check_cuda_compile.sh instead).
-4. ``cuda-tests``: every test whose name or marker says cuda (pytest -k cuda), on the toy.
+4. ``cuda-tests``: every test whose name or marker says cuda (pytest -k cuda), on the toy (the static
+   step's CUDA graphs among them: tests/test_step_graphs.py).
 5. ``decode-MODEL-cpu``: the reference, every method on the CPU (float32) through fairseq-generate.
 6. ``decode-MODEL-cuda-fp32`` and ``-fp16``: the same command lines on the GPU (``--fp16``).
 7. ``compare``: the printed hypotheses (H- lines) against each other: exactly where the plugin
@@ -56,6 +57,15 @@ METHODS = [
     ("greedy", ["--search", "greedy", "--runner", "lean"], "transformer"),
     ("greedy-fairseq", ["--search", "greedy", "--runner", "fairseq"], "transformer"),
     ("jacobi", ["--search", "jacobi"], "transformer"),
+    # The static-slot step (issue 53): eager, then captured in CUDA graphs (auto: on CUDA only, so the CPU
+    # reference is eager) with the host reading two calls late; rows in one bucket (the toy's 16 x 5 and
+    # Multi30k's 64 x 5 fit 320), so the lag leaves the products' shapes as they were.
+    ("fixed-static", ["--search", "fixed", "--beam", "5", "--runner", "static", "--static-buckets", "320:16",
+                      "--cuda-graphs", "off"], "transformer"),
+    ("fixed-static-graphs", ["--search", "fixed", "--beam", "5", "--runner", "static", "--static-buckets",
+                             "320:16", "--cuda-graphs", "auto", "--host-lag", "2"], "transformer"),
+    ("greedy-static-graphs", ["--search", "greedy", "--runner", "static", "--static-buckets", "64:16",
+                              "--cuda-graphs", "auto", "--host-lag", "2"], "transformer"),
     ("beam-k50", ["--search", "beam", "--beam", "50"], "transformer"),
     ("fixed-k50", ["--search", "fixed", "--beam", "50"], "transformer"),
     ("var-stream-k50", ["--search", "var-stream", "--beam", "50"], "transformer"),
@@ -79,6 +89,9 @@ CHECKS = [
     ("exact", "greedy-fairseq", "greedy-fairseq", "cpu"),
     ("exact", "jacobi", "greedy", "cpu"),
     ("exact", "lstm-greedy", "lstm-greedy", "cpu"),
+    # A graph's replay launches the eager step's kernels; the late read changes nothing: the same bits.
+    ("exact+scores", "fixed-static-graphs", "fixed-static", "device"),
+    ("exact", "greedy-static-graphs", "greedy", "cpu"),
     ("near", "greedy", "greedy-fairseq", "device"),
     ("near", "fixed-lean", "fixed", "device"),
     ("near", "var-batch", "var-batch-fairseq", "device"),
@@ -87,7 +100,8 @@ CHECKS = [
     ("near", "var-fifo", "var-batch", "device"),
     ("near", "fixed-stream", "fixed", "device"),
     ("near", "topup", "fixed", "device"),
-] + [("near", m, m, "cpu") for m in METHOD_NAMES if m not in ("greedy", "greedy-fairseq", "lstm-greedy")]
+] + [("near", m, m, "cpu") for m in METHOD_NAMES
+     if m not in ("greedy", "greedy-fairseq", "lstm-greedy", "greedy-static-graphs")]
 # Sanity floors for "near" checks: the share of sentences whose printed hypothesis must be identical.
 # float32 moves scores in the last bits between devices and batch shapes (README: streaming), so a
 # near tie can flip; half precision moves them far more. Below these, something is broken.

@@ -83,6 +83,7 @@ class DecoderSpec:
     quantize: str = "none"  # --quantize: none, int8, int16
     stack_members: Optional[bool] = None  # --stack-members: None auto, True on, False off
     static_buckets: str = ""  # --static-buckets: the static-slot runner's row and key-length buckets
+    cuda_graphs: str = "auto"  # --cuda-graphs: capture the static-slot step (runners/step_graphs.py)
     host_lag: int = 0  # --host-lag: read each step's summary this many decoder calls late (late_reads.py)
     output_layer: str = "auto"
     cpu_threads: Optional[int] = None  # --cpu-threads: None chooses (ops/threads.py)
@@ -124,6 +125,7 @@ def spec_from_configs(search_cls, gen_cfg, search_cfg, generator_cfg=None) -> De
         stack_members={"auto": None, "on": True, "off": False}[str(getattr(search_cfg, "stack_members", "auto"))],
         output_layer=str(getattr(search_cfg, "output_layer", "auto")),
         static_buckets=str(getattr(search_cfg, "static_buckets", "") or ""),
+        cuda_graphs=str(getattr(search_cfg, "cuda_graphs", "auto")),
         host_lag=_checked_host_lag(settings, search_cfg),
         cpu_threads=check_cpu_threads(getattr(search_cfg, "cpu_threads", None)),
         cpu_workers=check_cpu_threads(getattr(search_cfg, "cpu_workers", None), "--cpu-workers"),
@@ -205,6 +207,7 @@ def build_decoder(spec: DecoderSpec, task, models, workers_by_default: bool = Fa
         _release_float_weights(decoder.runner, spec.quantize)
     if spec.static_buckets and getattr(decoder.runner, "name", None) == "static":
         decoder.runner.row_buckets, decoder.runner.length_bucket = parse_buckets(spec.static_buckets)
+    _capture_steps(decoder.runner, spec.cuda_graphs)
     layout = _lay_out_threads(decoder.runner, models, spec, workers_by_default)
     if s.wrap is not None:
         decoder = s.wrap(decoder)
@@ -213,6 +216,15 @@ def build_decoder(spec: DecoderSpec, task, models, workers_by_default: bool = Fa
     # writes them at exit, which keeps it alive.
     StatsReporter(spec.search, decoder.stats, spec.stats_file)
     return decoder
+
+
+def _capture_steps(runner, mode: str):
+    """``--cuda-graphs``: the static-slot runner's step captured where ``mode`` turns it on (one-line errors)."""
+    from fairseq_stream.runners.base import module_device
+    from fairseq_stream.runners.step_graphs import enabled
+
+    if enabled(mode, getattr(runner, "name", None), module_device(runner.model)):
+        runner.use_cuda_graphs()
 
 
 def cpu_layout_of(decoder):

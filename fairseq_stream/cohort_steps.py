@@ -6,7 +6,8 @@ parents, ended sentences leave, the runner's rows follow). Functions of the
 decoder (:class:`~fairseq_stream.decoder.BeamDecoder`), which reads the
 step's summary and calls them; what they read of it: ``beam_size``,
 ``dense``, ``pad``, ``eos``, ``score_dtype``, ``max_lengths`` and its
-``runner`` (``start``, ``reorder``, ``sync_free``).
+``runner`` (``start``, ``reorder``, ``sync_free``, ``reserve_positions``
+where it has one).
 """
 
 import math
@@ -31,9 +32,13 @@ def open_cohort(d, net_input, ids: Optional[Tensor] = None, bos_token=None) -> C
     src_lengths = (src_tokens.ne(d.eos) & src_tokens.ne(d.pad)).long().sum(dim=1)
     max_lens = d.max_lengths(src_tokens)
     max_steps = int(max_lens.max().item()) if S0 else 0
-    state = d.runner.start(net_input, k if d.dense else 1, ids)
     # A lagged read (late_reads.py) steps a sentence up to host_lag calls past its end: room for them.
     lag = getattr(d, "host_lag", 0)
+    # A runner whose step is captured keeps its memory's shape for the decode (runners/step_graphs.py).
+    reserve = getattr(d.runner, "reserve_positions", None)
+    if reserve is not None:
+        reserve(max_steps + 1 + lag)
+    state = d.runner.start(net_input, k if d.dense else 1, ids)
     tokens = torch.full((S0 * k, max_steps + 2 + lag), d.pad, dtype=torch.long, device=device)
     tokens[:, 0] = d.eos if bos_token is None else bos_token
     live = torch.zeros(S0, k, dtype=torch.bool, device=device)

@@ -16,6 +16,7 @@ RunnerChoice = ChoiceEnum(list(RUNNERS))
 QuantizeChoice = ChoiceEnum(list(QUANTIZE))
 OutputLayerChoice = ChoiceEnum(list(OUTPUT_LAYERS))
 StackChoice = ChoiceEnum(["auto", "on", "off"])
+CudaGraphsChoice = ChoiceEnum(["auto", "on", "off"])
 
 
 @dataclass
@@ -58,6 +59,10 @@ class DecodeStatsConfig(RnnRunnerConfig):
                                  "keys to a multiple of POSITIONS, as ROWS[,ROWS...][:POSITIONS] (e.g. "
                                  "8,16,32,64,128:16): the fixed shapes a CUDA graph of the step needs (docs/GPU.md); "
                                  "empty: no padding")
+    cuda_graphs: CudaGraphsChoice = option("auto", "--runner static on CUDA: capture the step in CUDA graphs per "
+                                           "bucket of rows and key positions and replay them (on; an error on the "
+                                           "CPU or another runner), eager steps (off), or on where it applies "
+                                           "(auto: --runner static on CUDA). Not run on a GPU yet: docs/GPU.md")
     host_lag: int = option(0, "read each step's summary (which sentences ended) this many decoder calls late, so "
                            "that on a GPU the host never waits on the step it just launched; the rows of a "
                            "sentence that ended keep stepping, masked, until read. Greedy and fixed width with "

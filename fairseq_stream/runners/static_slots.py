@@ -17,7 +17,9 @@ is four device vectors, each row's key/value slot, sentence slot and length
 * with ``row_buckets`` / ``length_bucket`` the rows are padded to a bucket
   (pad rows read and write slot 0 and sentence slot 0) and the keys read
   to a multiple of ``length_bucket``: what a CUDA graph of the step needs
-  (:meth:`StaticSlotRunner.forward_static` is that region).
+  (:meth:`StaticSlotRunner.forward_static` is that region; with
+  :meth:`StaticSlotRunner.use_cuda_graphs` it is captured and replayed:
+  :mod:`~fairseq_stream.runners.step_graphs`).
 
 The weights and the layer loop are the lean runner's
 (:class:`~fairseq_stream.runners.lean_model.LeanModel`); the attentions are
@@ -39,6 +41,7 @@ from fairseq_stream.runners.lean_model import LeanModel
 from fairseq_stream.runners.own_step import OwnStepRunner
 from fairseq_stream.runners.slot_pool import SlotPool
 from fairseq_stream.runners.static_moves import copy_slots, move_children, ordered_distinct
+from fairseq_stream.runners.step_graphs import DEFAULT_LENGTH_BUCKET, DEFAULT_ROW_BUCKETS, StepGraphs
 
 # A group with more than twice as many slots as rows, and at least this many slots, moves its rows into
 # fresh slots and gives the rest back (sentences ended).
@@ -112,7 +115,23 @@ class StaticSlotRunner(OwnStepRunner):
         self.prepack, self.compiled_attention, self.packed_encoder = prepack, compiled_attention, packed_encoder
         self.row_buckets = sorted(row_buckets) if row_buckets else None
         self.length_bucket = length_bucket
+        self.graphs: Optional[StepGraphs] = None  # the captured step (use_cuda_graphs), None: eager
         self._build()
+
+    def use_cuda_graphs(self):
+        """Capture and replay the step (CUDA; :mod:`~fairseq_stream.runners.step_graphs`): the torch attention,
+        rows and key positions in buckets (the defaults where none are set)."""
+        self.compiled_attention = False
+        self.row_buckets = self.row_buckets or list(DEFAULT_ROW_BUCKETS)
+        self.length_bucket = self.length_bucket or DEFAULT_LENGTH_BUCKET
+        self.graphs = StepGraphs(self.forward_static)
+
+    def reserve_positions(self, n: int):
+        """Room for rows of ``n`` positions from now on: a captured step's pool then keeps its shape for the
+        decode (growth drops the graphs). Eager steps grow the pool as they go."""
+        if self.graphs is not None:
+            with self.pool.lock:
+                self.pool.fit_positions(self._positions(n))
 
     def _build(self):
         from fairseq_stream.runners.base import module_device
@@ -277,7 +296,10 @@ class StaticSlotRunner(OwnStepRunner):
                 tokens = torch.cat([tokens, tokens.new_full((extra,), self.lean[0].padding_idx)])
         with self.pool.lock:
             self.pool.fit_positions(positions)
-            outs = self.forward_static(tokens, slot, sentence, length, positions)
+            if self.graphs is None:
+                outs = self.forward_static(tokens, slot, sentence, length, positions)
+            else:
+                outs = self.graphs.run(tokens, slot, sentence, length, positions, self.pool)
         if slot.numel() != rows:
             outs = [o[:rows] for o in outs]
         for s in states:
