@@ -65,19 +65,11 @@ def assert_bitwise(ref, ours):
 @pytest.mark.parametrize("scheduler", ["batch", "stream"])
 @pytest.mark.parametrize("search", ["greedy", "fixed"])
 @pytest.mark.parametrize("name", ["transformer", "ensemble"])
-def test_late_reads_are_bitwise_lag_0_float64(exact, name, search, scheduler, lag):
-    models, task = exact(name)
-    ref = reference(exact, name, search, scheduler, buckets=ONE_BUCKET)
-    assert_bitwise(ref, nbest(models, task, search, scheduler, lag, buckets=ONE_BUCKET))
-
-
-@pytest.mark.parametrize("lag", [1, 2, 8])
-@pytest.mark.parametrize("scheduler", ["batch", "stream"])
-@pytest.mark.parametrize("search", ["greedy", "fixed"])
-@pytest.mark.parametrize("name", ["transformer", "ensemble"])
-def test_late_reads_are_bitwise_lag_0_float32_in_one_bucket(loaded, name, search, scheduler, lag):
-    models, task = loaded(name)
-    ref = reference(loaded, name, search, scheduler, buckets=ONE_BUCKET)
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_late_reads_are_bitwise_lag_0_in_one_bucket(exact, loaded, precision, name, search, scheduler, lag):
+    load = exact if precision == "float64" else loaded
+    models, task = load(name)
+    ref = reference(load, name, search, scheduler, buckets=ONE_BUCKET)
     assert_bitwise(ref, nbest(models, task, search, scheduler, lag, buckets=ONE_BUCKET))
 
 
