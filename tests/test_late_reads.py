@@ -2,15 +2,16 @@
 
 The toy checkpoints (the transformer and a 2-member ensemble), real
 decoding: for greedy and fixed width (k=5, fairseq's finalization) under the
-batch and stream generators, a lag of 1, 2 or 8 gives bitwise the n-best
-lists of lag 0 (tokens, scores, positional scores), in float64 and in
+batch generator and the stream pool (shortest first, FIFO, and top-up, whose
+cohorts of different lengths join), a lag of 1, 2 or 8 gives bitwise the
+n-best lists of lag 0 (tokens, scores, positional scores), in float64 and in
 float32, with the static runner's rows padded to one bucket: the rows of
 sentences that ended but were not read yet still run, and without a bucket
 the products' shapes change with them, which moves even float64 results in
-the last bit (greedy, measured); in one bucket the shapes are lag 0's. On the
-lean runner (no buckets) the tokens are lag 0's and the scores within 1e-12. The host's one read of a quiet step is of
-the step made N calls before. Searches whose rows per sentence change are
-refused with one line.
+the last bit (greedy, measured); in one bucket the shapes are lag 0's. On
+the lean runner (no buckets) the tokens are lag 0's and the scores within
+1e-12. The host's one read of a quiet step is of the step made N calls
+before. Searches whose rows per sentence change are refused with one line.
 """
 
 import pytest
@@ -62,7 +63,7 @@ def assert_bitwise(ref, ours):
 
 
 @pytest.mark.parametrize("lag", [1, 2, 8])
-@pytest.mark.parametrize("scheduler", ["batch", "stream"])
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
 @pytest.mark.parametrize("search", ["greedy", "fixed"])
 @pytest.mark.parametrize("name", ["transformer", "ensemble"])
 @pytest.mark.parametrize("precision", ["float64", "float32"])
@@ -141,6 +142,11 @@ def test_host_lag_on_the_command_line(toy, capsys):
     assert outs[0] == outs[1] and len(outs[0]) > 0
     with pytest.raises(FairseqStreamError, match="rows per sentence"):
         generate_in_process([a if a != "fixed" else "var-batch" for a in common] + ["--host-lag", "1"])
+    jacobi = {"fixed": "jacobi", "static": "lean", "--static-buckets": "--host-lag", "64": "1"}
+    with pytest.raises(FairseqStreamError, match="not for Jacobi"):
+        generate_in_process([jacobi.get(a, a) for a in common])
+    with pytest.raises(FairseqStreamError, match="0 or more"):
+        generate_in_process(common + ["--host-lag", "-1"])
 
 
 def test_the_python_api_takes_host_lag(toy):
