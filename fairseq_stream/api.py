@@ -81,7 +81,9 @@ class Translator:
             :mod:`fairseq_stream.schedule.workers`). ``host_lag=N`` reads
             each step's summary N decoder calls late (greedy and
             ``fixed`` on ``runner="static"`` or ``"lean"``;
-            :mod:`fairseq_stream.late_reads`).
+            :mod:`fairseq_stream.late_reads`); ``cuda_graphs="off"`` keeps
+            ``runner="static"``'s step eager on CUDA (default ``auto``:
+            captured, :mod:`fairseq_stream.runners.step_graphs`).
             All options are checked before the checkpoints are loaded, each
             by the type its field (or this signature) declares; a string is
             read as the command line reads it (``beam="5"`` is 5), a value
