@@ -58,7 +58,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from fairseq_stream.ops.output_layer import compiled_module
+from fairseq_stream.ops.loader import compiled_module
 
 INT32_MAX = 2 ** 31 - 1
 INT16_MAX = 32767

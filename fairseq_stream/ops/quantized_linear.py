@@ -60,7 +60,7 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.ops import int16_linear
-from fairseq_stream.ops.output_layer import compiled_module
+from fairseq_stream.ops.loader import compiled_module
 
 # The --quantize choices: int8 (its weights' width picked for the CPU), int8 with 8- or 7-bit weights, int16.
 CHOICES = ("int8", "int8w8", "int8w7", "int16")
@@ -237,10 +237,18 @@ def linear(weight: Tensor, bias: Optional[Tensor], kind: str, kernel_name: str =
         return ext.QuantizedLinear(8, packed_for(p, kernel_name), p.weight_inv, p.excess, 0, p.bias, p.in_features,
                                    p.out_features, kernel_name, weight_kn, from_rows, p.weight_max)
     if kind == "int16":
-        p = int16_linear.pack(weight, bias)
-        return ext.QuantizedLinear(16, p.packed, p.weight_inv, None, p.a_max, p.bias, p.in_features,
-                                   p.out_features, kernel_name)
+        return int16_product(int16_linear.pack(weight, bias), kernel_name)
     raise ValueError("unknown quantization {!r} (choose from: {})".format(kind, ", ".join(CHOICES)))
+
+
+def int16_product(p: int16_linear.PackedLinear, kernel_name: str = "auto"):
+    """The compiled ``QuantizedLinear`` on the packed int16 weight ``p`` (its tensors, not a copy): the
+    transformer's --quantize int16 products and the LSTM's --rnn-int16 ones alike."""
+    ext = _extension()
+    if ext is None:
+        raise RuntimeError("int16 products need the compiled CPU kernels: {}".format(missing_reason()))
+    return ext.QuantizedLinear(16, p.packed, p.weight_inv, None, p.a_max, p.bias, p.in_features, p.out_features,
+                               kernel_name)
 
 
 def reference_int8(x: Tensor, p: Int8Packed) -> Tensor:

@@ -273,13 +273,3 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor 
   fs_quant::float_rows(x.data_ptr<float>(), k, scale, out_features, PackedWeightAt{w, k_pairs}, inv_w, b, y);
   return out;
 }
-
-void register_int16_linear(pybind11::module& m) {
-  m.def("int16_linear", &int16_linear,
-        "(x float32 (rows, in), packed int16, weight_inv float32 (out,), a_max, bias or None, kernel) -> "
-        "float32 (rows, out); kernel: 'auto' (the best this CPU has) or one of int16_kernels(); "
-        "see fairseq_stream/ops/int16_linear.py",
-        py::arg("x"), py::arg("packed"), py::arg("weight_inv"), py::arg("a_max"),
-        py::arg("bias") = py::none(), py::arg("kernel") = "auto");
-  m.def("int16_kernels", &int16_kernels, "the int16 kernels this CPU runs, the best (the 'auto' one) last");
-}
