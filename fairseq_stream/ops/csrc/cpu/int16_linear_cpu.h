@@ -1,5 +1,5 @@
-// The 16-bit fixed-point linear layer's entry points (int16_linear_cpu.cpp); bindings_cpu.cpp
-// binds them.
+// The 16-bit fixed-point linear layer's entry points (int16_linear_cpu.cpp: the checks; the
+// tiles and their driver are quantized_product_cpu.cpp's, shared with int8).
 #pragma once
 
 #include <torch/extension.h>

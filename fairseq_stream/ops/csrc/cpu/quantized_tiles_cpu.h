@@ -1,5 +1,6 @@
-// What the int16 and int8 linear layers (int16_linear_cpu.cpp, int8_linear_cpu.cpp) share: the panel
-// width of their packed weights, picking a kernel by name, and the dequantization of a row's integer sums.
+// What the int8 and int16 products' tiles (int8_tiles_cpu.h, int16_tiles_cpu.h) and their one driver
+// (quantized_product_cpu.cpp) share: the panel width of the packed weights, a tile's output, how a tile takes
+// its rows, a row's scale, picking a kernel by name, and the dequantization of a row's integer sums.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -39,6 +40,12 @@
 namespace fs_quant {
 
 constexpr int64_t kCols = 16;     // output columns per packed panel (one 512-bit register of int32 sums)
+constexpr int kAccRows = 12;      // the most rows a tile holds
+constexpr int64_t kAccStride = 8 * kCols;  // int32 sums per row in a tile's output: up to 8 panels
+
+// How a tile takes a row's quantized values, one element per (step, row): int8's quad of 4 signed bytes
+// (portable), or of 4 bytes q + 128 (VNNI, avx2w7), or of 4 int16 (AVX2, an int64); int16's pair of int16.
+enum class Format { kSigned8, kShifted8, kWide16, kPairs16 };
 constexpr float kInt8Max = 127.f;  // the largest |q| of an int8 value (symmetric: -128 is never used)
 
 // How far ahead of a tile's reads its weight panels are prefetched into L1, in bytes (prefetch_ahead). On a

@@ -1,5 +1,6 @@
-// The skinny product's tile loops, one per instruction set, and what they share (skinny_linear_cpu.cpp
-// chooses one at run time; skinny_linear_avx2_cpu.cpp holds the AVX2 one).
+// The skinny product's tiles, one set per instruction set, and what they share (skinny_linear_cpu.cpp
+// chooses one at run time; skinny_linear_avx512_cpu.cpp and skinny_linear_avx2_cpu.cpp hold them, both the
+// tile loop of skinny_block_cpu.h over their own vector type).
 #pragma once
 
 #include "skinny_linear_cpu.h"
@@ -50,7 +51,13 @@ inline void finish_tile(float* y, int64_t rows, int64_t n, int64_t n0, int64_t t
 constexpr int64_t kSkinnyTileAvx512 = 16;
 constexpr int64_t kSkinnyTileAvx2 = 8;
 
-// W's rows tile * first .. tile * last - 1 against every row of x, then relu_then_residual where asked.
-// Needs AVX2 and FMA.
-void skinny_tiles_avx2(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias,
-                       float* y, int64_t first, int64_t last, const float* residual, bool relu);
+// W's rows tile * first .. tile * last - 1 (tiles of kSkinnyTileAvx512 or kSkinnyTileAvx2 rows) against every
+// row of x, then relu_then_residual where asked. Each needs its instruction set.
+namespace avx512 {
+void tiles(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias, float* y,
+           int64_t first, int64_t last, const float* residual, bool relu);
+}  // namespace avx512
+namespace avx2 {
+void tiles(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias, float* y,
+           int64_t first, int64_t last, const float* residual, bool relu);
+}  // namespace avx2
