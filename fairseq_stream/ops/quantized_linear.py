@@ -7,7 +7,8 @@ inv_w[n] + b[n]``, each a float32 operation, with ``inv_a[m] = float32(1 /
 s_a[m])`` and ``inv_w[n] = float32(1 / s_w[n])`` (Devlin 2017, section 3; the
 same dequantization as :mod:`fairseq_stream.ops.int16_linear`).
 
-**int8** (:func:`pack_int8`, ``csrc/cpu/int8_linear_cpu.cpp``): row ``n`` of
+**int8** (:func:`pack_int8`, ``csrc/cpu/int8_linear_cpu.cpp`` on the driver
+int16 shares, ``quantized_product_cpu.cpp``): row ``n`` of
 the weight is scaled by ``s_w[n] = 127 / max_k |W[n, k]|`` and rounded, so
 its largest weight is +-127; row ``m`` of ``x`` by ``s_a[m] = 127 / max_k
 |x[m, k]|`` (1 for an all-zero row): values in [-127, 127], -128 unused, as
@@ -125,7 +126,7 @@ def int8_weight(p: Int8Packed) -> Tensor:
 
 def pair_order(packed: Tensor) -> Tensor:
     """``packed`` with each quad's 64 bytes in the AVX2 kernel's order: the 16 columns' inputs 4p and 4p+1,
-    then their 4p+2 and 4p+3 (a widened load is then 8 columns x 2 inputs: ``csrc/cpu/int8_linear_cpu.cpp``)."""
+    then their 4p+2 and 4p+3 (a widened load is then 8 columns x 2 inputs: ``csrc/cpu/int8_tiles_cpu.h``)."""
     blocks, quads, _ = packed.shape
     pairs = packed.view(blocks, quads, COLS, QUAD // 2, 2).transpose(2, 3)
     return pairs.reshape(blocks, quads, COLS * QUAD).contiguous()

@@ -3,9 +3,9 @@
 // fairseq_stream/ops/int16_linear.py documents the op, the scale rule that keeps the int32 sums
 // from overflowing, and holds the torch reference this must equal bit for bit.
 //
-// The packed layout and the kernels are int16_tiles_cpu.h's; the tiles run through the driver that int8 shares
-// (quantized_product_cpu.cpp). Here: the op's checks and the packed weight read back for rows the integers
-// cannot hold.
+// The packed layout and the kernels' steps are int16_tiles_cpu.h's; the tiles run through the driver
+// that int8 shares (quantized_product_cpu.cpp). Here: the op's checks and the packed weight read back for
+// rows the integers cannot hold.
 
 #include "int16_linear_cpu.h"
 

@@ -3,9 +3,9 @@
 // fairseq_stream/ops/quantized_linear.py documents the op and its scale rule, and holds the torch
 // reference this must equal bit for bit.
 //
-// The packed layout and the kernels are int8_tiles_cpu.h's; the tiles run through the driver that int16 shares
-// (quantized_product_cpu.cpp). Here: the op's checks, the packed weight read back for rows the integers cannot
-// hold, and oneDNN's GEMM for calls of many rows.
+// The packed layout and the kernels' steps are int8_tiles_cpu.h's; the tiles run through the driver
+// that int16 shares (quantized_product_cpu.cpp). Here: the op's checks, the packed weight read back for rows
+// the integers cannot hold, and oneDNN's GEMM for calls of many rows.
 
 #include "int8_linear_cpu.h"
 

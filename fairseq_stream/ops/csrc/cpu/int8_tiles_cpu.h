@@ -1,5 +1,7 @@
 // The int8 product's tiles (quantized_product_cpu.cpp registers them, int8_linear_cpu.cpp is the op): a tile
-// sums the products of R rows of x, quantized, with P panels of the packed weight into int32.
+// sums the products of R rows of x, quantized, with P panels of the packed weight into int32. The portable,
+// AVX2 and AVX-512 tiles are quantized_tiles_cpu.h's, shared with int16; here are int8's steps of them and
+// its one-row AVX2 tile.
 //
 // Packed layout (made by quantized_linear.pack_int8): panels of 16 output columns; within a panel,
 // for each quad of input positions 4p .. 4p+3, the 64 bytes w[n][4p + j] at byte 4 * c + j of column
@@ -44,34 +46,14 @@ using fs_quant::kCols;
 constexpr int64_t kQuad = 4;  // input positions per packed group
 constexpr int64_t kPanelBytes = kCols * kQuad;  // one quad of one panel
 
-struct Portable {
-  static constexpr Format kFormat = Format::kSigned8;
-  template <int R, int P>
-  static void tile(const void* xq_, int64_t quads, const int8_t* packed, int64_t panel0, int32_t* acc) {
-    const int8_t* xs = static_cast<const int8_t*>(xq_);
-    for (int r = 0; r < R; ++r) {
-      for (int b = 0; b < P; ++b) {
-        const int8_t* w = packed + (panel0 + b) * quads * kPanelBytes;
-        int32_t sum[kCols] = {0};
-        for (int64_t p = 0; p < quads; ++p) {
-          const int8_t* x = xs + 4 * (p * R + r);
-          const int8_t* wp = w + p * kPanelBytes;
-          for (int64_t c = 0; c < kCols; ++c) {
-            int32_t s = 0;
-            for (int j = 0; j < 4; ++j) s += static_cast<int32_t>(x[j]) * wp[4 * c + j];
-            sum[c] += s;
-          }
-        }
-        for (int64_t c = 0; c < kCols; ++c) acc[r * kAccStride + b * kCols + c] = sum[c];
-      }
-    }
-  }
-};
+// Plain loops on the values as signed bytes.
+using Portable = fs_quant::PortableTile<int8_t, kQuad, Format::kSigned8>;
 
 #if FS_INT8_X86
-// The AVX2 kernels' two ways to multiply, each a step of a tile: load one step's weights of a panel (16
-// columns, kStepBytes bytes) as two vectors, columns 0-7 and 8-15, and multiply one by a row's broadcast
-// int32 of values into 8 columns' int32 partial sums.
+// The AVX2 kernels' two ways to multiply, each a step of the AVX2 tile (quantized_tiles_cpu.h's Avx2Tile;
+// int16's is int16_tiles_cpu.h's PairsStep): load one step's weights of a panel (16 columns, kStepBytes
+// bytes) as two vectors, columns 0-7 and 8-15, and multiply one by a row's broadcast int32 of values into 8
+// columns' int32 partial sums.
 //
 // 8-bit weights ("avx2"), in pair order (quantized_linear.pair_order: within each quad, every column's
 // inputs 4p, 4p+1, then every column's 4p+2, 4p+3): a step is one input pair, the weights widened to
@@ -107,44 +89,6 @@ struct BytesStep {
   }
 };
 
-// 6 rows x one panel, as the int16 kernel's AVX2 tile: 12 sums (a row's columns 0-7 and 8-15), a step's
-// 2 weight vectors and a broadcast, within AVX2's 16 registers. Row i's values for step q (S steps a
-// quad) are at xq[(q / S) * R * S + S * i + q % S]. Before the pair order (quad order, each column's two
-// pair sums kept apart): 3-row tiles spilled 8 sums to the stack in a build for AVX2 (-march=x86-64-v3,
-// as on an EPYC), and 2-row tiles made int8 slower than int16 there (fixed k=5 in batches of 64 on the
-// Multi30k transformer: 10.7 s against int16's 9.5). One input pair a step for the widened weights (as
-// the int16 tile): both pairs of a quad in one step made GCC keep sums on the stack from 4 rows on.
-template <class Step>
-struct Avx2Tile {
-  static constexpr Format kFormat = Step::kFormat;
-  template <int R, int P>
-  __attribute__((target("avx2"))) static void tile(const void* xq_, int64_t quads, const int8_t* packed,
-                                                   int64_t panel0, int32_t* acc) {
-    static_assert(P == 1, "one panel: its two halves are the tile's columns");
-    constexpr int64_t S = kPanelBytes / Step::kStepBytes;  // steps a quad, and a 64-byte line
-    const int32_t* xq = static_cast<const int32_t*>(xq_);
-    const __m256i zero = _mm256_setzero_si256();
-    FS_ROWS_6(FS_AVX2_PAIR_DECL)
-    const int8_t* w = packed + panel0 * quads * kPanelBytes;
-    for (int64_t q = 0; q < S * quads; ++q) {
-      const int8_t* wp = w + q * Step::kStepBytes;
-      const int32_t* xp = xq + (q / S) * R * S + q % S;
-      if (q % S == 0) fs_quant::prefetch_ahead(wp);  // one prefetch a 64-byte line
-      __m256i w0, w1;
-      Step::load(wp, w0, w1);
-#define FS_STEP(i)                                                  \
-  if constexpr (R > i) {                                            \
-    const __m256i xv = _mm256_set1_epi32(xp[S * i]);                \
-    lo##i = _mm256_add_epi32(lo##i, Step::mul(xv, w0));             \
-    hi##i = _mm256_add_epi32(hi##i, Step::mul(xv, w1));             \
-  }
-      FS_ROWS_6(FS_STEP)
-#undef FS_STEP
-    }
-    FS_ROWS_6(FS_AVX2_PAIR_STORE)
-  }
-};
-
 // One row x up to 4 panels: a lone row (greedy, one sentence at a time) gets 8 independent sums instead of
 // the 6-row tile's 2 (at 1 row x 1 panel the Multi30k output layer took 79 us against 64 for the quad-order
 // 2-row tile; the build for AVX2, one Xeon thread). The row's values for step q are at xq[q].
@@ -169,8 +113,7 @@ struct Avx2RowTile {
     if (q % S == 0) fs_quant::prefetch_ahead(wp);                    \
     __m256i w0, w1;                                                  \
     Step::load(wp, w0, w1);                                          \
-    lo##j = _mm256_add_epi32(lo##j, Step::mul(xv, w0));              \
-    hi##j = _mm256_add_epi32(hi##j, Step::mul(xv, w1));              \
+    fs_quant::accumulate<Step>(xv, w0, w1, lo##j, hi##j);                      \
   }
       FS_PANEL(0) FS_PANEL(1) FS_PANEL(2) FS_PANEL(3)
 #undef FS_PANEL
@@ -185,59 +128,22 @@ struct Avx2RowTile {
   }
 };
 
-using Avx2 = Avx2Tile<WidenedStep>;
+using Avx2 = fs_quant::Avx2Tile<WidenedStep>;
 using Avx2Row = Avx2RowTile<WidenedStep>;
-using Avx2Bytes = Avx2Tile<BytesStep>;
+using Avx2Bytes = fs_quant::Avx2Tile<BytesStep>;
 using Avx2BytesRow = Avx2RowTile<BytesStep>;
 
-// R rows x P panels, R * P <= 24 sums in registers: (12, 2) for batched rows, (4, 4) and (2, 8) for
-// one sentence's few rows, so that a lone row still has 8 independent chains of vpdpbusd. The sums are
-// named variables (s<row>_<panel>), not an array: GCC kept an array of vectors on the stack, a load
-// and a store around every vpdpbusd; the variables of rows and panels a tile lacks are compiled away.
-#define FS_PANELS_8(X, i) X(i, 0) X(i, 1) X(i, 2) X(i, 3) X(i, 4) X(i, 5) X(i, 6) X(i, 7)
-struct Avx512Vnni {
+// vpdpbusd: the row's unsigned bytes q + 128 times the signed weights, four products a column summed into
+// int32 (the VNNI kernel; nothing saturates). In the name: the AVX-512 tile inlines it.
+struct Avx512BytesDot {
   static constexpr Format kFormat = Format::kShifted8;
-  template <int R, int P>
-  __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void tile(const void* xq_, int64_t quads,
-                                                                          const int8_t* packed, int64_t panel0,
-                                                                          int32_t* acc) {
-    static_assert(R * P <= 24 && P <= 8 && R <= 12, "a tile of at most 24 sums");
-    const int32_t* xq = static_cast<const int32_t*>(xq_);
-    const __m512i zero = _mm512_setzero_si512();
-#define FS_DECL(i, j) __m512i s##i##_##j = zero;
-#define FS_DECL_ROW(i) FS_PANELS_8(FS_DECL, i)
-    FS_ROWS_12(FS_DECL_ROW)
-#undef FS_DECL_ROW
-#undef FS_DECL
-    const int8_t* w = packed + panel0 * quads * kPanelBytes;
-    const int64_t panel_bytes = quads * kPanelBytes;
-    for (int64_t p = 0; p < quads; ++p) {
-      const int8_t* wp = w + p * kPanelBytes;
-#define FS_LOAD(j)                                                                  \
-  if constexpr (P > j) fs_quant::prefetch_ahead(wp + j * panel_bytes);              \
-  const __m512i w##j = P > j ? _mm512_loadu_si512(wp + j * panel_bytes) : zero;
-      FS_LOAD(0) FS_LOAD(1) FS_LOAD(2) FS_LOAD(3) FS_LOAD(4) FS_LOAD(5) FS_LOAD(6) FS_LOAD(7)
-#undef FS_LOAD
-#define FS_STEP(i, j) \
-  if constexpr (P > j) s##i##_##j = _mm512_dpbusd_epi32(s##i##_##j, x##i, w##j);
-#define FS_STEP_ROW(i)                                         \
-  if constexpr (R > i) {                                       \
-    const __m512i x##i = _mm512_set1_epi32(xq[p * R + i]);    \
-    FS_PANELS_8(FS_STEP, i)                                    \
-  }
-      FS_ROWS_12(FS_STEP_ROW)
-#undef FS_STEP_ROW
-#undef FS_STEP
-    }
-#define FS_STORE(i, j) \
-  if constexpr (R > i && P > j) _mm512_storeu_si512(acc + i * kAccStride + j * kCols, s##i##_##j);
-#define FS_STORE_ROW(i) FS_PANELS_8(FS_STORE, i)
-    FS_ROWS_12(FS_STORE_ROW)
-#undef FS_STORE_ROW
-#undef FS_STORE
+  __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) static inline __m512i dot(__m512i acc,
+                                                                                                 __m512i x,
+                                                                                                 __m512i w) {
+    return _mm512_dpbusd_epi32(acc, x, w);
   }
 };
-#undef FS_PANELS_8
+using Avx512Vnni = fs_quant::Avx512VnniTile<Avx512BytesDot>;
 #endif
 
 }  // namespace int8_tiles

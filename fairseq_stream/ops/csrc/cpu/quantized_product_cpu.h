@@ -1,7 +1,8 @@
 // The quantized product x W^T + b, int8 or int16, on its packed weight: one tile driver, one registry of
 // kernels and one quantization of x's rows for both precisions (quantized_product_cpu.cpp); the tiles are
-// int8_tiles_cpu.h's and int16_tiles_cpu.h's, the ops int8_linear_cpu.cpp and int16_linear_cpu.cpp (their
-// checks, their weight layouts for rows the integers cannot hold). As CTranslate2's ops/gemm.cc: the
+// quantized_tiles_cpu.h's, one per instruction set, each over a precision's step (int8_tiles_cpu.h,
+// int16_tiles_cpu.h); the ops are int8_linear_cpu.cpp and int16_linear_cpu.cpp (their checks, their weight
+// layouts for rows the integers cannot hold). As CTranslate2's ops/gemm.cc: the
 // precision and the instruction set are parameters of one op, the kernels chosen at run time.
 #pragma once
 

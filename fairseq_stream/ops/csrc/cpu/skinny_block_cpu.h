@@ -1,7 +1,8 @@
 // The skinny product's tile loop (skinny_linear_cpu.cpp has the design), written once over a vector type V:
 // included by each instruction set's file (skinny_linear_avx512_cpu.cpp, skinny_linear_avx2_cpu.cpp) inside
-// its own namespace, after `#pragma GCC target`, so that this code is compiled for that instruction set there
-// and for no other (GCC does not inline intrinsics into a template whose target lacks them). No includes:
+// its namespace (avx512, avx2), after `#pragma GCC target` and its vector type `Vector`, so that this code is
+// compiled for that instruction set there and for no other (GCC does not inline intrinsics into a template
+// whose target lacks them); it defines that namespace's tiles (skinny_tiles_cpu.h). No includes:
 // skinny_tiles_cpu.h and <immintrin.h> come first, outside the pragma.
 //
 // V: kLanes floats a vector (Vec), a mask for the last partial chunk of k (Tail, tail(rest)), zero, load,
@@ -79,4 +80,9 @@ void tiles_of(const float* x, int64_t rows, const float* w, int64_t n, int64_t k
     }
     if (residual != nullptr || relu) finish_tile(y, rows, n, n0, kTile, residual, relu);
   }
+}
+
+void tiles(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias, float* y,
+           int64_t first, int64_t last, const float* residual, bool relu) {
+  tiles_of<Vector>(x, rows, w, n, k, bias, y, first, last, residual, relu);
 }

@@ -19,7 +19,6 @@
 #include <cstdint>
 
 namespace avx2 {
-namespace {
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
@@ -34,31 +33,20 @@ inline __m256 reduce8(const __m256 (&a)[8]) {
   return _mm256_add_ps(_mm256_permute2f128_ps(d0, d1, 0x20), _mm256_permute2f128_ps(d0, d1, 0x31));
 }
 
-struct Avx2 {
+struct Vector {
   static constexpr int kLanes = kSkinnyTileAvx2;
   using Vec = __m256;
   using Tail = __m256i;
+  FS_SKINNY_VECTOR_OPS(_mm256)
   static Tail tail(int64_t rest) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rest)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
-  static Vec zero() { return _mm256_setzero_ps(); }
-  static Vec load(const float* p) { return _mm256_loadu_ps(p); }
   static Vec load_tail(const float* p, Tail t) { return _mm256_maskload_ps(p, t); }
-  static Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
   static Vec reduce(const Vec (&a)[kLanes]) { return reduce8(a); }
-  static void store(float* p, Vec v) { _mm256_store_ps(p, v); }
 };
 
 #include "skinny_block_cpu.h"
 
 #pragma GCC pop_options
-
-}  // namespace
-
-__attribute__((target("avx2,fma"))) void tiles(const float* x, int64_t rows, const float* w, int64_t n, int64_t k,
-                                               const float* bias, float* y, int64_t first, int64_t last,
-                                               const float* residual, bool relu) {
-  tiles_of<Avx2>(x, rows, w, n, k, bias, y, first, last, residual, relu);
-}
 
 }  // namespace avx2

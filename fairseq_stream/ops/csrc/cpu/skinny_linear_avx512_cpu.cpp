@@ -13,7 +13,6 @@
 #include <cstdint>
 
 namespace avx512 {
-namespace {
 
 #pragma GCC push_options
 #pragma GCC target("avx512f")
@@ -45,29 +44,18 @@ inline __m512 reduce16(const __m512 (&a)[16]) {
   return _mm512_permutexvar_ps(tile_order(), f);
 }
 
-struct Avx512 {
+struct Vector {
   static constexpr int kLanes = kSkinnyTileAvx512;
   using Vec = __m512;
   using Tail = __mmask16;
+  FS_SKINNY_VECTOR_OPS(_mm512)
   static Tail tail(int64_t rest) { return static_cast<__mmask16>((1u << rest) - 1); }
-  static Vec zero() { return _mm512_setzero_ps(); }
-  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
   static Vec load_tail(const float* p, Tail t) { return _mm512_maskz_loadu_ps(t, p); }
-  static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
   static Vec reduce(const Vec (&a)[kLanes]) { return reduce16(a); }
-  static void store(float* p, Vec v) { _mm512_store_ps(p, v); }
 };
 
 #include "skinny_block_cpu.h"
 
 #pragma GCC pop_options
-
-}  // namespace
-
-__attribute__((target("avx512f"))) void tiles(const float* x, int64_t rows, const float* w, int64_t n, int64_t k,
-                                              const float* bias, float* y, int64_t first, int64_t last,
-                                              const float* residual, bool relu) {
-  tiles_of<Avx512>(x, rows, w, n, k, bias, y, first, last, residual, relu);
-}
 
 }  // namespace avx512

@@ -47,6 +47,14 @@ inline void finish_tile(float* y, int64_t rows, int64_t n, int64_t n0, int64_t t
   }
 }
 
+// The members of a vector type for skinny_block_cpu.h whose intrinsics differ only by their prefix (mm:
+// _mm256 or _mm512): zero, load, fmadd (a * b + c, one rounding), store (aligned).
+#define FS_SKINNY_VECTOR_OPS(mm)                                                     \
+  static Vec zero() { return mm##_setzero_ps(); }                                    \
+  static Vec load(const float* p) { return mm##_loadu_ps(p); }                       \
+  static Vec fmadd(Vec a, Vec b, Vec c) { return mm##_fmadd_ps(a, b, c); }           \
+  static void store(float* p, Vec v) { mm##_store_ps(p, v); }
+
 // Rows of W per tile: each tile's outputs are reduced together, one output per vector lane.
 constexpr int64_t kSkinnyTileAvx512 = 16;
 constexpr int64_t kSkinnyTileAvx2 = 8;
