@@ -51,23 +51,12 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor 
       fs_quant::find_kernel(fs_quant::Precision::kInt16, kernel, kInt16Weight, "int16_linear");
   x = x.contiguous();
   packed = packed.contiguous();
-  const int64_t rows = x.size(0), k = x.size(1), k_pairs = packed.size(1);
+  const int64_t k = x.size(1), k_pairs = packed.size(1);
   const int64_t n_panels = packed.size(0);
   TORCH_CHECK((k + 1) / 2 == k_pairs, "int16_linear: x has ", k, " features, the packed weight ", 2 * k_pairs);
   TORCH_CHECK(n_panels == (out_features + kCols - 1) / kCols, "int16_linear: the packed weight has ", n_panels,
               " panels of ", kCols, " outputs for ", out_features, " scales");
-  const float* b = nullptr;
-  if (bias) {
-    *bias = bias->contiguous();
-    b = bias->data_ptr<float>();
-  }
-  auto out = torch::empty({rows, out_features}, x.options());
   const int16_t* w = packed.data_ptr<int16_t>();
-  const float* inv_w = weight_inv.data_ptr<float>();
-  float* y = out.data_ptr<float>();
-  const auto scale = fs_quant::quantized_product(
-      kern, {x.data_ptr<float>(), rows, k, k_pairs, n_panels, out_features, static_cast<float>(a_max), w, inv_w, b,
-             nullptr, y});
-  fs_quant::float_rows(x.data_ptr<float>(), k, scale, out_features, PackedWeightAt{w, k_pairs}, inv_w, b, y);
-  return out;
+  return fs_quant::product_of_rows(kern, x, w, k_pairs, n_panels, weight_inv, bias, nullptr,
+                                   static_cast<float>(a_max), PackedWeightAt{w, k_pairs});
 }

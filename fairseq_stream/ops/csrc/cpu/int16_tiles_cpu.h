@@ -24,6 +24,9 @@
 #define FS_INT16_X86 0
 #endif
 
+// Hidden: called only within this library. At default visibility every call of a template instance (a
+// tile, from the driver's table) went through the PLT.
+#pragma GCC visibility push(hidden)
 namespace int16_tiles {
 
 using fs_quant::Format;
@@ -57,19 +60,10 @@ struct PairsStep {
 };
 using Avx2 = fs_quant::Avx2Tile<PairsStep>;
 
-// vpdpwssd: the row's broadcast pair times each column's two int16 weights, summed into int32. In the name:
-// the AVX-512 tile inlines it.
-struct Avx512PairsDot {
-  static constexpr Format kFormat = Format::kPairs16;
-  __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) static inline __m512i dot(__m512i acc,
-                                                                                                 __m512i x,
-                                                                                                 __m512i w) {
-    return _mm512_dpwssd_epi32(acc, x, w);
-  }
-};
 // 12 rows x 2 panels: 24 sums, 2 weight panels and a broadcast, 27 of AVX-512's 32 registers, so a batched
 // step's rows go 12 to a pass of the weights; a beam of 5 is one pass.
-using Avx512Vnni = fs_quant::Avx512VnniTile<Avx512PairsDot>;
+using Avx512Vnni = fs_quant::Avx512VnniTile<Format::kPairs16>;
 #endif
 
 }  // namespace int16_tiles
+#pragma GCC visibility pop

@@ -139,26 +139,15 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor w
       fs_quant::find_kernel(fs_quant::Precision::kInt8, kernel, static_cast<int>(weight_max), "int8_linear");
   x = x.contiguous(), packed = packed.contiguous(), weight_inv = weight_inv.contiguous();
   excess = excess.contiguous();
-  const int64_t rows = x.size(0), k = x.size(1), quads = packed.size(1), n_panels = packed.size(0);
+  const int64_t k = x.size(1), quads = packed.size(1), n_panels = packed.size(0);
   TORCH_CHECK((k + kQuad - 1) / kQuad == quads, "int8_linear: x has ", k, " features, the packed weight ",
               kQuad * quads);
   TORCH_CHECK(n_panels == (out_features + kCols - 1) / kCols, "int8_linear: the packed weight has ", n_panels,
               " panels of ", kCols, " outputs for ", out_features, " scales");
   TORCH_CHECK(k <= kMaxInFeatures, "int8_linear: ", k, " input features could overflow int32 sums (at most ",
               kMaxInFeatures, ")");
-  const float* b = nullptr;
-  if (bias) {
-    *bias = bias->contiguous();
-    b = bias->data_ptr<float>();
-  }
-  auto out = torch::empty({rows, out_features}, x.options());
   const int8_t* w = packed.data_ptr<int8_t>();
-  const float* inv_w = weight_inv.data_ptr<float>();
-  float* y = out.data_ptr<float>();
-  const auto scale = fs_quant::quantized_product(
-      kern, {x.data_ptr<float>(), rows, k, quads, n_panels, out_features, fs_quant::kInt8Max, w, inv_w, b,
-             excess.data_ptr<int32_t>(), y});
-  fs_quant::float_rows(x.data_ptr<float>(), k, scale, out_features,
-                       PackedWeightAt{w, quads, kern.format == fs_quant::Format::kWide16}, inv_w, b, y);
-  return out;
+  const PackedWeightAt weight_at{w, quads, kern.format == fs_quant::Format::kWide16};
+  return fs_quant::product_of_rows(kern, x, w, quads, n_panels, weight_inv, bias, excess.data_ptr<int32_t>(),
+                                   fs_quant::kInt8Max, weight_at);
 }

@@ -36,6 +36,9 @@
 #define FS_INT8_X86 0
 #endif
 
+// Hidden: called only within this library. At default visibility every call of a template instance (a
+// tile, from the driver's table) went through the PLT.
+#pragma GCC visibility push(hidden)
 namespace int8_tiles {
 
 using fs_quant::Format;
@@ -133,17 +136,8 @@ using Avx2Row = Avx2RowTile<WidenedStep>;
 using Avx2Bytes = fs_quant::Avx2Tile<BytesStep>;
 using Avx2BytesRow = Avx2RowTile<BytesStep>;
 
-// vpdpbusd: the row's unsigned bytes q + 128 times the signed weights, four products a column summed into
-// int32 (the VNNI kernel; nothing saturates). In the name: the AVX-512 tile inlines it.
-struct Avx512BytesDot {
-  static constexpr Format kFormat = Format::kShifted8;
-  __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) static inline __m512i dot(__m512i acc,
-                                                                                                 __m512i x,
-                                                                                                 __m512i w) {
-    return _mm512_dpbusd_epi32(acc, x, w);
-  }
-};
-using Avx512Vnni = fs_quant::Avx512VnniTile<Avx512BytesDot>;
+using Avx512Vnni = fs_quant::Avx512VnniTile<Format::kShifted8>;
 #endif
 
 }  // namespace int8_tiles
+#pragma GCC visibility pop

@@ -7,11 +7,15 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "quantized_tiles_cpu.h"
 
+// Hidden: called only within this library. At default visibility every call of a template instance (a
+// tile, from the driver's table) went through the PLT.
+#pragma GCC visibility push(hidden)
 namespace fs_quant {
 
 enum class Precision { kInt8, kInt16 };
@@ -72,4 +76,27 @@ struct Operands {
 // 1 / scale, kFloatRow for a row the integers cannot hold, whose outputs the caller writes (float_rows).
 std::vector<float> quantized_product(const Kernel& kernel, const Operands& o);
 
+// An op's whole product: y (rows, out) = x (rows, k; float32, contiguous) times the packed weight (n_panels
+// panels of `steps` steps) by `kernel`, then float_rows for the rows the integers cannot hold, which read the
+// weight through weight_at. weight_inv contiguous; the bias is made contiguous here.
+template <class WeightAt>
+at::Tensor product_of_rows(const Kernel& kernel, const at::Tensor& x, const void* packed, int64_t steps,
+                           int64_t n_panels, const at::Tensor& weight_inv, std::optional<at::Tensor>& bias,
+                           const int32_t* excess, float a_max, const WeightAt& weight_at) {
+  const float* b = nullptr;
+  if (bias) {
+    *bias = bias->contiguous();
+    b = bias->data_ptr<float>();
+  }
+  const int64_t rows = x.size(0), k = x.size(1), out_features = weight_inv.numel();
+  at::Tensor out = x.new_empty({rows, out_features});
+  const float* inv_w = weight_inv.data_ptr<float>();
+  float* y = out.data_ptr<float>();
+  const std::vector<float> scale = quantized_product(
+      kernel, {x.data_ptr<float>(), rows, k, steps, n_panels, out_features, a_max, packed, inv_w, b, excess, y});
+  float_rows(x.data_ptr<float>(), k, scale, out_features, weight_at, inv_w, b, y);
+  return out;
+}
+
 }  // namespace fs_quant
+#pragma GCC visibility pop

@@ -25,6 +25,9 @@
 #define FS_ROWS_6(X) X(0) X(1) X(2) X(3) X(4) X(5)
 #define FS_ROWS_12(X) FS_ROWS_6(X) X(6) X(7) X(8) X(9) X(10) X(11)
 
+// Hidden: called only within this library. At default visibility every call of a template instance (a
+// tile, from the driver's table) went through the PLT.
+#pragma GCC visibility push(hidden)
 namespace fs_quant {
 
 constexpr int64_t kCols = 16;     // output columns per packed panel (one 512-bit register of int32 sums)
@@ -136,16 +139,25 @@ struct Avx2Tile {
   }
 };
 
-// The AVX-512 VNNI tile of both precisions (int8's vpdpbusd, int16's vpdpwssd: the Dot says which), R rows x
-// P panels, R * P <= 24 sums in registers: for int8 (12, 2) for batched rows, (4, 4) and (2, 8) for one
+// The AVX-512 VNNI tile of both precisions (int8's vpdpbusd, int16's vpdpwssd: the format says which), R rows
+// x P panels, R * P <= 24 sums in registers: for int8 (12, 2) for batched rows, (4, 4) and (2, 8) for one
 // sentence's few rows, so that a lone row still has 8 independent chains of multiply-adds; for int16 (12, 2),
-// a beam of 5 in one pass of the weights. The sums are
-// named variables (s<row>_<panel>), not an array: GCC kept an array of vectors on the stack, a load
-// and a store around every multiply-add; the variables of rows and panels a tile lacks are compiled away.
+// a beam of 5 in one pass of the weights. The sums are named variables (s<row>_<panel>), not an array: GCC
+// kept an array of vectors on the stack, a load and a store around every multiply-add; the variables of rows
+// and panels a tile lacks are compiled away.
 #define FS_PANELS_8(X, i) X(i, 0) X(i, 1) X(i, 2) X(i, 3) X(i, 4) X(i, 5) X(i, 6) X(i, 7)
-template <class Dot>
+template <Format F>
 struct Avx512VnniTile {
-  static constexpr Format kFormat = Dot::kFormat;
+  static constexpr Format kFormat = F;
+  // int8: vpdpbusd, the row's unsigned bytes q + 128 times the signed weights, four products a column
+  // (nothing saturates); int16: vpdpwssd, the row's pair times each column's two weights.
+  __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) static inline __m512i dot(__m512i acc,
+                                                                                                 __m512i x,
+                                                                                                 __m512i w) {
+    static_assert(F == Format::kShifted8 || F == Format::kPairs16, "the VNNI tile's formats");
+    if constexpr (F == Format::kPairs16) return _mm512_dpwssd_epi32(acc, x, w);
+    return _mm512_dpbusd_epi32(acc, x, w);
+  }
   template <int R, int P>
   __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void tile(const void* xq_, int64_t groups,
                                                                           const void* packed, int64_t panel0,
@@ -168,7 +180,7 @@ struct Avx512VnniTile {
       FS_LOAD(0) FS_LOAD(1) FS_LOAD(2) FS_LOAD(3) FS_LOAD(4) FS_LOAD(5) FS_LOAD(6) FS_LOAD(7)
 #undef FS_LOAD
 #define FS_STEP(i, j) \
-  if constexpr (P > j) s##i##_##j = Dot::dot(s##i##_##j, x##i, w##j);
+  if constexpr (P > j) s##i##_##j = dot(s##i##_##j, x##i, w##j);
 #define FS_STEP_ROW(i)                                         \
   if constexpr (R > i) {                                       \
     const __m512i x##i = _mm512_set1_epi32(xq[p * R + i]);    \
@@ -311,3 +323,4 @@ std::vector<std::string> kernel_names(const std::vector<Kernel>& kernels) {
 }
 
 }  // namespace fs_quant
+#pragma GCC visibility pop

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#pragma GCC visibility push(hidden)  // as skinny_tiles_cpu.h: no calls through the PLT
 namespace avx2 {
 
 #pragma GCC push_options
@@ -50,3 +51,4 @@ struct Vector {
 #pragma GCC pop_options
 
 }  // namespace avx2
+#pragma GCC visibility pop

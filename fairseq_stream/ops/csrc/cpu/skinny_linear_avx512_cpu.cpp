@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#pragma GCC visibility push(hidden)  // as skinny_tiles_cpu.h: no calls through the PLT
 namespace avx512 {
 
 #pragma GCC push_options
@@ -59,3 +60,4 @@ struct Vector {
 #pragma GCC pop_options
 
 }  // namespace avx512
+#pragma GCC visibility pop

@@ -8,6 +8,10 @@
 #include <algorithm>
 #include <cstdint>
 
+// Hidden: called only within this library. At default visibility every call of a template instance (a
+// block, from its tiles) went through the PLT.
+#pragma GCC visibility push(hidden)
+
 // Software prefetch into L1, how far ahead of the row of W a block reads (prefetch_distance).
 //
 // Where a tile fits half of a 48 KB L1: the same lines of the next tile's rows. A step's weights stream from
@@ -69,3 +73,5 @@ namespace avx2 {
 void tiles(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias, float* y,
            int64_t first, int64_t last, const float* residual, bool relu);
 }  // namespace avx2
+
+#pragma GCC visibility pop
