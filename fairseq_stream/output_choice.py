@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.ops import output_layer
+from fairseq_stream.ops import loader, output_layer
 from fairseq_stream.runners import say_once
 
 OUTPUT_LAYERS = ("auto", "fused", "torch")
@@ -68,7 +68,7 @@ def choose_backend(option: str, runner, device: torch.device, n: int, keep_refer
             raise FairseqStreamError(
                 "--output-layer fused: no compiled output layer for {} here (fairseq_stream._ops_{}: {}); "
                 "build it with 'pip install --no-build-isolation -e .', or use --output-layer auto".format(
-                    device.type, device.type, output_layer.missing_reason(device.type)))
+                    device.type, device.type, loader.missing_reason(device.type)))
         say_once("fairseq-stream: --output-layer auto: no compiled output layer for %s; using the torch "
                  "output layer", device.type)
         return "torch"

@@ -17,7 +17,7 @@ import torch
 from conftest import decode, decoder_options, differences, sorted_batches
 from fairseq_stream import decoder as decoder_module
 from fairseq_stream.decoder import BeamDecoder
-from fairseq_stream.ops import beam_step, output_layer
+from fairseq_stream.ops import beam_step, loader
 from fairseq_stream.search import selection
 from fairseq_stream.search.pruning import Pruning
 
@@ -103,7 +103,7 @@ def test_decoding_with_and_without_the_compiled_ops_gives_the_same_n_best(loaded
     batches = sorted_batches(task, 8, 37)
     make = lambda: BeamDecoder(models, task.target_dictionary, **decoder_options(search))
     compiled = decode(make(), models, batches, None)
-    monkeypatch.setitem(output_layer._EXTENSIONS, "cpu", None)  # as without the extension: the torch code
+    monkeypatch.setitem(loader._EXTENSIONS, "cpu", None)  # as without the extension: the torch code
     assert not beam_step.available(torch.device("cpu"))
     reference = decode(make(), models, batches, None)
     assert differences(reference, compiled, tolerance=0.0) == []

@@ -20,6 +20,7 @@ import pytest
 
 from conftest import REPO, load_setup
 from fairseq_stream import cpu_info
+from fairseq_stream.ops import loader
 from fairseq_stream.ops import output_layer as ol
 
 # x86-64-v3's extensions as /proc/cpuinfo names them (abm: LZCNT), what a baseline build records.
@@ -64,14 +65,14 @@ def test_the_record_of_what_a_build_needs_is_read_from_the_file(tmp_path):
 
 def test_a_build_for_extensions_this_cpu_lacks_is_refused_in_one_line(monkeypatch, caplog):
     """An AVX-512 build on an AVX2-only CPU (or the baseline on a CPU without AVX2): torch ops, not SIGILL."""
-    monkeypatch.setattr(ol, "_EXTENSIONS", {})
-    monkeypatch.setattr(ol, "_MISSING", {})
-    monkeypatch.setattr(ol, "_library_path", lambda name: "/x/_ops_cpu.so")
+    monkeypatch.setattr(loader, "_EXTENSIONS", {})
+    monkeypatch.setattr(loader, "_MISSING", {})
+    monkeypatch.setattr(loader, "_library_path", lambda name: "/x/_ops_cpu.so")
     monkeypatch.setattr(cpu_info, "build_needs", lambda path: frozenset({"avx2", "fma", "avx512f", "avx512bw"}))
     monkeypatch.setattr(cpu_info, "_cpuinfo_fields", lambda: ("AVX2 CPU", frozenset({"avx", "avx2", "fma"})))
-    with caplog.at_level(logging.WARNING, logger=ol.__name__):
+    with caplog.at_level(logging.WARNING, logger=loader.__name__):
         assert ol.compiled_module("cpu") is None and ol.auto_backend("cpu") == "torch"
-    messages = [r.getMessage() for r in caplog.records if r.name == ol.__name__]
+    messages = [r.getMessage() for r in caplog.records if r.name == loader.__name__]
     assert len(messages) == 1 and "\n" not in messages[0]
     assert "/x/_ops_cpu.so was built for CPU extensions this CPU (AVX2 CPU) lacks: avx512bw avx512f" in messages[0]
     assert "FAIRSEQ_STREAM_MARCH unset" in messages[0] and "slower torch ops" in messages[0]

@@ -17,7 +17,7 @@ import torch
 from conftest import decode, decoder_options, differences, generate_in_process, hypotheses, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.ops import output_layer
+from fairseq_stream.ops import loader, output_layer
 
 torch.set_num_threads(1)
 
@@ -150,8 +150,8 @@ def test_greedy_command_line_takes_the_lean_runner_and_fused_layer(toy, capsys, 
 def test_fused_without_a_kernel_is_a_one_line_error_and_auto_falls_back(loaded, monkeypatch, caplog):
     """A machine where the extension did not build: fused refuses, auto says so and uses torch."""
     models, task = loaded("transformer")
-    monkeypatch.setitem(output_layer._EXTENSIONS, "cpu", None)
-    monkeypatch.setitem(output_layer._MISSING, "cpu", "No module named 'fairseq_stream._ops_cpu'")
+    monkeypatch.setitem(loader._EXTENSIONS, "cpu", None)
+    monkeypatch.setitem(loader._MISSING, "cpu", "No module named 'fairseq_stream._ops_cpu'")
     with pytest.raises(FairseqStreamError, match="--output-layer fused: no compiled output layer for cpu"):
         BeamDecoder(models, task.target_dictionary, beam_size=5, finalize="stay", output_layer="fused")
     with caplog.at_level("INFO"):

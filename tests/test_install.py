@@ -76,14 +76,14 @@ def test_a_failed_kernel_is_skipped_only_on_request(setup_module, monkeypatch, c
 
 
 def test_running_without_the_kernels_says_so_once(monkeypatch, caplog):
-    from fairseq_stream.ops import output_layer as ol
+    from fairseq_stream.ops import loader
 
-    monkeypatch.setattr(ol, "_EXTENSIONS", {})
-    monkeypatch.setattr(ol, "_MISSING", {})
+    monkeypatch.setattr(loader, "_EXTENSIONS", {})
+    monkeypatch.setattr(loader, "_MISSING", {})
     monkeypatch.setitem(sys.modules, "fairseq_stream._ops_cpu", None)  # an import of it raises ImportError
-    with caplog.at_level(logging.WARNING, logger=ol.__name__):
-        assert ol.compiled_module("cpu") is None and ol.compiled_module("cpu") is None
-    messages = [r.getMessage() for r in caplog.records if r.name == ol.__name__]
+    with caplog.at_level(logging.WARNING, logger=loader.__name__):
+        assert loader.compiled_module("cpu") is None and loader.compiled_module("cpu") is None
+    messages = [r.getMessage() for r in caplog.records if r.name == loader.__name__]
     assert len(messages) == 1
     assert "compiled CPU kernels (fairseq_stream._ops_cpu)" in messages[0] and "slower torch ops" in messages[0]
     assert "pip install --no-build-isolation -e ." in messages[0]

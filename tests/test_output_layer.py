@@ -34,6 +34,7 @@ import torch
 
 from conftest import sorted_batches, toy_cache
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.ops import loader
 from fairseq_stream.ops import output_layer as ol
 from fairseq_stream.ops import auto_backend, available_backends, greedy_log_softmax, topk_log_softmax
 
@@ -298,8 +299,8 @@ def test_backend_choice_and_missing_extension(monkeypatch):
     assert auto_backend("cpu") == ("cpu" if HAS_CPU else "torch")
     assert auto_backend("cuda", n=201) == "torch"
     # Without the compiled modules: auto falls back to torch; asking for one is a one-line error.
-    monkeypatch.setattr(ol, "_EXTENSIONS", {"cpu": None, "cuda": None})
-    monkeypatch.setattr(ol, "_MISSING", {"cpu": "No module named 'fairseq_stream._ops_cpu'"})
+    monkeypatch.setattr(loader, "_EXTENSIONS", {"cpu": None, "cuda": None})
+    monkeypatch.setattr(loader, "_MISSING", {"cpu": "No module named 'fairseq_stream._ops_cpu'"})
     assert available_backends() == ["torch"]
     assert auto_backend("cpu") == "torch"
     got = topk_log_softmax(logits, 5, pad=PAD, eos=EOS)

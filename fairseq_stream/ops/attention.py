@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_stream.ops.output_layer import compiled_module
+from fairseq_stream.ops.loader import compiled_module
 from fairseq_stream.ops.packing import pack_by_sentence
 
 # Below this many rows torch's fused attention is faster than two bmm calls

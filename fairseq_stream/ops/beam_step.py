@@ -29,7 +29,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from fairseq_stream.ops.output_layer import compiled_module
+from fairseq_stream.ops.loader import compiled_module
 
 
 def _extension():

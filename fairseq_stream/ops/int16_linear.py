@@ -2,8 +2,9 @@
 
 The weight is quantized and packed once (:func:`pack`); each call quantizes
 its rows of ``x``, sums the products in int32 and dequantizes (the compiled
-``int16_linear`` in ``csrc/cpu/int16_linear_cpu.cpp``: register-blocked
-micro-kernels over the packed layout, AVX-512 VNNI ``vpdpwssd`` or AVX2
+``int16_linear`` in ``csrc/cpu/int16_linear_cpu.cpp``, the product op that
+int8 shares (``quantized_product_cpu.cpp``): register-blocked micro-kernels
+over the packed layout, AVX-512 VNNI ``vpdpwssd`` or AVX2
 ``vpmaddwd``, chosen at run time from what the CPU has, or portable loops;
 :func:`reference` is the same arithmetic in torch, and all give identical
 floats).
@@ -58,7 +59,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from fairseq_stream.ops.output_layer import compiled_module
+from fairseq_stream.ops.loader import compiled_module
 
 INT32_MAX = 2 ** 31 - 1
 INT16_MAX = 32767

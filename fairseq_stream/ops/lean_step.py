@@ -22,7 +22,7 @@ from typing import List, Optional
 import torch.nn.functional as F
 
 from fairseq_stream.ops import prepacked_linear
-from fairseq_stream.ops.output_layer import compiled_module
+from fairseq_stream.ops.loader import compiled_module
 
 
 def _extension():

@@ -53,26 +53,18 @@ than n words of finite value are filled with ``-inf`` values at the lowest
 word indices not already returned.
 """
 
-import importlib
-import importlib.util
-import logging
 import math
 from typing import List, NamedTuple, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
-from fairseq_stream import cpu_info
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.ops.loader import compiled_module, missing_reason
 
 BACKENDS = ("auto", "torch", "cpu", "cuda")
 CUDA_MAX_N = 200  # the CUDA kernel's candidate buffer (csrc/cuda/output_layer_cuda.h)
 _FLOAT_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-# Compiled modules, loaded on first use: name -> module or None, and why not.
-_EXTENSIONS = {}
-_MISSING = {}
-
 
 class OutputLayerResult(NamedTuple):
     """Per row: the best n values (best first), their word indices, and the EOS log-probability.
@@ -86,60 +78,6 @@ class OutputLayerResult(NamedTuple):
     values: Tensor
     indices: Tensor
     eos: Tensor
-
-
-def compiled_module(kind: str):
-    """The compiled module for ``kind`` ("cpu" or "cuda"), or None if it is not built.
-
-    Loaded once and cached (a miss too, with its reason for :func:`missing_reason`);
-    every op of this package reaches its kernels through it.
-    """
-    if kind not in _EXTENSIONS:
-        try:
-            _EXTENSIONS[kind] = _load("fairseq_stream._ops_" + kind)
-        except ImportError as e:  # not built (optional), or built for another torch
-            _EXTENSIONS[kind] = None
-            _MISSING[kind] = str(e)
-            if kind == "cpu" or torch.cuda.is_available():  # once a process: what is slow, and the cure
-                logging.getLogger(__name__).warning(
-                    "fairseq-stream: the compiled %s kernels (fairseq_stream._ops_%s) are not built or do not "
-                    "load (%s): the search step, the lean runner's layers and the fused output layer run on "
-                    "slower torch ops; build them with `pip install --no-build-isolation -e .` after torch "
-                    "(README: Install)", kind.upper(), kind, e)
-    return _EXTENSIONS[kind]
-
-
-def _load(name: str):
-    """Import the compiled module ``name``, unless it was built for CPU extensions this CPU lacks (ImportError).
-
-    A build for an AVX-512 machine (FAIRSEQ_STREAM_MARCH=native) moved to an
-    AVX2-only one, or the x86-64-v3 baseline on a CPU without AVX2, would die
-    with an illegal instruction while loading; refused, it runs on torch ops
-    and the caller logs why, in one line.
-    """
-    path = _library_path(name)
-    missing = cpu_info.missing_extensions(cpu_info.build_needs(path) or ()) if path else []
-    if missing:
-        raise ImportError("{} was built for CPU extensions this CPU ({}) lacks: {}; rebuild it: with "
-                          "FAIRSEQ_STREAM_MARCH unset for every AVX2 machine, =native for this one".format(
-                              path, cpu_info.cpu_model(), " ".join(missing)))
-    return importlib.import_module(name)
-
-
-def _library_path(name: str) -> Optional[str]:
-    """The file the import of ``name`` would load, found without loading it; None where there is none."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):  # the import itself then raises what is wrong
-        return None
-    return spec.origin if spec is not None else None
-
-
-def missing_reason(kind: str) -> str:
-    """Why the compiled module for ``kind`` is not loaded ("" where it is)."""
-    if compiled_module(kind) is not None:
-        return ""
-    return _MISSING.get(kind, "not found")
 
 
 def available_backends() -> List[str]:
@@ -294,7 +232,7 @@ def _resolve(backend: str, device: torch.device, n: int) -> str:
         raise FairseqStreamError(
             "output-layer backend '{}' is not built (fairseq_stream._ops_{}: {}); build it with "
             "'python setup.py build_ext --inplace', or use backend 'auto' or 'torch'".format(
-                backend, backend, _MISSING.get(backend, "not found")))
+                backend, backend, missing_reason(backend)))
     if device.type != backend:
         raise FairseqStreamError(
             "output-layer backend '{}' cannot run on {} tensors; use backend 'auto'".format(backend, device.type))

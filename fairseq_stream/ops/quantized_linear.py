@@ -7,7 +7,8 @@ inv_w[n] + b[n]``, each a float32 operation, with ``inv_a[m] = float32(1 /
 s_a[m])`` and ``inv_w[n] = float32(1 / s_w[n])`` (Devlin 2017, section 3; the
 same dequantization as :mod:`fairseq_stream.ops.int16_linear`).
 
-**int8** (:func:`pack_int8`, ``csrc/cpu/int8_linear_cpu.cpp``): row ``n`` of
+**int8** (:func:`pack_int8`, ``csrc/cpu/int8_linear_cpu.cpp`` on the driver
+int16 shares, ``quantized_product_cpu.cpp``): row ``n`` of
 the weight is scaled by ``s_w[n] = 127 / max_k |W[n, k]|`` and rounded, so
 its largest weight is +-127; row ``m`` of ``x`` by ``s_a[m] = 127 / max_k
 |x[m, k]|`` (1 for an all-zero row): values in [-127, 127], -128 unused, as
@@ -60,7 +61,7 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.ops import int16_linear
-from fairseq_stream.ops.output_layer import compiled_module
+from fairseq_stream.ops.loader import compiled_module
 
 # The --quantize choices: int8 (its weights' width picked for the CPU), int8 with 8- or 7-bit weights, int16.
 CHOICES = ("int8", "int8w8", "int8w7", "int16")
@@ -125,7 +126,7 @@ def int8_weight(p: Int8Packed) -> Tensor:
 
 def pair_order(packed: Tensor) -> Tensor:
     """``packed`` with each quad's 64 bytes in the AVX2 kernel's order: the 16 columns' inputs 4p and 4p+1,
-    then their 4p+2 and 4p+3 (a widened load is then 8 columns x 2 inputs: ``csrc/cpu/int8_linear_cpu.cpp``)."""
+    then their 4p+2 and 4p+3 (a widened load is then 8 columns x 2 inputs: ``csrc/cpu/int8_tiles_cpu.h``)."""
     blocks, quads, _ = packed.shape
     pairs = packed.view(blocks, quads, COLS, QUAD // 2, 2).transpose(2, 3)
     return pairs.reshape(blocks, quads, COLS * QUAD).contiguous()
@@ -237,10 +238,18 @@ def linear(weight: Tensor, bias: Optional[Tensor], kind: str, kernel_name: str =
         return ext.QuantizedLinear(8, packed_for(p, kernel_name), p.weight_inv, p.excess, 0, p.bias, p.in_features,
                                    p.out_features, kernel_name, weight_kn, from_rows, p.weight_max)
     if kind == "int16":
-        p = int16_linear.pack(weight, bias)
-        return ext.QuantizedLinear(16, p.packed, p.weight_inv, None, p.a_max, p.bias, p.in_features,
-                                   p.out_features, kernel_name)
+        return int16_product(int16_linear.pack(weight, bias), kernel_name)
     raise ValueError("unknown quantization {!r} (choose from: {})".format(kind, ", ".join(CHOICES)))
+
+
+def int16_product(p: int16_linear.PackedLinear, kernel_name: str = "auto"):
+    """The compiled ``QuantizedLinear`` on the packed int16 weight ``p`` (its tensors, not a copy): the
+    transformer's --quantize int16 products and the LSTM's --rnn-int16 ones alike."""
+    ext = _extension()
+    if ext is None:
+        raise RuntimeError("int16 products need the compiled CPU kernels: {}".format(missing_reason()))
+    return ext.QuantizedLinear(16, p.packed, p.weight_inv, None, p.a_max, p.bias, p.in_features, p.out_features,
+                               kernel_name)
 
 
 def reference_int8(x: Tensor, p: Int8Packed) -> Tensor:

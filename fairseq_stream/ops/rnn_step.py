@@ -34,8 +34,10 @@ from typing import List, Optional, Sequence, Tuple
 
 from torch import Tensor
 
+from fairseq_stream.ops import lean_step, quantized_linear
 from fairseq_stream.ops.int16_linear import PackedLinear
-from fairseq_stream.ops.output_layer import compiled_module
+from fairseq_stream.ops.loader import compiled_module
+from fairseq_stream.ops.prepacked_linear import TorchLinear
 
 
 def _extension():
@@ -50,13 +52,12 @@ def available() -> bool:
 
 
 def product(packed: Optional[PackedLinear] = None, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None):
-    """A product for :func:`rnn_step`: ``packed`` (int16), or a float ``weight`` (with ``bias``)."""
+    """A product for :func:`rnn_step`, the lean runner's own (:func:`fairseq_stream.ops.lean_step.product_of`):
+    ``packed`` (int16) as its ``QuantizedLinear``, or a float ``weight`` (with ``bias``) as ``at::linear``."""
     if packed is not None:
-        return _extension().Int16Product(packed.packed, packed.weight_inv, packed.out_features, packed.a_max,
-                                         packed.bias, None)
-    return _extension().Int16Product(None, None, weight.size(0), 0,
-                                     None if bias is None else bias.detach().float().contiguous(),
-                                     weight.detach().float().contiguous())
+        return lean_step.product_of(_extension(), quantized_linear.int16_product(packed))
+    float_bias = None if bias is None else bias.detach().float().contiguous()
+    return lean_step.product_of(_extension(), TorchLinear(weight.detach().float().contiguous(), float_bias))
 
 
 def rnn_step(x: Tensor, feed: Tensor, h: Tensor, c: Tensor, parent: Optional[Tensor], recurrent: Sequence,

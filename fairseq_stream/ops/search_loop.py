@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from fairseq_stream.ops import lean_step
-from fairseq_stream.ops.output_layer import compiled_module
+from fairseq_stream.ops.loader import compiled_module
 
 
 # Each sentence's hypotheses [(words, cumulative scores)], and the steps each sentence ran.

@@ -38,7 +38,7 @@ from typing import Optional
 import torch
 
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.ops.output_layer import compiled_module
+from fairseq_stream.ops.loader import compiled_module
 
 logger = logging.getLogger(__name__)
 

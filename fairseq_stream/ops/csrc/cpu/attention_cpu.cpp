@@ -359,32 +359,3 @@ void copy_cache_slots_(torch::Tensor cache, const torch::Tensor& source, const t
     }
   }
 }
-
-void register_attention(pybind11::module& m) {
-  m.def("copy_cache_slots_", &copy_cache_slots_,
-        "(cache (2 * layers, slots, heads, capacity, head_dim), source, target (n,) slots, length): positions "
-        "0..length-1 of each source slot copied to its target slot, in place (targets distinct from sources)",
-        pybind11::arg("cache"), pybind11::arg("source"), pybind11::arg("target"), pybind11::arg("length"));
-  m.def("cached_attention_", &cached_attention_,
-        "(q, k, v (rows, heads * head_dim), keys, values (slots, heads, capacity, head_dim), slot (rows,) or None, "
-        "length, scale) -> (rows, heads * head_dim); writes k, v at position length first",
-        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("keys"), pybind11::arg("values"),
-        pybind11::arg("slot"), pybind11::arg("length"), pybind11::arg("scale"));
-  m.def("source_attention", &source_attention,
-        "(q (rows, heads * head_dim), keys, values (sentences, heads, source, head_dim), row_sentence (rows,), "
-        "mask (sentences, 1, 1, source) additive or None, scale) -> (rows, heads * head_dim)",
-        pybind11::arg("q"), pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("row_sentence"),
-        pybind11::arg("mask"), pybind11::arg("scale"));
-  m.def("sentence_attention", &sentence_attention,
-        "(qkv (tokens, 3 * heads * head_dim), starts (sentences + 1), heads, scale, dense_from) -> "
-        "(tokens, heads * head_dim): each token over its own sentence's tokens",
-        pybind11::arg("qkv"), pybind11::arg("starts"), pybind11::arg("heads"), pybind11::arg("scale"),
-        pybind11::arg("dense_from"));
-  m.def("window_attention_", &window_attention_,
-        "(q, k, v (positions, heads * head_dim), keys, values (rows, heads, capacity, head_dim), window_row, "
-        "window_step (positions,), scale, visible (positions, W) additive or None) -> (positions, heads * head_dim); "
-        "writes the window's k, v first",
-        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("keys"), pybind11::arg("values"),
-        pybind11::arg("window_row"), pybind11::arg("window_step"), pybind11::arg("scale"),
-        pybind11::arg("visible") = pybind11::none());
-}

@@ -1,5 +1,5 @@
-// One query per row attending over the lean runner's caches and encoder keys (attention_cpu.cpp),
-// bound into the same extension module as the fused output layer.
+// One query per row attending over the lean runner's caches and encoder keys (attention_cpu.cpp);
+// bindings_cpu.cpp binds them.
 #pragma once
 
 #include <torch/extension.h>
@@ -70,4 +70,3 @@ torch::Tensor sentence_attention(const torch::Tensor& qkv, const std::vector<int
 // to its target slot, in place: a beam's second child of a row takes its parent's keys and values.
 void copy_cache_slots_(torch::Tensor cache, const torch::Tensor& source, const torch::Tensor& target, int64_t length);
 
-void register_attention(pybind11::module& m);

@@ -214,6 +214,8 @@ void check_done_len(const Tensor& done_len, int64_t S, int64_t k, const char* op
               op, ": done_len must be an (S, k) = (", S, ", ", k, ") int64 CPU tensor; got ", done_len.sizes());
 }
 
+}  // namespace
+
 std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tensor>& local,
                                    const std::optional<Tensor>& word_of, int64_t per_slot, int64_t k, int64_t eos,
                                    int64_t step, const Tensor& done_len, const Tensor& best_finished,
@@ -247,6 +249,8 @@ std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tenso
   });
   return out;
 }
+
+namespace {
 
 template <typename scalar_t>
 void stay_loop(const Tensor& top_scores, const Tensor& top_idx, const std::optional<Tensor>& local,
@@ -321,6 +325,8 @@ void stay_loop(const Tensor& top_scores, const Tensor& top_idx, const std::optio
   summary[2 * S] = live_left;
 }
 
+}  // namespace
+
 // Returns [parent, token, score, live, done, fresh (all (S, k)), no_live (S,), done_len (S, k),
 // finished_now (S,), summary (2S + 1,): finished_now + 2 * empty, ids, live rows left,
 // flat_parent (S*k,), extended (S*k,)].
@@ -368,6 +374,8 @@ std::vector<Tensor> stay_select(const Tensor& cand, const std::optional<Tensor>&
   return out;
 }
 
+namespace {
+
 template <typename scalar_t>
 void reorder_loop(Tensor& tokens, Tensor& scores, const Tensor& flat_parent, const Tensor& extended,
                   const Tensor& new_token, const Tensor& new_score, int64_t step) {
@@ -398,6 +406,8 @@ void reorder_loop(Tensor& tokens, Tensor& scores, const Tensor& flat_parent, con
   }
 }
 
+}  // namespace
+
 void reorder_beam(Tensor tokens, Tensor scores, const Tensor& flat_parent, const Tensor& extended,
                   const Tensor& new_token, const Tensor& new_score, int64_t step) {
   TORCH_CHECK(tokens.device().is_cpu() && tokens.scalar_type() == at::kLong && tokens.dim() == 2,
@@ -421,8 +431,6 @@ void reorder_beam(Tensor tokens, Tensor scores, const Tensor& flat_parent, const
   });
 }
 
-}  // namespace
-
 std::vector<Tensor> fairseq_select_step(const Tensor& cand, const std::optional<Tensor>& local,
                                         const std::optional<Tensor>& word_of, int64_t per_slot, int64_t k,
                                         int64_t eos, int64_t step, const Tensor& done_len,
@@ -435,31 +443,4 @@ std::vector<Tensor> fairseq_select_step(const Tensor& cand, const std::optional<
 void reorder_beam_histories(Tensor tokens, Tensor scores, const Tensor& flat_parent, const Tensor& extended,
                             const Tensor& new_token, const Tensor& new_score, int64_t step) {
   reorder_beam(tokens, scores, flat_parent, extended, new_token, new_score, step);
-}
-
-void register_beam_step(pybind11::module& m) {
-  m.def("fairseq_select", &fairseq_select,
-        "(cand (S, W), local (S, W) or None, word_of (S, W) or None, per_slot, k, eos, step, done_len (S, k), "
-        "best_finished (S,), max_lens (S,), empty (S,), ids (S,), rp, ap, rpl, mc (negative: off)) -> [parent, "
-        "token, score, live, eos_mask, top_slot, top_score, done_len, best_finished, finished_now, summary, "
-        "flat_parent, no_live, zeros]; see fairseq_stream/ops/beam_step.py",
-        pybind11::arg("cand"), pybind11::arg("local"), pybind11::arg("word_of"), pybind11::arg("per_slot"),
-        pybind11::arg("k"), pybind11::arg("eos"), pybind11::arg("step"), pybind11::arg("done_len"),
-        pybind11::arg("best_finished"), pybind11::arg("max_lens"), pybind11::arg("empty"), pybind11::arg("ids"),
-        pybind11::arg("rp"), pybind11::arg("ap"), pybind11::arg("rpl"), pybind11::arg("mc"));
-  m.def("stay_select", &stay_select,
-        "(cand (S, W), local (S, W) or None, word_of (S, W) or None, per_slot, k, eos, pad, step, done_len (S, k), "
-        "scores (S*k, width), empty (S,), ids (S,), rp, ap, rpl, mc (negative: off)) -> [parent, token, score, "
-        "live, done, fresh, no_live, done_len, finished_now, summary, flat_parent, extended]; see "
-        "fairseq_stream/ops/beam_step.py",
-        pybind11::arg("cand"), pybind11::arg("local"), pybind11::arg("word_of"), pybind11::arg("per_slot"),
-        pybind11::arg("k"), pybind11::arg("eos"), pybind11::arg("pad"), pybind11::arg("step"),
-        pybind11::arg("done_len"), pybind11::arg("scores"), pybind11::arg("empty"), pybind11::arg("ids"),
-        pybind11::arg("rp"), pybind11::arg("ap"), pybind11::arg("rpl"), pybind11::arg("mc"));
-  m.def("reorder_beam_", &reorder_beam,
-        "(tokens (R, L) int64, scores (R, L') float, flat_parent (R,), extended (R,) bool, new_token (R,), "
-        "new_score (R,), step): in place, rows take their parent's history and, where extended, the new "
-        "token and score; see fairseq_stream/ops/beam_step.py",
-        pybind11::arg("tokens"), pybind11::arg("scores"), pybind11::arg("flat_parent"), pybind11::arg("extended"),
-        pybind11::arg("new_token"), pybind11::arg("new_score"), pybind11::arg("step"));
 }

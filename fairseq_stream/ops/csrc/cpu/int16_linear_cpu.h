@@ -1,5 +1,5 @@
-// The 16-bit fixed-point linear layer's entry points (int16_linear_cpu.cpp), bound into the same
-// extension module as the fused output layer.
+// The 16-bit fixed-point linear layer's entry points (int16_linear_cpu.cpp: the checks; the
+// tiles and their driver are quantized_product_cpu.cpp's, shared with int8).
 #pragma once
 
 #include <torch/extension.h>
@@ -13,4 +13,3 @@ torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor 
 
 std::vector<std::string> int16_kernels();
 
-void register_int16_linear(pybind11::module& m);

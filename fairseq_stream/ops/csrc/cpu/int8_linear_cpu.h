@@ -1,4 +1,5 @@
-// The 8-bit linear layer's entry points (int8_linear_cpu.cpp).
+// The 8-bit linear layer's entry points (int8_linear_cpu.cpp: the checks and oneDNN's path; the tiles and
+// their driver are quantized_product_cpu.cpp's, shared with int16).
 #pragma once
 
 #include <torch/extension.h>

@@ -22,21 +22,6 @@ namespace {
 
 using torch::Tensor;
 
-using NormWeights = std::tuple<Tensor, Tensor, double>;
-
-Norm norm_of(const NormWeights& n) { return Norm{std::get<0>(n), std::get<1>(n), std::get<2>(n)}; }
-
-// The parts both layer kinds take from Python: the norm placement, the activation (0 relu, 1 fairseq's
-// gelu), the feed-forward products and their norm.
-void set_sublayers(Sublayers& layer, const char* kind, bool pre_norm, int64_t activation, const Product& fc1,
-                   const Product& fc2, const NormWeights& final_norm) {
-  TORCH_CHECK(activation == 0 || activation == 1, kind, ": activation 0 (relu) or 1 (gelu in float)");
-  layer.pre_norm = pre_norm;
-  layer.activation = static_cast<Activation>(activation);
-  layer.fc1 = fc1, layer.fc2 = fc2;
-  layer.final_norm = norm_of(final_norm);
-}
-
 Tensor joined(std::vector<Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts); }
 
 // Encoder keys and values: one tensor of each per layer (the loops index them by layer).
@@ -52,6 +37,8 @@ void check_starts(const std::vector<int64_t>& starts, int64_t rows, const char* 
                   std::is_sorted(starts.begin(), starts.end()),
               op, ": starts must run in order from 0 to the ", rows, " rows");
 }
+
+}  // namespace
 
 // The layers of one model for one Jacobi window call (runners/lean_window.py, op for op): window
 // position n is row window_row[n]'s token at cache position window_step[n] (row = sentence), x and
@@ -95,8 +82,6 @@ Tensor lean_encoder_layers(Tensor x, const std::vector<LeanEncoderLayer>& layers
   return x;
 }
 
-}  // namespace
-
 // The layers of one model for one step over the segments' rows (rows in segment order).
 Tensor lean_layers(Tensor x, const std::vector<LeanLayer>& layers, const std::vector<Tensor>& caches,
                    const std::vector<std::optional<Tensor>>& slots, const std::vector<int64_t>& lengths,
@@ -138,62 +123,13 @@ Tensor lean_layers(Tensor x, const std::vector<LeanLayer>& layers, const std::ve
   return x;
 }
 
-// The three calls run without the GIL (they touch no Python object): the encoder thread
-// (schedule/read_ahead.py) encodes while the decoder's layers run, and the other way round. Holding
-// it, a batch's whole encoder call would stall the decoder's Python for its duration.
-void register_lean_step(pybind11::module& m) {
-  namespace py = pybind11;
-  py::class_<Product>(m, "LeanProduct",
-                      "x W^T + b for lean_layers: a PrepackedLinear, a QuantizedLinear, or a weight and bias")
-      .def(py::init([](const PrepackedLinear& p) { return Product{p, std::nullopt, Tensor(), std::nullopt}; }),
-           py::arg("packed"))
-      .def(py::init([](const QuantizedLinear& q) { return Product{std::nullopt, q, Tensor(), std::nullopt}; }),
-           py::arg("quantized"))
-      .def(py::init([](Tensor w, std::optional<Tensor> b) { return Product{std::nullopt, std::nullopt, w, b}; }),
-           py::arg("weight"), py::arg("bias"));
-  py::class_<LeanLayer>(m, "LeanLayer", "one decoder layer's weights for lean_layers (see ops/lean_step.py)")
-      .def(py::init([](bool pre_norm, std::vector<Product> products, std::vector<NormWeights> norms, double scaling,
-                       double cross_scaling, int64_t activation) {
-             TORCH_CHECK(products.size() == 6 && norms.size() == 3, "LeanLayer: 6 products and 3 norms");
-             LeanLayer layer;
-             set_sublayers(layer, "LeanLayer", pre_norm, activation, products[4], products[5], norms[2]);
-             layer.qkv = products[0], layer.self_out = products[1], layer.cross_q = products[2];
-             layer.cross_out = products[3];
-             layer.self_norm = norm_of(norms[0]), layer.cross_norm = norm_of(norms[1]);
-             layer.scaling = scaling, layer.cross_scaling = cross_scaling;
-             return layer;
-           }),
-           py::arg("pre_norm"), py::arg("products"), py::arg("norms"), py::arg("scaling"), py::arg("cross_scaling"),
-           py::arg("activation"));
-  py::class_<LeanEncoderLayer>(m, "LeanEncoderLayer", "one encoder layer's weights for lean_encoder_layers")
-      .def(py::init([](bool pre_norm, std::vector<Product> products, std::vector<NormWeights> norms, double scaling,
-                       int64_t activation, int64_t heads) {
-             TORCH_CHECK(products.size() == 4 && norms.size() == 2, "LeanEncoderLayer: 4 products and 2 norms");
-             TORCH_CHECK(heads > 0, "LeanEncoderLayer: heads > 0");
-             LeanEncoderLayer layer;
-             set_sublayers(layer, "LeanEncoderLayer", pre_norm, activation, products[2], products[3], norms[1]);
-             layer.qkv = products[0], layer.self_out = products[1];
-             layer.self_norm = norm_of(norms[0]);
-             layer.scaling = scaling, layer.heads = heads;
-             return layer;
-           }),
-           py::arg("pre_norm"), py::arg("products"), py::arg("norms"), py::arg("scaling"), py::arg("activation"),
-           py::arg("heads"));
-  m.def("lean_encoder_layers", &lean_encoder_layers,
-        "(x (tokens, dim): the batch's sources packed, layers, starts (sentences + 1), dense_from: sentences of at "
-        "least this many tokens attend through batched products) -> (tokens, dim)",
-        py::arg("x"), py::arg("layers"), py::arg("starts"), py::arg("dense_from"), py::call_guard<py::gil_scoped_release>());
-  m.def("lean_layers", &lean_layers,
-        "(x (rows, dim), layers, per segment: caches, slot or None, length; starts (segments + 1), per segment: "
-        "encoder keys [layers], values [layers], mask or None, row_sentence) -> (rows, dim)",
-        py::arg("x"), py::arg("layers"), py::arg("caches"), py::arg("slots"), py::arg("lengths"), py::arg("starts"),
-        py::arg("enc_keys"), py::arg("enc_values"), py::arg("masks"), py::arg("row_sentences"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("lean_window_layers", &lean_window_layers,
-        "(x (positions, dim), layers, cache, window_row, window_step (positions,), encoder keys [layers], "
-        "values [layers], mask or None, visible (positions, W) additive or None: a tree-shaped window) -> "
-        "(positions, dim)",
-        py::arg("x"), py::arg("layers"), py::arg("cache"), py::arg("window_row"), py::arg("window_step"),
-        py::arg("enc_keys"), py::arg("enc_values"), py::arg("mask"), py::arg("visible") = py::none(),
-        py::call_guard<py::gil_scoped_release>());
+// The parts both layer kinds take from Python: the norm placement, the activation (0 relu, 1 fairseq's
+// gelu), the feed-forward products and their norm.
+void set_sublayers(Sublayers& layer, const char* kind, bool pre_norm, int64_t activation, const Product& fc1,
+                   const Product& fc2, const NormWeights& final_norm) {
+  TORCH_CHECK(activation == 0 || activation == 1, kind, ": activation 0 (relu) or 1 (gelu in float)");
+  layer.pre_norm = pre_norm;
+  layer.activation = static_cast<Activation>(activation);
+  layer.fc1 = fc1, layer.fc2 = fc2;
+  layer.final_norm = norm_of(final_norm);
 }

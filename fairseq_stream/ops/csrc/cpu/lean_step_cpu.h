@@ -1,32 +1,17 @@
 // The lean runner's decoder and encoder layers (lean_step_cpu.cpp): their weights as the compiled
-// calls take them, and one step of one model's decoder layers, bound into the same extension module
-// as the fused output layer. The search loops (search_loop_cpu.cpp) run them too.
+// calls take them, and one step of one model's decoder layers
+// (bindings_cpu.cpp binds them). The search loops (search_loop_cpu.cpp) run them too.
 #pragma once
 
 #include <torch/extension.h>
 
 #include <optional>
+#include <tuple>
 #include <vector>
 
-#include "prepacked_linear_cpu.h"
-#include "quantized_linear_cpu.h"
+#include "product_cpu.h"
 
 using torch::Tensor;
-
-// x W^T + b: the prepacked or quantized product where the runner made one, else at::linear (float64,
-// no MKL).
-struct __attribute__((visibility("hidden"))) Product {
-  std::optional<PrepackedLinear> packed;
-  std::optional<QuantizedLinear> quantized;
-  Tensor weight;
-  std::optional<Tensor> bias;
-
-  Tensor operator()(const Tensor& x) const {
-    if (packed) return (*packed)(x);
-    if (quantized) return (*quantized)(x);
-    return at::linear(x, weight, bias);
-  }
-};
 
 struct __attribute__((visibility("hidden"))) Norm {
   Tensor weight, bias;
@@ -34,6 +19,16 @@ struct __attribute__((visibility("hidden"))) Norm {
 
   Tensor operator()(const Tensor& x) const { return at::layer_norm(x, {x.size(-1)}, weight, bias, eps); }
 };
+
+// A norm as Python hands it: (weight, bias, eps).
+using NormWeights = std::tuple<Tensor, Tensor, double>;
+
+inline Norm norm_of(const NormWeights& n) { return Norm{std::get<0>(n), std::get<1>(n), std::get<2>(n)}; }
+
+inline std::optional<Norm> optional_norm(const std::optional<NormWeights>& n) {
+  if (!n) return std::nullopt;
+  return norm_of(*n);
+}
 
 enum class Activation { kRelu = 0, kGeluInFloat = 1 };
 
@@ -87,4 +82,19 @@ Tensor lean_layers(Tensor x, const std::vector<LeanLayer>& layers, const std::ve
                    const std::vector<std::vector<Tensor>>& enc_values, const std::vector<std::optional<Tensor>>& masks,
                    const std::vector<Tensor>& row_sentences);
 
-void register_lean_step(pybind11::module& m);
+// The same layers for one Jacobi window call: window position n is row window_row[n]'s token at cache
+// position window_step[n]; visible (positions, W) additive or none (a tree-shaped window).
+Tensor lean_window_layers(Tensor x, const std::vector<LeanLayer>& layers, const Tensor& cache, const Tensor& window_row,
+                          const Tensor& window_step, const std::vector<Tensor>& enc_keys,
+                          const std::vector<Tensor>& enc_values, std::optional<Tensor> mask,
+                          const std::optional<Tensor>& visible);
+
+// One model's encoder layers over a batch's sources packed without padding (sentence s: rows starts[s] ..
+// starts[s + 1]); sentences of at least dense_from tokens attend through batched products.
+Tensor lean_encoder_layers(Tensor x, const std::vector<LeanEncoderLayer>& layers, const std::vector<int64_t>& starts,
+                           int64_t dense_from);
+
+// A layer's shared parts from Python: the norm placement, the activation (0 relu, 1 fairseq's gelu), the
+// feed-forward products and their norm.
+void set_sublayers(Sublayers& layer, const char* kind, bool pre_norm, int64_t activation, const Product& fc1,
+                   const Product& fc2, const NormWeights& final_norm);

@@ -27,15 +27,7 @@
 #include <optional>
 #include <vector>
 
-#include "attention_cpu.h"
-#include "beam_step_cpu.h"
-#include "int16_linear_cpu.h"
-#include "search_loop_cpu.h"
-#include "lean_step_cpu.h"
 #include "output_layer_cpu.h"
-#include "prepacked_linear_cpu.h"
-#include "quantized_linear_cpu.h"
-#include "rnn_step_cpu.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -710,34 +702,4 @@ std::vector<at::Tensor> topk_log_softmax(const std::vector<at::Tensor>& logits, 
     if (rows > 0) run(P);
   });
   return {values, indices, eos_out};
-}
-
-
-namespace fs {
-void register_parallel(pybind11::module& m);  // parallel_cpu.cpp
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "fairseq-stream fused output layer (CPU): log-softmax + search rules + top-n per row";
-  m.def("topk_log_softmax", &topk_log_softmax,
-        "(logits list, bias list, n, pad, eos, unk (-1: none), unk_penalty, temperature, ban_all, "
-        "ban_eos, force_eos, add) -> [values (rows, n), indices (rows, n), eos (rows,)]; "
-        "see fairseq_stream/ops/output_layer.py",
-        py::arg("logits"), py::arg("bias"), py::arg("n"), py::arg("pad"), py::arg("eos"), py::arg("unk"),
-        py::arg("unk_penalty"), py::arg("temperature"), py::arg("ban_all"), py::arg("ban_eos"),
-        py::arg("force_eos"), py::arg("add"));
-#if FS_AVX2
-  m.attr("simd") = "avx2";
-#else
-  m.attr("simd") = "none";
-#endif
-  register_int16_linear(m);
-  register_beam_step(m);
-  register_rnn_step(m);
-  register_prepacked_linear(m);
-  register_attention(m);
-  register_lean_step(m);
-  register_quantized_linear(m);
-  register_search_loop(m);
-  fs::register_parallel(m);
 }

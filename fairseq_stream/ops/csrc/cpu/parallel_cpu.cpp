@@ -195,25 +195,21 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const Body& body) {
   if (error) std::rethrow_exception(error);
 }
 
-void register_parallel(pybind11::module& m) {
-  m.def("kernel_threads", &kernel_threads, "threads a kernel call may use, the caller included");
-  m.def("set_kernel_threads", &set_kernel_threads,
-        "threads a kernel call may use, the caller included (0: torch's get_num_threads())");
-  m.def("parallel_counters", [] {
-    Pool& p = pool();
-    return std::make_tuple(p.count_calls.load(), p.count_shared.load(), p.count_worker_chunks.load());
-  }, "(kernel calls, calls shared with worker threads, chunks the workers ran) since the process started");
-  m.def("parallel_sum_of_squares", [](int64_t n, int64_t grain) {
-    // A parallel loop's own test: every item counted once, whatever the threads (exact in int64).
-    TORCH_CHECK(n >= 0 && grain >= 1, "parallel_sum_of_squares: n >= 0 and grain >= 1, got ", n, " and ", grain);
-    std::vector<int64_t> out(n, 0);
-    parallel_for(0, n, grain, [&](int64_t first, int64_t last) {
-      for (int64_t i = first; i < last; ++i) out[i] += i * i;
-    });
-    int64_t sum = 0, twice = 0;
-    for (int64_t i = 0; i < n; ++i) sum += out[i], twice += out[i] != i * i;
-    return std::make_tuple(sum, twice);
-  }, py::call_guard<py::gil_scoped_release>(), "sum of i*i over [0, n) and the items not counted exactly once");
+std::tuple<int64_t, int64_t, int64_t> parallel_counters() {
+  Pool& p = pool();
+  return std::make_tuple(p.count_calls.load(), p.count_shared.load(), p.count_worker_chunks.load());
+}
+
+std::tuple<int64_t, int64_t> parallel_sum_of_squares(int64_t n, int64_t grain) {
+  // A parallel loop's own test: every item counted once, whatever the threads (exact in int64).
+  TORCH_CHECK(n >= 0 && grain >= 1, "parallel_sum_of_squares: n >= 0 and grain >= 1, got ", n, " and ", grain);
+  std::vector<int64_t> out(n, 0);
+  parallel_for(0, n, grain, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) out[i] += i * i;
+  });
+  int64_t sum = 0, twice = 0;
+  for (int64_t i = 0; i < n; ++i) sum += out[i], twice += out[i] != i * i;
+  return std::make_tuple(sum, twice);
 }
 
 }  // namespace fs

@@ -13,8 +13,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <tuple>
 
 namespace fs {
+
+// (kernel calls, calls shared with worker threads, chunks the workers ran) since the process started.
+std::tuple<int64_t, int64_t, int64_t> parallel_counters();
+
+// The parallel loop's own test: (sum of i * i over [0, n), items not counted exactly once).
+std::tuple<int64_t, int64_t> parallel_sum_of_squares(int64_t n, int64_t grain);
 
 // Threads a kernel call may use, the caller included (at least 1).
 int kernel_threads();

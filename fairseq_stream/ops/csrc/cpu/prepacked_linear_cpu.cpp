@@ -176,22 +176,3 @@ Tensor PrepackedLinear::mkl_product(const Tensor& x) const {
   auto [a, shape] = rows_of(x, in_features, out_features);
   return mkl_rows(*this, a).view(shape);
 }
-
-void register_prepacked_linear(pybind11::module& m) {
-  pybind11::class_<PrepackedLinear>(m, "PrepackedLinear",
-                                    "float32 x W^T + b on a weight packed once by MKL (cblas_sgemm_pack)")
-      .def(pybind11::init(&prepack_linear), pybind11::arg("weight"), pybind11::arg("bias"))
-      .def_readonly("out_features", &PrepackedLinear::out_features)
-      .def_readonly("in_features", &PrepackedLinear::in_features)
-      .def_readonly("weight", &PrepackedLinear::weight)
-      .def_readonly("packed", &PrepackedLinear::packed, "MKL's packed copy of the weight (its memory)")
-      .def_readonly("bias", &PrepackedLinear::bias)
-      .def("__call__", &PrepackedLinear::operator())
-      .def("mkl_product", &PrepackedLinear::mkl_product,
-           "the product as MKL computes it at every row count (no skinny product): for benchmarks and tests");
-  m.def("prepacked_linear_missing", &prepacked_linear_missing,
-        "'' where MKL's packed sgemm is found in this process, else why not");
-  m.def("skinny_linear_rows", [] { return skinny_linear_available() ? kSkinnyMaxRows : int64_t{0}; },
-        "up to how many rows the prepacked product reads W once in its own layout (0: never, no AVX2 and FMA)");
-  m.def("skinny_linear_kernel", &skinny_linear_kernel, "the skinny product's tiles here: avx512, avx2 or ''");
-}

@@ -1,5 +1,5 @@
-// float32 x W^T + b on a weight packed once by MKL's cblas_sgemm_pack (prepacked_linear_cpu.cpp),
-// bound into the same extension module as the fused output layer.
+// float32 x W^T + b on a weight packed once by MKL's cblas_sgemm_pack (prepacked_linear_cpu.cpp);
+// bindings_cpu.cpp binds it, product_cpu.h holds it for the compiled steps.
 #pragma once
 
 #include <torch/extension.h>
@@ -32,4 +32,3 @@ std::string prepacked_linear_missing();
 
 PrepackedLinear prepack_linear(const torch::Tensor& weight, std::optional<torch::Tensor> bias);
 
-void register_prepacked_linear(pybind11::module& m);

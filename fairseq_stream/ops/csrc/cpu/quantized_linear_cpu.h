@@ -24,4 +24,3 @@ struct __attribute__((visibility("hidden"))) QuantizedLinear {
   torch::Tensor operator()(const torch::Tensor& x) const;
 };
 
-void register_quantized_linear(pybind11::module& m);

@@ -6,7 +6,7 @@
 // Why: one sentence at a time (5 rows), that step is about 35 small torch ops, and on one CPU
 // thread their dispatch cost about 150 us of a 390 us step whose products take 190 us
 // (docs/BENCHMARKS.md, issue 14). Here the elementwise parts are plain loops that the compiler
-// vectorizes, and the products call the int16 kernel directly.
+// vectorizes, and the products are the lean runner's (product_cpu.h: the int16 kernel through QuantizedLinear).
 //
 // Arithmetic: the products are the int16 kernel's (identical to the torch path's). Sums, the
 // softmax and the activations are float32 in another order than torch's, and exp and tanh are the
@@ -16,7 +16,6 @@
 
 #include "rnn_step_cpu.h"
 
-#include "int16_linear_cpu.h"
 #include "vector_math_cpu.h"
 
 #include <algorithm>
@@ -25,17 +24,6 @@
 #include <limits>
 #include <optional>
 #include <vector>
-
-namespace {
-
-using torch::Tensor;
-
-}  // namespace
-
-Tensor Int16Product::operator()(const Tensor& x) const {
-  if (weight) return at::linear(x, *weight, bias);
-  return int16_linear(x, packed, weight_inv, a_max, bias, "auto");
-}
 
 namespace {
 
@@ -113,13 +101,17 @@ Tensor elementwise(const Tensor& x) {
 
 }  // namespace
 
+Tensor exp_approx_of(const Tensor& x) { return elementwise<exp_approx>(x); }
+Tensor sigmoid_approx_of(const Tensor& x) { return elementwise<sigmoid_approx>(x); }
+Tensor tanh_approx_of(const Tensor& x) { return elementwise<tanh_approx>(x); }
+
 std::vector<Tensor> rnn_step(const Tensor& x_in, const Tensor& feed_in, const Tensor& h_in, const Tensor& c_in,
-                             const std::optional<Tensor>& parent_in, const std::vector<Int16Product>& recurrent,
-                             const std::vector<Int16Product>& upper_input, bool residuals,
+                             const std::optional<Tensor>& parent_in, const std::vector<Product>& recurrent,
+                             const std::vector<Product>& upper_input, bool residuals,
                              const std::vector<Tensor>& keys, const std::vector<Tensor>& values,
                              const std::vector<Tensor>& masks, const std::vector<Tensor>& row_sentences,
-                             const std::optional<Int16Product>& out_hidden,
-                             const std::optional<Int16Product>& additional_fc, const Int16Product& output) {
+                             const std::optional<Product>& out_hidden,
+                             const std::optional<Product>& additional_fc, const Product& output) {
   Tensor x = contiguous_float(x_in, "x");
   const Tensor feed = contiguous_float(feed_in, "feed");
   const Tensor h_prev = contiguous_float(h_in, "h"), c_prev = contiguous_float(c_in, "c");
@@ -213,32 +205,4 @@ std::vector<Tensor> rnn_step(const Tensor& x_in, const Tensor& feed_in, const Te
   Tensor logits_in = additional_fc ? (*additional_fc)(out) : out;
   Tensor logits = output(logits_in);
   return {logits, h_new, c_new, out};
-}
-
-void register_rnn_step(pybind11::module& m) {
-  pybind11::class_<Int16Product>(m, "Int16Product",
-                                 "A product x W^T + b for rnn_step: a packed int16 weight, or a float one")
-      .def(pybind11::init([](std::optional<Tensor> packed, std::optional<Tensor> weight_inv, int64_t out_features,
-                             int64_t a_max,
-                             std::optional<Tensor> bias, std::optional<Tensor> weight) {
-             TORCH_CHECK(packed.has_value() != weight.has_value(), "Int16Product: a packed weight or a float one");
-             TORCH_CHECK(packed.has_value() == weight_inv.has_value(), "Int16Product: a packed weight needs its scales");
-             return Int16Product{packed ? *packed : Tensor(), weight_inv ? *weight_inv : Tensor(), out_features, a_max,
-                                 bias, weight};
-           }),
-           pybind11::arg("packed"), pybind11::arg("weight_inv"), pybind11::arg("out_features"),
-           pybind11::arg("a_max"), pybind11::arg("bias"), pybind11::arg("weight"))
-      .def("__call__", &Int16Product::operator());
-  m.def("rnn_step", &rnn_step,
-        "(x (rows, 4H), feed (P, F), h (L, P, H), c (L, P, H), parent (rows,) or None, recurrent [L products], "
-        "upper_input [L-1], residuals, keys [groups], values, masks, row_sentences, out_hidden or None, "
-        "additional_fc or None, output) -> [logits (rows, V), h (L, rows, H), c (L, rows, H), out (rows, H)]; "
-        "see fairseq_stream/ops/rnn_step.py",
-        pybind11::arg("x"), pybind11::arg("feed"), pybind11::arg("h"), pybind11::arg("c"), pybind11::arg("parent"),
-        pybind11::arg("recurrent"), pybind11::arg("upper_input"), pybind11::arg("residuals"), pybind11::arg("keys"),
-        pybind11::arg("values"), pybind11::arg("masks"), pybind11::arg("row_sentences"), pybind11::arg("out_hidden"),
-        pybind11::arg("additional_fc"), pybind11::arg("output"));
-  m.def("exp_approx", &elementwise<exp_approx>, "the step's exp, elementwise (for tests)");
-  m.def("sigmoid_approx", &elementwise<sigmoid_approx>, "the step's sigmoid, elementwise (for tests)");
-  m.def("tanh_approx", &elementwise<tanh_approx>, "the step's tanh, elementwise (for tests)");
 }

@@ -1,22 +1,27 @@
-// One --rnn-int16 decoder step of a fairseq LSTM model (rnn_step_cpu.cpp), bound into the same
-// extension module as the fused output layer.
+// One --rnn-int16 decoder step of a fairseq LSTM model (rnn_step_cpu.cpp); bindings_cpu.cpp binds it.
 #pragma once
 
 #include <torch/extension.h>
 
 #include <optional>
+#include <vector>
 
-// x W^T + b: the int16 kernel on a packed weight (int16_linear.pack), or at::linear on a float one
-// (the output layer under --no-rnn-int16-output).
-struct __attribute__((visibility("hidden"))) Int16Product {
-  torch::Tensor packed;
-  torch::Tensor weight_inv;  // float32 (out,): the packed weight's row scales, inverted
-  int64_t out_features;
-  int64_t a_max;
-  std::optional<torch::Tensor> bias;
-  std::optional<torch::Tensor> weight;
+#include "product_cpu.h"
 
-  torch::Tensor operator()(const torch::Tensor& x) const;
-};
+using torch::Tensor;
 
-void register_rnn_step(pybind11::module& m);
+// [logits (rows, V), h (layers, rows, H), c (layers, rows, H), out (rows, H)]; the products are the lean runner's
+// (product_cpu.h): int16 on a packed weight, or at::linear on a float one (--no-rnn-int16-output).
+// fairseq_stream/ops/rnn_step.py documents the arguments.
+std::vector<Tensor> rnn_step(const Tensor& x_in, const Tensor& feed_in, const Tensor& h_in, const Tensor& c_in,
+                             const std::optional<Tensor>& parent_in, const std::vector<Product>& recurrent,
+                             const std::vector<Product>& upper_input, bool residuals,
+                             const std::vector<Tensor>& keys, const std::vector<Tensor>& values,
+                             const std::vector<Tensor>& masks, const std::vector<Tensor>& row_sentences,
+                             const std::optional<Product>& out_hidden, const std::optional<Product>& additional_fc,
+                             const Product& output);
+
+// The step's exp, sigmoid and tanh approximations elementwise over a float32 tensor (for tests).
+Tensor exp_approx_of(const Tensor& x);
+Tensor sigmoid_approx_of(const Tensor& x);
+Tensor tanh_approx_of(const Tensor& x);

@@ -29,17 +29,6 @@
 #include "raw_step_cpu.h"
 #include "skinny_linear_cpu.h"
 
-namespace {
-
-using NormWeights = std::tuple<Tensor, Tensor, double>;
-
-std::optional<Norm> optional_norm(const std::optional<NormWeights>& n) {
-  if (!n) return std::nullopt;
-  return Norm{std::get<0>(*n), std::get<1>(*n), std::get<2>(*n)};
-}
-
-}  // namespace
-
 Tensor LeanDecoderModel::embed_at(const Tensor& token, int64_t position) const {
   // LeanModel.embed_at, op for op.
   Tensor x = at::mul(at::embedding(embed, token), embed_scale);
@@ -437,40 +426,4 @@ std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
     counts.push_back(static_cast<int64_t>(kept[s].size()));
   }
   return {at::cat(words), at::cat(sums), at::tensor(lengths, lng), at::tensor(counts, lng), at::tensor(steps, lng)};
-}
-
-void register_search_loop(pybind11::module& m) {
-  namespace py = pybind11;
-  py::class_<LeanDecoderModel>(m, "LeanDecoderModel",
-                               "one model's decoder for the search loops: embedding, layers, output layer")
-      .def(py::init([](Tensor embed, double embed_scale, std::optional<Tensor> positions,
-                       std::optional<Product> project_in, std::optional<NormWeights> embed_norm,
-                       std::vector<LeanLayer> layers, std::optional<NormWeights> final_norm,
-                       std::optional<Product> project_out, Product output, int64_t padding_idx, int64_t heads,
-                       int64_t head_dim) {
-             return LeanDecoderModel{embed, embed_scale, positions, project_in, optional_norm(embed_norm),
-                                     std::move(layers), optional_norm(final_norm), project_out, output,
-                                     padding_idx, heads, head_dim};
-           }),
-           py::arg("embed"), py::arg("embed_scale"), py::arg("positions"), py::arg("project_in"),
-           py::arg("embed_norm"), py::arg("layers"), py::arg("final_norm"), py::arg("project_out"),
-           py::arg("output"), py::arg("padding_idx"), py::arg("heads"), py::arg("head_dim"));
-  m.def("greedy_decode", &greedy_decode,
-        "(models, per model: encoder keys [layers], values [layers], mask or None; bos, max_lens (one per "
-        "sentence), min_len, pad, eos, unk (-1: none), unk_penalty, temperature) -> [words, cumulative scores "
-        "(float32), lengths]: each sentence's words (EOS last), flat in sentence order",
-        py::arg("models"), py::arg("enc_keys"), py::arg("enc_values"), py::arg("masks"), py::arg("bos"),
-        py::arg("max_lens"), py::arg("min_len"), py::arg("pad"), py::arg("eos"), py::arg("unk"),
-        py::arg("unk_penalty"), py::arg("temperature"), py::call_guard<py::gil_scoped_release>());
-  m.def("beam_decode", &beam_decode,
-        "(models, per model: encoder keys [layers], values [layers], mask or None; k, n (candidates a row), bos, "
-        "max_lens (one per sentence), min_len, pad, eos, unk (-1: none), unk_penalty, temperature) -> [words, "
-        "cumulative scores (float32), lengths, hypotheses per sentence, steps per sentence]: each sentence's "
-        "finalized hypotheses in finalization order, flat in sentence order",
-        py::arg("models"), py::arg("enc_keys"), py::arg("enc_values"), py::arg("masks"), py::arg("k"), py::arg("n"),
-        py::arg("bos"), py::arg("max_lens"), py::arg("min_len"), py::arg("pad"), py::arg("eos"), py::arg("unk"),
-        py::arg("unk_penalty"), py::arg("temperature"), py::call_guard<py::gil_scoped_release>());
-  m.def("aten_layer_norm_kernel_found", [] { return aten_layer_norm_kernel() != nullptr; },
-        "whether the search loops' kept-buffer step calls ATen's layer-norm kernel directly (else "
-        "at::native_layer_norm)");
 }

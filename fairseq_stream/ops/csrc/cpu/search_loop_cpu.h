@@ -51,4 +51,3 @@ std::vector<Tensor> beam_decode(const std::vector<LeanDecoderModel>& models,
                                 const std::vector<int64_t>& max_lens, int64_t min_len, int64_t pad, int64_t eos,
                                 int64_t unk, double unk_penalty, double temperature);
 
-void register_search_loop(pybind11::module& m);

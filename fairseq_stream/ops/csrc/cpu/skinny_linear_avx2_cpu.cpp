@@ -1,4 +1,5 @@
-// The skinny product's tiles for AVX2 and FMA (skinny_linear_cpu.cpp has the design and the AVX-512 tiles).
+// The skinny product's tiles for AVX2 and FMA (skinny_linear_cpu.cpp has the design; skinny_block_cpu.h the
+// tile loop both instruction sets share).
 //
 // Why its own tiles: AVX2-only CPUs (the EPYCs CPU users decode on) have 16 vector registers of 8 floats.
 // Without these, one sentence's products went to MKL: its beam of 5 rows to the packed product, which
@@ -15,15 +16,17 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
+#include <cstdint>
 
-namespace {
+#pragma GCC visibility push(hidden)  // as skinny_tiles_cpu.h: no calls through the PLT
+namespace avx2 {
 
-constexpr int64_t kTile = kSkinnyTileAvx2;
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
 
 // The totals of 8 accumulators, accumulator r's in lane r. Every accumulator's lanes are summed by the same
 // tree, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
-__attribute__((target("avx2,fma"))) inline __m256 reduce8(const __m256 (&a)[kTile]) {
+inline __m256 reduce8(const __m256 (&a)[8]) {
   const __m256 c0 = _mm256_hadd_ps(a[0], a[1]), c1 = _mm256_hadd_ps(a[2], a[3]);
   const __m256 c2 = _mm256_hadd_ps(a[4], a[5]), c3 = _mm256_hadd_ps(a[6], a[7]);
   // d0: per 128-bit half, the halves' sums of accumulators 0-3; d1: of accumulators 4-7.
@@ -31,71 +34,21 @@ __attribute__((target("avx2,fma"))) inline __m256 reduce8(const __m256 (&a)[kTil
   return _mm256_add_ps(_mm256_permute2f128_ps(d0, d1, 0x20), _mm256_permute2f128_ps(d0, d1, 0x31));
 }
 
-// Rows m0 .. m0 + MB - 1 of x (those below ``rows``) against rows r0 .. r0 + R - 1 of W (those below n):
-// MB x R accumulators (of the 8 that reduce8 sums, the rest zero). MB rows of x share each load of W.
-template <int MB, int R>
-__attribute__((target("avx2,fma"))) inline void block(const float* x, int64_t m0, int64_t rows, const float* w,
-                                                        int64_t n, int64_t k, int64_t r0, const float* bias, float* y,
-                                                        int64_t ahead) {
-  static_assert(MB * R <= kTile, "8 accumulators");
-  const int64_t chunks = k / 8;
-  const int64_t rest = k % 8;
-  const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rest)),
-                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  const float* xr[MB];
-  row_pointers(x, m0, rows, k, xr);
-  const float* wr[R];
-  row_pointers(w, r0, n, k, wr);
-  __m256 acc[kTile];
-#pragma GCC unroll 8
-  for (int i = 0; i < kTile; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < chunks; ++c) {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + ahead + c * 8), _MM_HINT_T0);
-    __m256 wv[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) wv[r] = _mm256_loadu_ps(wr[r] + c * 8);
-#pragma GCC unroll 8
-    for (int b = 0; b < MB; ++b) {
-      const __m256 xv = _mm256_loadu_ps(xr[b] + c * 8);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[b * R + r] = _mm256_fmadd_ps(wv[r], xv, acc[b * R + r]);
-    }
+struct Vector {
+  static constexpr int kLanes = kSkinnyTileAvx2;
+  using Vec = __m256;
+  using Tail = __m256i;
+  FS_SKINNY_VECTOR_OPS(_mm256)
+  static Tail tail(int64_t rest) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rest)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
-  if (rest != 0) {
-#pragma GCC unroll 8
-    for (int b = 0; b < MB; ++b) {
-      const __m256 xv = _mm256_maskload_ps(xr[b] + chunks * 8, tail);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        acc[b * R + r] = _mm256_fmadd_ps(_mm256_maskload_ps(wr[r] + chunks * 8, tail), xv, acc[b * R + r]);
-      }
-    }
-  }
-  alignas(32) float total[kTile];
-  _mm256_store_ps(total, reduce8(acc));
-  for (int b = 0; b < MB && m0 + b < rows; ++b) {
-    float* out = y + (m0 + b) * n + r0;
-    for (int r = 0; r < R && r0 + r < n; ++r) out[r] = bias != nullptr ? total[b * R + r] + bias[r0 + r] : total[b * R + r];
-  }
-}
+  static Vec load_tail(const float* p, Tail t) { return _mm256_maskload_ps(p, t); }
+  static Vec reduce(const Vec (&a)[kLanes]) { return reduce8(a); }
+};
 
-}  // namespace
+#include "skinny_block_cpu.h"
 
-__attribute__((target("avx2,fma"))) void skinny_tiles_avx2(const float* x, int64_t rows, const float* w, int64_t n,
-                                                           int64_t k, const float* bias, float* y, int64_t first,
-                                                           int64_t last, const float* residual, bool relu) {
-  const int64_t ahead = prefetch_distance(kTile, k);
-  for (int64_t t = first; t < last; ++t) {
-    const int64_t n0 = t * kTile;
-    // Blocks of 4 rows of x (the last one padded, as the AVX-512 tiles), and a single row alone.
-    for (int64_t m0 = 0; m0 < rows; m0 += 4) {
-      if (rows - m0 == 1) {
-        block<1, 8>(x, m0, rows, w, n, k, n0, bias, y, ahead);
-      } else {
-        for (int64_t r0 = n0; r0 < n0 + kTile && r0 < n; r0 += 2) block<4, 2>(x, m0, rows, w, n, k, r0, bias, y, ahead);
-      }
-    }
-    if (residual != nullptr || relu) finish_tile(y, rows, n, n0, kTile, residual, relu);
-  }
-}
+#pragma GCC pop_options
+
+}  // namespace avx2
+#pragma GCC visibility pop

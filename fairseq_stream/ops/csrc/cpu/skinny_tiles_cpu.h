@@ -1,11 +1,16 @@
-// The skinny product's tile loops, one per instruction set, and what they share (skinny_linear_cpu.cpp
-// chooses one at run time; skinny_linear_avx2_cpu.cpp holds the AVX2 one).
+// The skinny product's tiles, one set per instruction set, and what they share (skinny_linear_cpu.cpp
+// chooses one at run time; skinny_linear_avx512_cpu.cpp and skinny_linear_avx2_cpu.cpp hold them, both the
+// tile loop of skinny_block_cpu.h over their own vector type).
 #pragma once
 
 #include "skinny_linear_cpu.h"
 
 #include <algorithm>
 #include <cstdint>
+
+// Hidden: called only within this library. At default visibility every call of a template instance (a
+// block, from its tiles) went through the PLT.
+#pragma GCC visibility push(hidden)
 
 // Software prefetch into L1, how far ahead of the row of W a block reads (prefetch_distance).
 //
@@ -46,11 +51,27 @@ inline void finish_tile(float* y, int64_t rows, int64_t n, int64_t n0, int64_t t
   }
 }
 
+// The members of a vector type for skinny_block_cpu.h whose intrinsics differ only by their prefix (mm:
+// _mm256 or _mm512): zero, load, fmadd (a * b + c, one rounding), store (aligned).
+#define FS_SKINNY_VECTOR_OPS(mm)                                                     \
+  static Vec zero() { return mm##_setzero_ps(); }                                    \
+  static Vec load(const float* p) { return mm##_loadu_ps(p); }                       \
+  static Vec fmadd(Vec a, Vec b, Vec c) { return mm##_fmadd_ps(a, b, c); }           \
+  static void store(float* p, Vec v) { mm##_store_ps(p, v); }
+
 // Rows of W per tile: each tile's outputs are reduced together, one output per vector lane.
 constexpr int64_t kSkinnyTileAvx512 = 16;
 constexpr int64_t kSkinnyTileAvx2 = 8;
 
-// W's rows tile * first .. tile * last - 1 against every row of x, then relu_then_residual where asked.
-// Needs AVX2 and FMA.
-void skinny_tiles_avx2(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias,
-                       float* y, int64_t first, int64_t last, const float* residual, bool relu);
+// W's rows tile * first .. tile * last - 1 (tiles of kSkinnyTileAvx512 or kSkinnyTileAvx2 rows) against every
+// row of x, then relu_then_residual where asked. Each needs its instruction set.
+namespace avx512 {
+void tiles(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias, float* y,
+           int64_t first, int64_t last, const float* residual, bool relu);
+}  // namespace avx512
+namespace avx2 {
+void tiles(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, const float* bias, float* y,
+           int64_t first, int64_t last, const float* residual, bool relu);
+}  // namespace avx2
+
+#pragma GCC visibility pop

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "../output_layer_binding.h"
 #include "output_layer_cuda.h"
 
 namespace {
@@ -114,11 +115,5 @@ std::vector<at::Tensor> topk_log_softmax(const std::vector<at::Tensor>& logits, 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fairseq-stream fused output layer (CUDA): log-softmax + search rules + top-n per row";
-  m.def("topk_log_softmax", &topk_log_softmax,
-        "(logits list, bias list, n, pad, eos, unk (-1: none), unk_penalty, temperature, ban_all, "
-        "ban_eos, force_eos, add) -> [values (rows, n), indices (rows, n), eos (rows,)]; "
-        "see fairseq_stream/ops/output_layer.py",
-        py::arg("logits"), py::arg("bias"), py::arg("n"), py::arg("pad"), py::arg("eos"), py::arg("unk"),
-        py::arg("unk_penalty"), py::arg("temperature"), py::arg("ban_all"), py::arg("ban_eos"),
-        py::arg("force_eos"), py::arg("add"));
+  def_topk_log_softmax(m, &topk_log_softmax);
 }
