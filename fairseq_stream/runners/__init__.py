@@ -129,8 +129,9 @@ def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantiz
     if kind == "static":
         from fairseq_stream.runners.static_slots import StaticSlotRunner
 
-        say_once("fairseq-stream: using the static-slot runner (%d model(s), one after another)", len(members))
-        return StaticSlotRunner(members, temperature=temperature)
+        runner = StaticSlotRunner(members, temperature=temperature, stack_members=stack_members)
+        say_once("fairseq-stream: using the static-slot runner (%s)", _members_line(runner))
+        return runner
     runner = LeanRunner(members, temperature=temperature, stack_members=stack_members)
     say_once("fairseq-stream: using the lean runner (%s)", _members_line(runner))
     return runner

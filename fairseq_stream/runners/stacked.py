@@ -72,6 +72,21 @@ def _shape(m: LeanModel):
             getattr(m.model.encoder, "padding_idx", None))
 
 
+def choose(members: List[LeanModel], stack_members: Optional[bool], auto_declined: str,
+           quantize: Optional[str] = None):
+    """(a :class:`StackedModel` or None, why not: "" where stacked), for a runner's ``--stack-members``.
+
+    ``stack_members``: True, False, or None (auto: stacked unless
+    ``auto_declined`` says why not, the runner's own rule).
+    """
+    if stack_members is None:
+        declined = auto_declined
+    else:
+        declined = "" if stack_members else "--stack-members off"
+    reason = unstackable_reason(members) or declined
+    return (None if reason else StackedModel(members, quantize)), reason
+
+
 class StackedProduct:
     """One product of every member: ``x`` (members, rows, in) to (members, rows, out).
 
@@ -182,12 +197,12 @@ class StackedModel:
                                               [m.project_out for m in members], quantize)
         self.output = StackedProduct([[d.output_projection] for d in decoders], [m.output for m in members], quantize)
 
-    def new_cache(self, rows: int, positions: int, device) -> Tensor:
+    def new_cache(self, rows: int, positions: int, device, zeroed: bool = False) -> Tensor:
         """Every member's self-attention keys and values: ``(2 * layers, rows, members * heads, positions,
-        head_dim)``."""
-        first = self.members[0]
-        return torch.empty(2 * len(self.layers), rows, self.heads, positions, self.head_dim, dtype=first.embed.dtype,
-                           device=device)
+        head_dim)`` (``zeroed``: as :meth:`LeanModel.new_cache`)."""
+        make = torch.zeros if zeroed else torch.empty
+        return make(2 * len(self.layers), rows, self.heads, positions, self.head_dim,
+                    dtype=self.members[0].embed.dtype, device=device)
 
     def encode(self, net_input, packed: bool = True) -> EncoderKeys:
         """Each member's encoder keys and values, joined along the heads (member after member)."""
@@ -217,6 +232,27 @@ class StackedModel:
             x = layer.residual(x, layer.final_norm, lambda h: layer.fc2(layer.activation(layer.fc1(h))))
         return x
 
+    def step(self, last_tokens: Tensor, position, self_attention, source_attention) -> List[Tensor]:
+        """One single-token step of every member; each member's logits.
+
+        The attentions are the caller's, over every member's heads in one
+        call (member m's head h is head ``m * heads + h``):
+        ``self_attention(l, layer, q, k, v)`` and ``source_attention(l,
+        layer, q)`` take rows ``(rows, members * dim)`` and return the same
+        shape. ``position``: as :meth:`LeanModel.embed_at`'s ``where``.
+        """
+        D, N = self.dim, self.count
+        x = self.embed_at(last_tokens, position)
+
+        def self_block(l, layer, h):
+            q, k, v = (_by_rows(part) for part in layer.qkv(h).split(D, dim=-1))
+            return layer.self_out(_by_members(self_attention(l, layer, q, k, v), N))
+
+        def source_block(l, layer, h):
+            return layer.cross_out(_by_members(source_attention(l, layer, _by_rows(layer.cross_q(h))), N))
+
+        return self.logits(self.run_layers(x, self_block, source_block))
+
 
 def _by_rows(x: Tensor) -> Tensor:
     """(members, rows, dim) as (rows, members * dim): a row's heads, member after member (a copy)."""
@@ -237,27 +273,20 @@ def step(model: StackedModel, segments, bounds, last_tokens: Tensor, position, c
     table's index (an int, a tensor per row, or None); ``compiled``: the
     compiled attention kernels where they apply.
     """
-    D, N = model.dim, model.count
-    x = model.embed_at(last_tokens, position)
-
     def joined(outs):
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def self_attention(l, layer, h):
-        qkv = layer.qkv(h)
-        q, k, v = (_by_rows(part) for part in qkv.split(D, dim=-1))
-        outs = [attention.cached_attention_(q[a:b], k[a:b], v[a:b], s.caches[0][2 * l], s.caches[0][2 * l + 1],
-                                            s.slot, s.length, layer.scaling, compiled)
-                for s, (a, b) in zip(segments, bounds)]
-        return layer.self_out(_by_members(joined(outs), N))
+    def self_attention(l, layer, q, k, v):
+        return joined([attention.cached_attention_(q[a:b], k[a:b], v[a:b], s.caches[0][2 * l],
+                                                   s.caches[0][2 * l + 1], s.slot, s.length, layer.scaling, compiled)
+                       for s, (a, b) in zip(segments, bounds)])
 
-    def encoder_attention(l, layer, h):
-        q = _by_rows(layer.cross_q(h))
+    def source_attention(l, layer, q):
         outs = []
         for s, (a, b) in zip(segments, bounds):
             enc = s.encoder[0]
             outs.append(attention.source_attention(q[a:b], enc.keys[l], enc.values[l], enc.mask, layer.cross_scaling,
                                                    s.row_sentence, None if compiled else s.packing(), compiled))
-        return layer.cross_out(_by_members(joined(outs), N))
+        return joined(outs)
 
-    return model.logits(model.run_layers(x, self_attention, encoder_attention))
+    return model.step(last_tokens, position, self_attention, source_attention)

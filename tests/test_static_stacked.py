@@ -1,0 +1,59 @@
+"""An ensemble stacked on the static-slot runner (runners/static_stacked.py) against the lean runner member by member.
+
+In float64 on the toy checkpoints, a 2-member and a 4-member ensemble
+(``transformer`` .. ``transformer4``): the n-best lists of every search under
+every scheduler equal the lean runner's member-by-member lists (tokens
+identical, scores within 1e-12) at k=5 and at k=50; the torch attention with
+rows and lengths padded to buckets (CUDA's path, what a graph would run) too.
+The stacked pool holds one cache whatever the members; members of another
+shape run one after another, said in one log line.
+"""
+
+import pytest
+import torch
+
+from test_stacked import ENSEMBLES, SCHEDULERS, SEARCHES
+from test_static_slots import compare
+from fairseq_stream.runners import build_runner
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+@pytest.mark.parametrize("search", SEARCHES)
+@pytest.mark.parametrize("name", ENSEMBLES)
+def test_static_stacked_nbest_equals_lean_member_by_member_float64(exact, name, search, scheduler):
+    compare(exact, name, search, scheduler, stack=True)
+
+
+@pytest.mark.parametrize("name,search,scheduler", [("ensemble4", "var-batch", "topup"), ("ensemble", "fixed", "batch")])
+def test_static_stacked_at_k50_float64(exact, name, search, scheduler):
+    compare(exact, name, search, scheduler, k=50, sentences=4, stack=True)
+
+
+@pytest.mark.parametrize("scheduler", ["batch", "topup"])
+@pytest.mark.parametrize("search", ["fixed", "var-batch"])
+def test_static_stacked_on_torch_attention_padded_to_buckets_float64(exact, search, scheduler):
+    """CUDA's path on the CPU: the members folded into the heads of the torch attentions, rows in buckets."""
+    compare(exact, "ensemble4", search, scheduler, stack=True, compiled_attention=False,
+            row_buckets=(8, 16, 32, 64), length_bucket=16)
+
+
+def test_one_stacked_pool_and_the_fallback(exact, caplog, monkeypatch):
+    """Stacked: one cache of every member's heads, one slot per row for all members. A member of another shape:
+    one after another, said in one log line, as on the lean runner."""
+    from fairseq_stream import runners
+    from test_lean_runner import random_transformer
+
+    monkeypatch.setattr(runners, "_said", set())
+    models, task = exact("ensemble4")
+    runner = build_runner("static", models, stack_members=True)
+    assert runner.stacked is not None and len(runner.pool.caches) == 1 and runner.pool.caches[0].size(2) == 4 * 4
+    other = random_transformer(task, "transformer", encoder_embed_dim=64, decoder_embed_dim=64,
+                               encoder_ffn_embed_dim=256, decoder_ffn_embed_dim=256, encoder_layers=2,
+                               decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4).double()
+    with caplog.at_level("INFO"):
+        runner = build_runner("static", [models[0], other], stack_members=True)
+    assert runner.stacked is None and len(runner.pool.caches) == 2
+    assert any("static-slot runner (2 models, one after another: model 2 has another shape than model 1)"
+               in r.getMessage() for r in caplog.records)
