@@ -6,13 +6,16 @@ every scheduler equal the lean runner's member-by-member lists (tokens
 identical, scores within 1e-12) at k=5 and at k=50; the torch attention with
 rows and lengths padded to buckets (CUDA's path, what a graph would run) too.
 The stacked pool holds one cache whatever the members; members of another
-shape run one after another, said in one log line.
+shape run one after another, said in one log line. The stacked step
+passes the graph checks of tests/test_static_graph_trace.py, with as many
+ATen calls per step for 4 members as for 2.
 """
 
 import pytest
 import torch
 
 from test_stacked import ENSEMBLES, SCHEDULERS, SEARCHES
+from test_static_graph_trace import checked_counts, decode_traced
 from test_static_slots import compare
 from fairseq_stream.runners import build_runner
 
@@ -57,3 +60,16 @@ def test_one_stacked_pool_and_the_fallback(exact, caplog, monkeypatch):
     assert runner.stacked is None and len(runner.pool.caches) == 2
     assert any("static-slot runner (2 models, one after another: model 2 has another shape than model 1)"
                in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["batch", "topup"])
+@pytest.mark.parametrize("search", ["fixed", "var-batch", "greedy"])
+def test_stacked_steps_trace_as_one_model(exact, search, stream):
+    """What a CUDA graph needs, as for one model; stacked, the step's ATen calls do not grow with the members."""
+    runs = (("transformer", None), ("ensemble", False), ("ensemble4", False), ("ensemble", True),
+            ("ensemble4", True))
+    counts = {run: checked_counts(decode_traced(exact, run[0], search, stream, run[1])) for run in runs}
+    assert counts["ensemble", True] == counts["ensemble4", True]
+    print("{} {}: ATen calls per step: {}".format(search, "topup" if stream else "batch", "; ".join(
+        "{} {}: {}".format(name, {None: "", False: "member by member", True: "stacked"}[stack], c)
+        for (name, stack), c in counts.items())))

@@ -196,6 +196,25 @@ class StackedModel:
             self.project_out = StackedProduct([[d.project_out_dim] for d in decoders],
                                               [m.project_out for m in members], quantize)
         self.output = StackedProduct([[d.output_projection] for d in decoders], [m.output for m in members], quantize)
+        self.embed_scale = first.embed_scale
+        self.tables = self._stacked_tables(decoders)
+
+    def _stacked_tables(self, decoders):
+        """(token tables (members, vocab, dim), position tables (members, positions, dim) or None) where the
+        stacked output projection already holds the token tables (fairseq's shared input and output embedding,
+        batched products): one lookup for all members at the cost of the small position tables. Else None:
+        each member's own lookup."""
+        members = self.members
+        if self.output.weight is None or any(m.project_in is not None or m.embed_norm is not None or
+                                             d.output_projection.weight is not m.embed
+                                             for m, d in zip(members, decoders)):
+            return None
+        positions = [m.positions for m in members]
+        if positions[0] is None:
+            return self.output.weight, None
+        if len({tuple(p.shape) for p in positions}) > 1:
+            return None
+        return self.output.weight, torch.stack(positions)
 
     def new_cache(self, rows: int, positions: int, device, zeroed: bool = False) -> Tensor:
         """Every member's self-attention keys and values: ``(2 * layers, rows, members * heads, positions,
@@ -213,8 +232,14 @@ class StackedModel:
                            [torch.cat([p.values[l] for p in parts], dim=1) for l in layers], parts[0].mask)
 
     def embed_at(self, tokens: Tensor, where) -> Tensor:
-        """Every member's decoder input, ``(members, rows, dim)`` (:meth:`LeanModel.embed_at`)."""
-        return torch.stack([m.embed_at(tokens, where) for m in self.members])
+        """Every member's decoder input, ``(members, rows, dim)`` (:meth:`LeanModel.embed_at`'s arithmetic)."""
+        if self.tables is None:
+            return torch.stack([m.embed_at(tokens, where) for m in self.members])
+        embed, positions = self.tables
+        x = self.embed_scale * embed.index_select(1, tokens)
+        if positions is not None:
+            x = x + (positions[:, where].unsqueeze(1) if isinstance(where, int) else positions.index_select(1, where))
+        return x
 
     def logits(self, x: Tensor) -> List[Tensor]:
         """Each member's logits (rows, vocab) from ``x`` (members, rows, dim) (batched: views of one product)."""

@@ -24,9 +24,10 @@ from fairseq_stream.ops import attention
 from fairseq_stream.runners import static_attention
 from fairseq_stream.runners.stacked import StackedModel, choose
 
-# Why --stack-members auto runs the members one after another on the CPU, or "" where it stacks there
-# (docs/ensemble.md: measured with benchmarks/bench_ensemble.py).
-CPU_AUTO_DECLINED = ""
+# Why --stack-members auto runs the members one after another on the CPU's compiled attention: measured no
+# faster stacked there (the members' float32 products stay each member's own, and the stacked layout adds copies
+# between them and the attention; docs/ensemble.md, benchmarks/bench_static.py --members 4).
+CPU_AUTO_DECLINED = "auto: member by member is as fast on the CPU (--stack-members on stacks them)"
 
 
 def stacked_members(members, stack_members: Optional[bool], compiled_attention: bool):
