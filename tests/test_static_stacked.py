@@ -73,3 +73,18 @@ def test_stacked_steps_trace_as_one_model(exact, search, stream):
     print("{} {}: ATen calls per step: {}".format(search, "topup" if stream else "batch", "; ".join(
         "{} {}: {}".format(name, {None: "", False: "member by member", True: "stacked"}[stack], c)
         for (name, stack), c in counts.items())))
+
+
+def test_runner_static_with_stack_members_in_the_python_api(toy):
+    """``runner="static"`` with ``stack_members`` on and off: the same translations (float32, 2 members)."""
+    from fairseq_stream.api import Translator
+
+    lines = [l for l in (toy.raw / "test.src").read_text().splitlines()[:6] if l]
+    paths = [str(toy.transformer), str(toy.transformer2)]
+    texts = {}
+    for value in ("on", "off"):
+        translator = Translator(paths, data=str(toy.data_bin), search="var-stream", beam=5, cpu=True,
+                                runner="static", stack_members=value)
+        assert (translator.decoder.runner.stacked is not None) == (value == "on")
+        texts[value] = [t.text for t in translator.translate(lines)]
+    assert texts["on"] == texts["off"] and len(texts["on"]) == len(lines) and all(texts["on"])
