@@ -18,6 +18,7 @@ from test_stacked import ENSEMBLES, SCHEDULERS, SEARCHES
 from test_static_graph_trace import checked_counts, decode_traced
 from test_static_slots import compare
 from fairseq_stream.runners import build_runner
+from fairseq_stream.runners.static_slots import StaticSlotRunner
 
 torch.set_num_threads(1)
 
@@ -52,6 +53,10 @@ def test_one_stacked_pool_and_the_fallback(exact, caplog, monkeypatch):
     models, task = exact("ensemble4")
     runner = build_runner("static", models, stack_members=True)
     assert runner.stacked is not None and len(runner.pool.caches) == 1 and runner.pool.caches[0].size(2) == 4 * 4
+    # auto: one after another on the CPU's compiled attention (measured no faster stacked), stacked on the torch
+    # attention (CUDA's path).
+    assert build_runner("static", models).unstacked_reason.startswith("auto: ")
+    assert StaticSlotRunner(models, compiled_attention=False).stacked is not None
     other = random_transformer(task, "transformer", encoder_embed_dim=64, decoder_embed_dim=64,
                                encoder_ffn_embed_dim=256, decoder_ffn_embed_dim=256, encoder_layers=2,
                                decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4).double()
