@@ -24,10 +24,11 @@ of all members at once:
   views of one ``(members, rows, vocab)`` product, for the fused output
   layer or the average of the members' log-probabilities.
 
-What stays member by member: the embedding (each member its own table), the
-encoder (each member's, then its keys joined along the heads), Jacobi's
-window calls (:mod:`fairseq_stream.runners.lean_window`) and the compiled
-search loops (:mod:`fairseq_stream.ops.search_loop`).
+What stays member by member: the embedding where the products are each
+member's own (batched, one lookup in the stacked output projection's copy of
+the shared tables), the encoder (each member's, then its keys joined along
+the heads), Jacobi's window calls (:mod:`fairseq_stream.runners.lean_window`)
+and the compiled search loops (:mod:`fairseq_stream.ops.search_loop`).
 
 Exactness: the members' arithmetic, the products batched and the norm's
 affine step separate; in float64 an ensemble's n-best lists equal the
