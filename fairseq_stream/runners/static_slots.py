@@ -146,7 +146,8 @@ class StaticSlotRunner(OwnStepRunner):
         # The pool's models: the stacked model alone, or each member.
         self.stacked, self.unstacked_reason = static_stacked.stacked_members(self.lean, self.stack_members,
                                                                               self.compiled_attention)
-        self.pool = SlotPool([self.stacked] if self.stacked is not None else self.lean, self.device, self.lean[0].embed.dtype)
+        models = [self.stacked] if self.stacked is not None else self.lean
+        self.pool = SlotPool(models, self.device, self.lean[0].embed.dtype)
 
     # -- the interface -----------------------------------------------------
 
