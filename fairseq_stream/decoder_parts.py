@@ -22,7 +22,7 @@ The names:
         int16 off).
     quantize: ``none``, ``int8`` (``int8w8``, ``int8w7``) or ``int16``
         (``--quantize``): the products on weights quantized at load.
-    stack_members: the lean runner stacks an ensemble's members of one shape
+    stack_members: the lean and static-slot runners stack an ensemble's members of one shape
         (:mod:`fairseq_stream.runners.stacked`) where True, steps them one
         after another where False; None (``--stack-members auto``) stacks
         where their step is not compiled.

@@ -39,9 +39,10 @@ def traced(runner):
     return records
 
 
-def decode_traced(exact, name, search, stream):
+def decode_traced(exact, name, search, stream, stack=None):
+    """The records of a traced decode of 24 sentences (``stack``: the runner's ``stack_members``)."""
     models, task = exact(name)
-    dec = BeamDecoder(models, task.target_dictionary, runner="static", keep_reference=False,
+    dec = BeamDecoder(models, task.target_dictionary, runner="static", keep_reference=False, stack_members=stack,
                       **decoder_options(search))
     dec.runner.compiled_attention = False
     dec.runner.row_buckets, dec.runner.length_bucket = ROW_BUCKETS, LENGTH_BUCKET
@@ -62,6 +63,14 @@ def decode_traced(exact, name, search, stream):
 @pytest.mark.parametrize("name", ["transformer", "ensemble"])
 def test_steps_in_one_bucket_make_the_same_aten_calls_and_read_nothing(exact, name, search, stream):
     records = decode_traced(exact, name, search, stream)
+    counts = checked_counts(records)
+    print("{} {} {}: ATen calls per step {} over {} steps, {} buckets".format(
+        name, search, "topup" if stream else "batch", counts, len(records), len({b for b, _, _ in records})))
+
+
+def checked_counts(records):
+    """What a graph needs of traced steps (nothing read, nothing shaped by values, the same calls for steps in
+    one bucket); the step's ATen call counts seen."""
     assert all(syncs == 0 for _, _, syncs in records)
     flagged = {c.op for _, calls, _ in records for c in calls if c.data_dependent}
     assert not flagged, flagged
@@ -69,9 +78,7 @@ def test_steps_in_one_bucket_make_the_same_aten_calls_and_read_nothing(exact, na
     assert len(pairs) >= len(records) // 2  # most steps stay in their bucket
     for (bucket, calls, _), (_, next_calls, _) in pairs:
         assert calls == next_calls, bucket
-    counts = sorted({len(calls) for _, calls, _ in records})
-    print("{} {} {}: ATen calls per step {} over {} steps, {} buckets".format(
-        name, search, "topup" if stream else "batch", counts, len(records), len({b for b, _, _ in records})))
+    return sorted({len(calls) for _, calls, _ in records})
 
 
 def test_reorders_of_quiet_steps_make_the_same_aten_calls_and_read_nothing(exact):

@@ -27,18 +27,23 @@ torch.set_num_threads(1)
 TOLERANCE = 1e-12
 
 
-def decoders(models, task, search, k=None, **static_options):
+def decoders(models, task, search, k=None, stack=None, **static_options):
     """(lean decoder, static-slot decoder) of ``search`` (beam ``k`` where given); ``static_options`` set on the
-    static-slot runner."""
+    static-slot runner. ``stack`` (True or False): the static-slot runner's ``stack_members``, against the lean
+    runner member by member."""
     def options():
         opts = dict(decoder_options(search), output_layer="torch" if search == "fixed" else "fused")
         if k is not None and search != "greedy":
             opts["beam_size"] = k
         return opts
 
-    lean = BeamDecoder(models, task.target_dictionary, runner="lean", keep_reference=False, **options())
-    static = BeamDecoder(models, task.target_dictionary, runner="static", keep_reference=False, **options())
+    lean_stack, static_stack = (None, None) if stack is None else (False, stack)
+    lean = BeamDecoder(models, task.target_dictionary, runner="lean", keep_reference=False,
+                       stack_members=lean_stack, **options())
+    static = BeamDecoder(models, task.target_dictionary, runner="static", keep_reference=False,
+                         stack_members=static_stack, **options())
     assert isinstance(static.runner, StaticSlotRunner)
+    assert stack is None or (lean.runner.stacked is None and (static.runner.stacked is not None) == stack)
     for name, value in static_options.items():
         setattr(static.runner, name, value)
     return lean, static

@@ -50,7 +50,7 @@ class DecodeStatsConfig(RnnRunnerConfig):
                                         "threads; results in input order, the same bits as one worker where each "
                                         "batch is decoded on its own (default: one a core on --generator batch in "
                                         "fairseq-generate and fairseq-interactive, else 1; our runners only)")
-    stack_members: StackChoice = option("auto", "lean runner, an ensemble whose members share a shape: on runs them "
+    stack_members: StackChoice = option("auto", "lean and static runners, an ensemble whose members share a shape: on runs them "
                                         "stacked (each product once for all members, one cache), off one after "
                                         "another, auto stacked where the members' step is not compiled (CUDA: "
                                         "stacked; the CPU keeps each member's compiled step, measured faster there; "

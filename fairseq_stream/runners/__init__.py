@@ -80,10 +80,12 @@ def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool
             runner's quantized products for transformers, the rnn runner's
             int16 for LSTMs; a model neither runs is a one-line error, never
             a silent float run.
-        stack_members: the lean runner runs an ensemble whose members share
-            a shape as one stacked model (:mod:`fairseq_stream.runners.stacked`)
-            where True, member by member where False; None: stacked where the
-            members' step is not compiled (:class:`LeanRunner`). The log says which.
+        stack_members: the lean and static-slot runners run an ensemble whose
+            members share a shape as one stacked model
+            (:mod:`fairseq_stream.runners.stacked`) where True, member by member
+            where False; None: stacked where the members' step is not compiled
+            (:class:`LeanRunner`; the static-slot runner: where the compiled
+            attention does not run). The log says which.
     """
     from fairseq_stream import malloc_policy
     from fairseq_stream.runners.fairseq_runner import ModelRunner
@@ -129,8 +131,9 @@ def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantiz
     if kind == "static":
         from fairseq_stream.runners.static_slots import StaticSlotRunner
 
-        say_once("fairseq-stream: using the static-slot runner (%d model(s), one after another)", len(members))
-        return StaticSlotRunner(members, temperature=temperature)
+        runner = StaticSlotRunner(members, temperature=temperature, stack_members=stack_members)
+        say_once("fairseq-stream: using the static-slot runner (%s)", _members_line(runner))
+        return runner
     runner = LeanRunner(members, temperature=temperature, stack_members=stack_members)
     say_once("fairseq-stream: using the lean runner (%s)", _members_line(runner))
     return runner

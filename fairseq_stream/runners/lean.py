@@ -271,22 +271,19 @@ class LeanRunner(OwnStepRunner):
         if self.quantize is not None:
             check_quantizable(self.model)
         self.lean = [LeanModel(m, self.prepack, self.quantize) for m in self.model.models]
-        self.stacked = None  # a StackedModel: every segment holds one stacked cache and encoder keys
-        # Why the members are not stacked ("" where they are); build_runner logs it.
-        self.unstacked_reason = stacked.unstackable_reason(self.lean) or self._stacking_declined()
-        if not self.unstacked_reason:
-            self.stacked = stacked.StackedModel(self.lean, self.quantize)
+        # self.stacked: a StackedModel (every segment holds one stacked cache and encoder keys) or None;
+        # unstacked_reason: why not ("" where stacked), which build_runner logs.
+        self.stacked, self.unstacked_reason = stacked.choose(self.lean, self.stack_members, self._auto_declined(),
+                                                             self.quantize)
         self.device = module_device(self.model)
 
-    def _stacking_declined(self) -> str:
-        """Why members that could stack do not ("" where they do): the option, or auto on the CPU."""
-        if self.stack_members is None:
-            first = self.lean[0]
-            compiled = (self.compiled_attention and self.compiled_step and attention.compiled_applies(first.embed)
-                        and all(m.compiled is not None for m in self.lean))
-            return ("auto: each member's compiled step is faster on the CPU (--stack-members on stacks them)"
-                    if compiled else "")
-        return "" if self.stack_members else "--stack-members off"
+    def _auto_declined(self) -> str:
+        """Why ``--stack-members auto`` keeps the members apart ("" where it stacks): on the CPU."""
+        first = self.lean[0]
+        compiled = (self.compiled_attention and self.compiled_step and attention.compiled_applies(first.embed)
+                    and all(m.compiled is not None for m in self.lean))
+        return "auto: each member's compiled step is faster on the CPU (--stack-members on stacks them)" \
+            if compiled else ""
 
     def _state_models(self):
         """What a segment holds a cache and encoder keys of: the stacked model, or each member."""

@@ -24,10 +24,11 @@ of all members at once:
   views of one ``(members, rows, vocab)`` product, for the fused output
   layer or the average of the members' log-probabilities.
 
-What stays member by member: the embedding (each member its own table), the
-encoder (each member's, then its keys joined along the heads), Jacobi's
-window calls (:mod:`fairseq_stream.runners.lean_window`) and the compiled
-search loops (:mod:`fairseq_stream.ops.search_loop`).
+What stays member by member: the embedding where the products are each
+member's own (batched, one lookup in the stacked output projection's copy of
+the shared tables), the encoder (each member's, then its keys joined along
+the heads), Jacobi's window calls (:mod:`fairseq_stream.runners.lean_window`)
+and the compiled search loops (:mod:`fairseq_stream.ops.search_loop`).
 
 Exactness: the members' arithmetic, the products batched and the norm's
 affine step separate; in float64 an ensemble's n-best lists equal the
@@ -70,6 +71,21 @@ def _shape(m: LeanModel):
             tuple(x is None for x in (m.project_in, m.project_out, m.embed_norm, m.final_norm, m.positions)),
             tuple(n[3] for n in (m.embed_norm, m.final_norm) if n is not None),
             getattr(m.model.encoder, "padding_idx", None))
+
+
+def choose(members: List[LeanModel], stack_members: Optional[bool], auto_declined: str,
+           quantize: Optional[str] = None):
+    """(a :class:`StackedModel` or None, why not: "" where stacked), for a runner's ``--stack-members``.
+
+    ``stack_members``: True, False, or None (auto: stacked unless
+    ``auto_declined`` says why not, the runner's own rule).
+    """
+    if stack_members is None:
+        declined = auto_declined
+    else:
+        declined = "" if stack_members else "--stack-members off"
+    reason = unstackable_reason(members) or declined
+    return (None if reason else StackedModel(members, quantize)), reason
 
 
 class StackedProduct:
@@ -181,13 +197,32 @@ class StackedModel:
             self.project_out = StackedProduct([[d.project_out_dim] for d in decoders],
                                               [m.project_out for m in members], quantize)
         self.output = StackedProduct([[d.output_projection] for d in decoders], [m.output for m in members], quantize)
+        self.embed_scale = first.embed_scale
+        self.tables = self._stacked_tables(decoders)
 
-    def new_cache(self, rows: int, positions: int, device) -> Tensor:
+    def _stacked_tables(self, decoders):
+        """(token tables (members, vocab, dim), position tables (members, positions, dim) or None) where the
+        stacked output projection already holds the token tables (fairseq's shared input and output embedding,
+        batched products): one lookup for all members at the cost of the small position tables. Else None:
+        each member's own lookup."""
+        members = self.members
+        if self.output.weight is None or any(m.project_in is not None or m.embed_norm is not None or
+                                             d.output_projection.weight is not m.embed
+                                             for m, d in zip(members, decoders)):
+            return None
+        positions = [m.positions for m in members]
+        if positions[0] is None:
+            return self.output.weight, None
+        if len({tuple(p.shape) for p in positions}) > 1:
+            return None
+        return self.output.weight, torch.stack(positions)
+
+    def new_cache(self, rows: int, positions: int, device, zeroed: bool = False) -> Tensor:
         """Every member's self-attention keys and values: ``(2 * layers, rows, members * heads, positions,
-        head_dim)``."""
-        first = self.members[0]
-        return torch.empty(2 * len(self.layers), rows, self.heads, positions, self.head_dim, dtype=first.embed.dtype,
-                           device=device)
+        head_dim)`` (``zeroed``: as :meth:`LeanModel.new_cache`)."""
+        make = torch.zeros if zeroed else torch.empty
+        return make(2 * len(self.layers), rows, self.heads, positions, self.head_dim,
+                    dtype=self.members[0].embed.dtype, device=device)
 
     def encode(self, net_input, packed: bool = True) -> EncoderKeys:
         """Each member's encoder keys and values, joined along the heads (member after member)."""
@@ -198,8 +233,14 @@ class StackedModel:
                            [torch.cat([p.values[l] for p in parts], dim=1) for l in layers], parts[0].mask)
 
     def embed_at(self, tokens: Tensor, where) -> Tensor:
-        """Every member's decoder input, ``(members, rows, dim)`` (:meth:`LeanModel.embed_at`)."""
-        return torch.stack([m.embed_at(tokens, where) for m in self.members])
+        """Every member's decoder input, ``(members, rows, dim)`` (:meth:`LeanModel.embed_at`'s arithmetic)."""
+        if self.tables is None:
+            return torch.stack([m.embed_at(tokens, where) for m in self.members])
+        embed, positions = self.tables
+        x = self.embed_scale * embed.index_select(1, tokens)
+        if positions is not None:
+            x = x + (positions[:, where].unsqueeze(1) if isinstance(where, int) else positions.index_select(1, where))
+        return x
 
     def logits(self, x: Tensor) -> List[Tensor]:
         """Each member's logits (rows, vocab) from ``x`` (members, rows, dim) (batched: views of one product)."""
@@ -216,6 +257,27 @@ class StackedModel:
             x = layer.residual(x, layer.cross_norm, lambda h: encoder_attention(l, layer, h))
             x = layer.residual(x, layer.final_norm, lambda h: layer.fc2(layer.activation(layer.fc1(h))))
         return x
+
+    def step(self, last_tokens: Tensor, position, self_attention, source_attention) -> List[Tensor]:
+        """One single-token step of every member; each member's logits.
+
+        The attentions are the caller's, over every member's heads in one
+        call (member m's head h is head ``m * heads + h``):
+        ``self_attention(l, layer, q, k, v)`` and ``source_attention(l,
+        layer, q)`` take rows ``(rows, members * dim)`` and return the same
+        shape. ``position``: as :meth:`LeanModel.embed_at`'s ``where``.
+        """
+        D, N = self.dim, self.count
+        x = self.embed_at(last_tokens, position)
+
+        def self_block(l, layer, h):
+            q, k, v = (_by_rows(part) for part in layer.qkv(h).split(D, dim=-1))
+            return layer.self_out(_by_members(self_attention(l, layer, q, k, v), N))
+
+        def source_block(l, layer, h):
+            return layer.cross_out(_by_members(source_attention(l, layer, _by_rows(layer.cross_q(h))), N))
+
+        return self.logits(self.run_layers(x, self_block, source_block))
 
 
 def _by_rows(x: Tensor) -> Tensor:
@@ -237,27 +299,20 @@ def step(model: StackedModel, segments, bounds, last_tokens: Tensor, position, c
     table's index (an int, a tensor per row, or None); ``compiled``: the
     compiled attention kernels where they apply.
     """
-    D, N = model.dim, model.count
-    x = model.embed_at(last_tokens, position)
-
     def joined(outs):
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def self_attention(l, layer, h):
-        qkv = layer.qkv(h)
-        q, k, v = (_by_rows(part) for part in qkv.split(D, dim=-1))
-        outs = [attention.cached_attention_(q[a:b], k[a:b], v[a:b], s.caches[0][2 * l], s.caches[0][2 * l + 1],
-                                            s.slot, s.length, layer.scaling, compiled)
-                for s, (a, b) in zip(segments, bounds)]
-        return layer.self_out(_by_members(joined(outs), N))
+    def self_attention(l, layer, q, k, v):
+        return joined([attention.cached_attention_(q[a:b], k[a:b], v[a:b], s.caches[0][2 * l],
+                                                   s.caches[0][2 * l + 1], s.slot, s.length, layer.scaling, compiled)
+                       for s, (a, b) in zip(segments, bounds)])
 
-    def encoder_attention(l, layer, h):
-        q = _by_rows(layer.cross_q(h))
+    def source_attention(l, layer, q):
         outs = []
         for s, (a, b) in zip(segments, bounds):
             enc = s.encoder[0]
             outs.append(attention.source_attention(q[a:b], enc.keys[l], enc.values[l], enc.mask, layer.cross_scaling,
                                                    s.row_sentence, None if compiled else s.packing(), compiled))
-        return layer.cross_out(_by_members(joined(outs), N))
+        return joined(outs)
 
-    return model.logits(model.run_layers(x, self_attention, encoder_attention))
+    return model.step(last_tokens, position, self_attention, source_attention)

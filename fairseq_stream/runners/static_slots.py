@@ -23,10 +23,11 @@ is four device vectors, each row's key/value slot, sentence slot and length
 
 The weights and the layer loop are the lean runner's
 (:class:`~fairseq_stream.runners.lean_model.LeanModel`); the attentions are
-:mod:`~fairseq_stream.runners.static_attention`. Members of an ensemble run
-one after another. Exactness: the lean runner's arithmetic over a longer,
-masked key range; in float64 its n-best lists equal the lean runner's
-(tests/test_static_slots.py).
+:mod:`~fairseq_stream.runners.static_attention`. Members of an ensemble of
+one shape run stacked (:mod:`~fairseq_stream.runners.static_stacked`: one
+pool model, one call per product), else one after another. Exactness: the
+lean runner's arithmetic over a longer, masked key range; in float64 its
+n-best lists equal the lean runner's (tests/test_static_slots.py).
 """
 
 import weakref
@@ -35,7 +36,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fairseq_stream.runners import static_attention
+from fairseq_stream.runners import static_attention, static_stacked
 from fairseq_stream.runners.buckets import bucket
 from fairseq_stream.runners.lean_model import LeanModel
 from fairseq_stream.runners.own_step import OwnStepRunner
@@ -101,6 +102,9 @@ class StaticSlotRunner(OwnStepRunner):
             (ascending); None: no padding.
         length_bucket: attend over positions rounded up to a multiple of
             this; None: to the longest row's length.
+        stack_members: an ensemble of one shape stacked
+            (:func:`~fairseq_stream.runners.static_stacked.stacked_members`):
+            True, False, or None (auto).
     """
 
     name = "static"
@@ -110,8 +114,9 @@ class StaticSlotRunner(OwnStepRunner):
 
     def __init__(self, models, temperature: float = 1.0, prepack: bool = True, compiled_attention: bool = True,
                  packed_encoder: bool = True, row_buckets: Optional[Sequence[int]] = None,
-                 length_bucket: Optional[int] = None):
+                 length_bucket: Optional[int] = None, stack_members: Optional[bool] = None):
         super().__init__(models, temperature)
+        self.stack_members = stack_members
         self.prepack, self.compiled_attention, self.packed_encoder = prepack, compiled_attention, packed_encoder
         self.row_buckets = sorted(row_buckets) if row_buckets else None
         self.length_bucket = length_bucket
@@ -138,14 +143,18 @@ class StaticSlotRunner(OwnStepRunner):
 
         self.lean = [LeanModel(m, self.prepack) for m in self.model.models]
         self.device = module_device(self.model)
-        self.pool = SlotPool(self.lean, self.device, self.lean[0].embed.dtype)
+        # The pool's models: the stacked model alone, or each member.
+        self.stacked, self.unstacked_reason = static_stacked.stacked_members(self.lean, self.stack_members,
+                                                                              self.compiled_attention)
+        models = [self.stacked] if self.stacked is not None else self.lean
+        self.pool = SlotPool(models, self.device, self.lean[0].embed.dtype)
 
     # -- the interface -----------------------------------------------------
 
     @torch.no_grad()
     def start(self, net_input, rows_per_sentence: int, sentence_ids: Optional[Tensor] = None) -> StaticState:
         """Encode ``net_input`` into sentence slots; ``rows_per_sentence`` rows each, in fresh key/value slots."""
-        encoders = [m.encode(net_input, self.packed_encoder) for m in self.lean]
+        encoders = [m.encode(net_input, self.packed_encoder) for m in self.pool.models]
         S = net_input["src_tokens"].size(0)
         pool = self.pool
         with pool.lock:
@@ -317,6 +326,9 @@ class StaticSlotRunner(OwnStepRunner):
         are written into the pool in place.
         """
         pool, compiled = self.pool, self.compiled_attention
+        if self.stacked is not None:
+            return static_stacked.forward_static(self.stacked, pool, tokens, slot, sentence, length, positions,
+                                                 compiled)
         outs = []
         for i, lean in enumerate(self.lean):
             D, cache = lean.dim, pool.caches[i]
