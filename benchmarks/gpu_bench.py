@@ -13,14 +13,19 @@ Steps, each bounded in time:
 3. ``prepare``: the first ``--limit`` lines of ``--source``/``--reference`` through Moses, the
    stand-in's fastBPE codes and dictionaries into a data-bin (fairseq_stream.newstest.prepare, as
    scripts/newstest.sh does); ``--data-bin DIR`` gives one prepared elsewhere.
-4. ``decode``: for each ``--beams`` K, each method's preset (``--preset NAME --beam K``), one
+4. ``behaviour``: fixed and var-batch at k=5 on the first 32 sentences with fairseq's own length
+   bound: does the stand-in end its hypotheses and prune like a trained model
+   (benchmarks/standin_behaviour.py)? The stand-in step trains model1 for ``--train-seconds``
+   (default 120 on the GPU) on ``--train-text``'s parallel files and derives the other members from
+   it (``--member-noise``), so that it does.
+5. ``decode``: for each ``--beams`` K, each method's preset (``--preset NAME --beam K``), one
    fairseq-generate each (a run that takes longer than ``--run-timeout`` or crashes is recorded
    as failed and the rest go on), fp16 on the GPU (``--no-fp16`` for float32), ``--max-len-a 1.2
-   --max-len-b 10`` (untrained weights rarely emit EOS). Greedy and Jacobi ignore the beam and
+   --max-len-b 10`` unless the behaviour step found the stand-in trained-like (``--max-len``). Greedy and Jacobi ignore the beam and
    run with the first beam only. Each run: wall clock (fairseq's decoding seconds and the whole
    run's), decoder calls, rows per call, host time per call, GPU busy share, peak GPU memory
    (benchmarks/gpu_probe.py says how).
-5. ``report``: the rows in newstest's results format (in results.json, and WORK/results.jsonl)
+6. ``report``: the rows in newstest's results format (in results.json, and WORK/results.jsonl)
    and report.py's tables and plots (OUTDIR/plots/: report.md and one bar chart and one BLEU
    scatter per beam).
 
@@ -35,6 +40,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import standin_behaviour  # noqa: E402
 from gpu_common import (  # noqa: E402
     NA_CPU, REPO, Session, StepError, absolute_paths, add_common_arguments, environment_step, fmt, hypotheses,
     install_wheels, summary_head,
@@ -47,6 +53,9 @@ BEAMLESS = ("greedy", "jacobi")
 # which keep every method of the 4-model ensemble within 32 GB by the presets' arithmetic.
 BATCH = {5: 64, 50: 8}
 PAIR = "de-en"
+GPU_TRAIN_S = 120
+BEHAVIOUR_SENTENCES = 32
+BOUND = ["--max-len-a", "1.2", "--max-len-b", "10"]
 PATH_OPTIONS = ("standin", "train_text", "source", "reference", "data_bin")
 
 
@@ -73,6 +82,17 @@ def parser():
     p.add_argument("--stack-members", choices=["auto", "on", "off"], default="auto",
                    help="our methods' --stack-members (docs/ensemble.md): a run with off and one with auto measure "
                         "the stacked ensemble against member by member (auto stacks on the GPU)")
+    p.add_argument("--train-seconds", type=float, metavar="S",
+                   help="train the stand-in's model1 for S seconds on --train-text's parallel files (fairseq's "
+                        "WMT big recipe, fp16 on the GPU) and derive the other members from it with "
+                        "--member-noise (default {} on the GPU, 0 on the CPU: untrained)".format(GPU_TRAIN_S))
+    p.add_argument("--member-noise", type=float, default=0.02, metavar="SIGMA",
+                   help="members 2..N: model1 plus seeded noise of SIGMA times each tensor's deviation "
+                        "(default %(default)s; 0: each member trains or is initialised from its own seed)")
+    p.add_argument("--max-len", choices=["auto", "bound", "free"], default="auto",
+                   help="bound: --max-len-a 1.2 --max-len-b 10 (untrained weights rarely emit EOS); free: "
+                        "fairseq's defaults; auto (default): free when the behaviour step finds the stand-in "
+                        "trained-like, else bound")
     p.add_argument("--run-timeout", type=float, default=300, metavar="S",
                    help="a decode run making no progress this long is killed (default %(default)s)")
     return p
@@ -98,12 +118,27 @@ def standin_step(session, args):
                 "--models", str(args.models_count), "--train-text"] + args.train_text
         argv += ["--fp16"] if fp16(session, args) else []
         argv += [] if session.cuda else ["--tiny"]
+        argv += training_options(session, args)
         rc, out_text = session.run_command(argv, "standin", 540)
         if rc != 0:
             raise StepError("make_wmt19_standin.py {}: {}".format(
                 "timed out" if rc is None else "exit {}".format(rc), out_text.splitlines()[-1] if out_text else ""))
         return {"status": "passed", "detail": out_text.splitlines()[-1] if out_text else "built"}
     return step
+
+
+def train_seconds(session, args):
+    return args.train_seconds if args.train_seconds is not None else GPU_TRAIN_S if session.cuda else 0
+
+
+def training_options(session, args):
+    """make_wmt19_standin.py's training options: the --train-text files that come in .de/.en pairs."""
+    seconds = train_seconds(session, args)
+    prefixes = sorted({os.path.splitext(f)[0] for f in args.train_text
+                       if all(os.path.exists(os.path.splitext(f)[0] + "." + lang) for lang in PAIR.split("-"))})
+    if not seconds or not prefixes:
+        return ["--member-noise", str(args.member_noise)] if args.member_noise else []
+    return ["--train-seconds", str(seconds), "--member-noise", str(args.member_noise), "--train-prefix"] + prefixes
 
 
 PREPARE = r"""
@@ -113,8 +148,11 @@ a = json.loads(sys.argv[1])
 corpus = testset.load("de-en", "2017", source=a["source"], reference=a["reference"])
 corpus.source, corpus.reference = corpus.source[:a["limit"]], corpus.reference[:a["limit"]]
 enc = prepare.Encoding("moses", "fastbpe", a["codes"], None)
-print(json.dumps({"data_bin": prepare.prepare(corpus, "de-en", enc, a["srcdict"], a["tgtdict"], a["work"]),
-                  "sentences": len(corpus.source)}))
+done = {"data_bin": prepare.prepare(corpus, "de-en", enc, a["srcdict"], a["tgtdict"], a["work"]),
+        "sentences": len(corpus.source)}
+corpus.source, corpus.reference = corpus.source[:a["sample"]], corpus.reference[:a["sample"]]
+done["behaviour_data_bin"] = prepare.prepare(corpus, "de-en", enc, a["srcdict"], a["tgtdict"], a["work"] + "/sample")
+print(json.dumps(done))
 """
 
 
@@ -128,7 +166,7 @@ def prepare_step(session, args):
             raise StepError("give --source and --reference (newstest2017.de/.en), or --data-bin")
         d = standin_dir(session, args)
         spec = dict(source=os.path.abspath(args.source), reference=os.path.abspath(args.reference),
-                    limit=args.limit, codes=os.path.join(d, "bpecodes"), srcdict=os.path.join(d, "dict.de.txt"),
+                    limit=args.limit, sample=min(args.limit, BEHAVIOUR_SENTENCES), codes=os.path.join(d, "bpecodes"), srcdict=os.path.join(d, "dict.de.txt"),
                     tgtdict=os.path.join(d, "dict.en.txt"), work=session.work)
         rc, out = session.run_command([args.python, "-c", PREPARE, json.dumps(spec)], "prepare", 300)
         if rc != 0:
@@ -136,7 +174,42 @@ def prepare_step(session, args):
                                                     out.splitlines()[-1] if out else ""))
         done = json.loads(out.strip().splitlines()[-1])
         session.results["data_bin"] = done["data_bin"]
+        session.results["behaviour_data_bin"] = done["behaviour_data_bin"]
         return {"status": "passed", "detail": "{} sentences in {}".format(done["sentences"], done["data_bin"])}
+    return step
+
+
+def length_options(session, args):
+    """fairseq's length bound for the timed decodes: --max-len, auto deciding by the behaviour step."""
+    if args.max_len == "auto":
+        free = (session.results.get("behaviour") or {}).get("trained_like")
+    else:
+        free = args.max_len == "free"
+    return [] if free else BOUND
+
+
+def behaviour_step(session, args):
+    """fixed and var-batch at k=5 on the first sentences, fairseq's length bound: standin_behaviour's figures."""
+    def step():
+        if not session.results.get("behaviour_data_bin"):
+            raise StepError("no prepared sample (the prepare step did not pass)")
+        d = standin_dir(session, args)
+        checkpoints = ":".join(os.path.join(d, "model{}.pt".format(i + 1)) for i in range(models_in(d)))
+        runs = [{"name": "behaviour-" + method, "method": method, "beam": 5,
+                 "argv": [session.results["behaviour_data_bin"], "--path", checkpoints, "--user-dir",
+                          os.path.join(REPO, "fairseq_stream"), "--preset", method, "--beam", "5",
+                          "--source-lang", "de", "--target-lang", "en", "--gen-subset", "test",
+                          "--batch-size", str(BEHAVIOUR_SENTENCES), "--num-workers", "0", "--log-format", "simple"]
+                 + (["--fp16"] if fp16(session, args) else []) + ([] if session.cuda else ["--cpu"])}
+                for method in ("fixed", "var-batch")]
+        results = session.run_plan("behaviour", runs, args.run_timeout, args.device)
+        fixed, var = results["behaviour-fixed"], results["behaviour-var-batch"]
+        found = standin_behaviour.behaviour(fixed["output"], var["output"], fixed.get("rows"), var.get("rows"))
+        session.results["behaviour"] = found
+        bound = "the timed decodes {}".format("bound their length: " + " ".join(BOUND)
+                                             if length_options(session, args) else "use fairseq's length bound")
+        return {"status": "failed" if found.get("error") else "passed", "behaviour": found, "runs": results,
+                "detail": "{}; {}".format(standin_behaviour.describe(found), bound)}
     return step
 
 
@@ -151,7 +224,7 @@ def runs_for(session, args, beam, first):
         argv = [session.results["data_bin"], "--path", checkpoints, "--user-dir", os.path.join(REPO, "fairseq_stream"),
                 "--preset", method, "--source-lang", "de", "--target-lang", "en", "--gen-subset", "test",
                 "--batch-size", str(args.batch_size or BATCH.get(beam, 16)), "--num-workers", "0",
-                "--max-len-a", "1.2", "--max-len-b", "10", "--log-format", "simple"]
+                "--log-format", "simple"] + length_options(session, args)
         argv += [] if method in BEAMLESS else ["--beam", str(beam)]
         argv += ["--fp16"] if fp16(session, args) else []
         argv += [] if session.cuda else ["--cpu"]
@@ -183,6 +256,7 @@ def decode_step(session, args):
             results[run["name"]].update(method=run["method"], beam=run["beam"])
         failed = [n for n, r in results.items() if r.get("error") or not r.get("sentences")]
         return {"status": "failed" if failed else "passed", "runs": results,
+                "length_options": length_options(session, args),
                 "detail": "{} of {} runs decoded{}".format(len(results) - len(failed), len(results),
                                                            "; failed: " + ", ".join(failed) if failed else "")}
     return step
@@ -210,7 +284,7 @@ def report_step(session, args):
         if args.reference:
             with open(args.reference, encoding="utf-8") as f:
                 reference = f.read().split("\n")[:args.limit]
-        for name, s in session.results["steps"].items():
+        for s in [session.results["steps"].get("decode", {})]:
             for r in (s.get("runs") or {}).values():
                 if r.get("error") or not r.get("sentences"):
                     continue
@@ -281,6 +355,7 @@ def main(argv=None):
     session.step("environment", lambda: environment_step(session, ["sacremoses", "subword_nmt", "fastBPE"]))
     session.step("standin", standin_step(session, args), needs_s=30)
     session.step("prepare", prepare_step(session, args), needs_s=10)
+    session.step("behaviour", behaviour_step(session, args), needs_s=20)
     session.step("decode", decode_step(session, args), needs_s=30)
     session.step("report", report_step(session, args), needs_s=5)
     return session.finish()

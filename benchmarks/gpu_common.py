@@ -117,7 +117,7 @@ class Session:
         self.results = OrderedDict(
             script=script, device=args.device, commit=commit_of(args.commit), started=now(), finished=None,
             host=platform.node(), argv=sys.argv[1:], steps=OrderedDict())
-        for key in ("environment", "data_bin"):  # what later steps read from the steps kept
+        for key in ("environment", "data_bin", "behaviour_data_bin", "behaviour"):  # what later steps read
             if key in earlier:
                 self.results[key] = earlier[key]
         self.env = dict(os.environ)

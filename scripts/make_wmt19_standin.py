@@ -25,7 +25,8 @@ dictionary) where the real archives cannot be downloaded:
 * ``model1.pt`` .. ``modelN.pt``: real fairseq checkpoints in the legacy
   argparse format the released WMT'19 checkpoints use (``args`` Namespace +
   ``model`` state dict), each initialised from its own seed; untrained unless
-  ``--train-updates`` trains them briefly;
+  ``--train-updates``/``--train-seconds`` trains them briefly (``--member-noise``: model1 only, the
+  others derived from it by seeded noise);
 * ``standin.json``: the settings and sizes, written last; a later run with
   the same settings finds it and does nothing (``--force`` rebuilds).
 
@@ -114,6 +115,10 @@ TRAINING_ARGS = [
     "--max-tokens", "3584",
 ]
 FULL_WARMUP = 4000
+# --train-seconds does not know its update count in advance: a short warm-up that a GPU passes in
+# seconds, long enough that the big transformer's post-norm layers do not diverge at the recipe's rate.
+TIMED_WARMUP = 200
+TIMED_UPDATE_CAP = 10 ** 7
 
 
 def fail(message):
@@ -180,6 +185,14 @@ def parse_args(argv=None):
                         help="train each model for N updates with fairseq-train from its seed "
                              "(default 0: untrained); needs --train-prefix; on a GPU when one is "
                              "visible (with --fp16 training), else on the CPU (practical with --tiny only)")
+    parser.add_argument("--train-seconds", type=float, default=0, metavar="S",
+                        help="train for at most S seconds (fairseq-train's --stop-time-hours; with "
+                             "--train-updates, whichever ends first); needs --train-prefix")
+    parser.add_argument("--member-noise", type=float, default=0, metavar="SIGMA",
+                        help="train model1 only and make model2 .. modelN from its weights plus seeded "
+                             "Gaussian noise of SIGMA times each tensor's standard deviation: distinct "
+                             "members that behave like the trained one, for the cost of one training "
+                             "(default 0: each member trains, or is initialised, from its own seed)")
     parser.add_argument("--train-prefix", metavar="PREFIX", nargs="+", default=[],
                         help="parallel text for --train-updates: PREFIX.SRC and PREFIX.TGT, "
                              "line by line translations (several prefixes are concatenated)")
@@ -215,14 +228,16 @@ def resolve(opts):
     if opts.joined and opts.dict_size[0] != opts.dict_size[1]:
         fail("a joined dictionary has one size: give --dict-size one number")
     for name, value, least in (("--bpe-merges", opts.bpe_merges, 1), ("--models", opts.models, 1),
-                               ("--dict-size", min(opts.dict_size), 5), ("--train-updates", opts.train_updates, 0)):
+                               ("--dict-size", min(opts.dict_size), 5), ("--train-updates", opts.train_updates, 0),
+                               ("--train-seconds", opts.train_seconds, 0), ("--member-noise", opts.member_noise, 0)):
         if value < least:
             fail("{} must be at least {} (got {})".format(name, least, value))
-    if opts.train_updates and not opts.train_prefix:
+    opts.training = bool(opts.train_updates or opts.train_seconds)
+    if opts.training and not opts.train_prefix:
         fail("--train-updates needs parallel text: --train-prefix PREFIX (PREFIX.{} and PREFIX.{})".format(
             opts.src, opts.tgt))
-    if opts.train_prefix and not opts.train_updates:
-        fail("--train-prefix is only used with --train-updates N")
+    if opts.train_prefix and not opts.training:
+        fail("--train-prefix is only used with --train-updates N or --train-seconds S")
     return opts
 
 
@@ -240,6 +255,8 @@ def settings(opts):
         "fp16": opts.fp16,
         "train_text": [file_digest(f) for f in opts.train_text],
         "train_updates": opts.train_updates,
+        "train_seconds": opts.train_seconds,
+        "member_noise": opts.member_noise,
         "train_prefix": [[file_digest(p + "." + lang) for lang in (opts.src, opts.tgt)]
                          for p in opts.train_prefix],
     }
@@ -492,24 +509,44 @@ def run_fairseq(tool, argv):
 
 
 def train_model(opts, data_bin, work, seed):
-    """Train one member for --train-updates updates; return (its state dict, its updates, the warm-up used).
+    """Train one member (--train-updates updates, --train-seconds seconds, whichever ends first).
 
-    A short run would never leave the real 4000-update warm-up, so the
-    warm-up is shortened to a tenth of the run (and recorded as such).
+    Returns (its state dict, its updates, the warm-up used). A short run
+    would never leave the real 4000-update warm-up, so the warm-up is
+    shortened to a tenth of the run, or to ``TIMED_WARMUP`` for a run bounded
+    by time only (and recorded as such).
     """
     import torch
 
-    warmup = min(FULL_WARMUP, max(1, opts.train_updates // 10))
+    updates = opts.train_updates or TIMED_UPDATE_CAP
+    warmup = min(FULL_WARMUP, max(1, updates // 10)) if opts.train_updates else TIMED_WARMUP
     save_dir = os.path.join(work, "checkpoints-{}".format(seed))
     device = ["--fp16"] if torch.cuda.is_available() else ["--cpu"]
-    run_fairseq("train", training_argv(opts, data_bin, seed, warmup) + device + [
-        "--max-update", str(opts.train_updates), "--save-dir", save_dir, "--disable-validation",
+    limit = ["--stop-time-hours", repr(opts.train_seconds / 3600)] if opts.train_seconds else []
+    run_fairseq("train", training_argv(opts, data_bin, seed, warmup) + device + limit + [
+        "--max-update", str(updates), "--save-dir", save_dir, "--disable-validation",
         "--no-epoch-checkpoints", "--no-save-optimizer-state", "--log-format", "simple",
-        "--log-interval", str(max(1, opts.train_updates // 10)),
+        "--log-interval", str(max(1, min(updates, 1000) // 10)),
     ])
     # Our own fairseq-train run wrote this file moments ago: the full unpickler is safe here.
     state = torch.load(os.path.join(save_dir, "checkpoint_last.pt"), map_location="cpu", weights_only=False)
     return state["model"], state["optimizer_history"][-1].get("num_updates", opts.train_updates), warmup
+
+
+def perturb(model, sigma, seed):
+    """Add seeded Gaussian noise of ``sigma`` times each parameter's standard deviation, in place.
+
+    Parameters, not state-dict entries: tied embeddings are one parameter and
+    stay tied.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() > 1 and p.is_floating_point():
+                p.add_(torch.randn(p.shape, generator=generator, dtype=torch.float32).to(p.dtype)
+                       * (sigma * p.float().std()))
 
 
 # ---------------------------------------------------------------------------
@@ -582,26 +619,33 @@ def write_text_files(opts, out_dir):
 
 def write_models(opts, out_dir, dicts):
     """model1.pt .. modelN.pt; returns the parameter count of one model."""
-    # --train-updates binarizes its text and trains in a scratch directory
-    work_ctx = tempfile.TemporaryDirectory(prefix="standin-train-") if opts.train_updates else contextlib.nullcontext()
+    # training binarizes its text and trains in a scratch directory
+    work_ctx = tempfile.TemporaryDirectory(prefix="standin-train-") if opts.training else contextlib.nullcontext()
     with work_ctx as work:
-        data_bin = prepare_training_data(opts, out_dir, work) if opts.train_updates else None
-        params = None
+        data_bin = prepare_training_data(opts, out_dir, work) if opts.training else None
+        params, first = None, None
         for i in range(1, opts.models + 1):
             seed = opts.seed + i - 1
-            note("model{}.pt (seed {}{})".format(i, seed, ", {} updates".format(opts.train_updates)
-                                                  if opts.train_updates else ""))
+            derived = opts.member_noise and i > 1
+            note("model{}.pt (seed {}{})".format(i, seed, ", model1 plus noise {}".format(opts.member_noise)
+                                                  if derived else ", trained" if opts.training else ""))
             num_updates, warmup, trained = 0, FULL_WARMUP, None
-            if opts.train_updates:
+            if derived:
+                trained, num_updates, warmup = first
+            elif opts.training:
                 trained, num_updates, warmup = train_model(opts, data_bin, work, seed)
             # The checkpoint records the stand-in's directory as its data, as a
             # training run records the data-bin it read the dictionaries from.
             args = training_namespace(opts, os.path.abspath(out_dir), seed, warmup)
-            if opts.train_updates:
-                args.max_update = opts.train_updates
+            if opts.training:
+                args.max_update = num_updates
             model = build_model(args, *dicts)
             if trained is not None:
                 model.load_state_dict(trained, strict=True)
+            if derived:
+                perturb(model, opts.member_noise, seed)
+            elif opts.member_noise:
+                first = (trained or model.state_dict(), num_updates, warmup)
             params = count_parameters(model)
             save_checkpoint(os.path.join(out_dir, "model{}.pt".format(i)), args, model, opts.fp16, num_updates)
             del model, trained

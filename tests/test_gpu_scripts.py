@@ -12,6 +12,8 @@ top-up and stream generators, two beams.
 import json
 import tarfile
 
+import pytest
+
 from conftest import REPO, run_tool
 
 WMT = REPO / "tests" / "data" / "wmt" / "de-en"
@@ -99,3 +101,66 @@ def test_gpu_bench_passes_stack_members_to_our_methods(tmp_path):
         runs = {r["method"]: r["argv"] for r in bench.runs_for(session, args, 5, True)}
         assert "--stack-members" not in runs["beam"]
         assert [a for a in runs["fixed"] if a in ("--stack-members", "off")] == expected
+
+
+def load_benchmark(name):
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / (name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def probe(tmp_path, runs):
+    """Decode ``runs`` ({name: argv}) through gpu_probe.py on the CPU; {name: (result, generate-test.txt)}."""
+    plan = {"device": "cpu", "runs": [{"name": n, "argv": argv, "results": str(tmp_path / n),
+                                       "result": str(tmp_path / (n + ".json"))} for n, argv in runs.items()]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    run_tool(["python", REPO / "benchmarks" / "gpu_probe.py", tmp_path / "plan.json"])
+    return {n: (json.loads((tmp_path / (n + ".json")).read_text()), str(tmp_path / n / "generate-test.txt"))
+            for n in runs}
+
+
+def test_behaviour_check_finds_the_trained_toy_trained_like(toy, tmp_path):
+    """The check gpu_bench runs on its stand-in, on a trained model: EOS before the bound, pruning cuts."""
+    behaviour = load_benchmark("standin_behaviour")
+    common = [toy.data_bin, "--path", toy.transformer, "--user-dir", REPO / "fairseq_stream", "--gen-subset", "test",
+              "--batch-size", "16", "--num-workers", "0", "--cpu", "--beam", "5"]
+    out = probe(tmp_path, {m: [str(a) for a in common + ["--preset", m]] for m in ("fixed", "var-batch")})
+    (fixed, fixed_out), (var, var_out) = out["fixed"], out["var-batch"]
+    found = behaviour.behaviour(fixed_out, var_out, fixed["rows"], var["rows"])
+    assert found["sentences"] == fixed["sentences"] == 37 and found["var_batch_sentences"] == 37
+    assert found["eos_share"] == 1.0 and 0.5 <= found["length_ratio"] <= 2.0, found
+    assert found["expansions_ratio"] == round(var["rows"] / fixed["rows"], 3) < 0.9, found
+    assert found["trained_like"] and "trained-like" in behaviour.describe(found)
+    # A bound the toy's hypotheses reach makes every one of them count as cut.
+    assert behaviour.behaviour(fixed_out, var_out, fixed["rows"], var["rows"], max_len=2)["eos_share"] == 0.0
+
+
+@pytest.mark.slow
+def test_gpu_bench_trains_a_two_member_standin_and_checks_its_behaviour(tmp_path):
+    """The GPU run's stand-in path on the CPU: model1 trained a few seconds, model2 derived, the check recorded."""
+    import torch
+
+    out = tmp_path / "bench"
+    proc = run_tool(["bash", REPO / "scripts" / "gpu_bench.sh", out, "--device", "cpu", "--work-dir", tmp_path / "w",
+                     "--train-text", WMT / "newstest2016.de", WMT / "newstest2016.en", "--train-seconds", "3",
+                     "--source", WMT / "newstest2017.de", "--reference", WMT / "newstest2017.en",
+                     "--limit", "4", "--models-count", "2", "--beams", "5", "--methods", "greedy"], check=False)
+    results, summary = read(out)
+    assert proc.returncode == 0, summary
+    record = json.loads((tmp_path / "w" / "standin" / "standin.json").read_text())["settings"]
+    assert record["train_seconds"] == 3 and record["member_noise"] == 0.02 and record["models"] == 2
+    m1, m2 = (torch.load(tmp_path / "w" / "standin" / "model{}.pt".format(i), weights_only=False) for i in (1, 2))
+    assert m1["optimizer_history"][-1]["num_updates"] > 0  # model1 trained (a few updates on the CPU)
+    key = "decoder.layers.0.fc1.weight"
+    assert 0 < (m1["model"][key] - m2["model"][key]).abs().max() < m1["model"][key].std()  # model2: model1 + noise
+    found = results["behaviour"]
+    assert found["sentences"] == 4 and 0 <= found["eos_share"] <= 1 and found["expansions_ratio"] is not None
+    assert found["multi30k_expansions_ratio"] == 0.562 and "| behaviour | passed |" in summary
+    # A few CPU updates do not make a trained model: the timed decodes keep the length bound, and say so.
+    assert results["steps"]["decode"]["length_options"] == ([] if found["trained_like"] else
+                                                            ["--max-len-a", "1.2", "--max-len-b", "10"])
