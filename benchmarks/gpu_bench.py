@@ -21,13 +21,15 @@ Steps, each bounded in time:
 5. ``decode``: for each ``--beams`` K, each method's preset (``--preset NAME --beam K``), one
    fairseq-generate each (a run that takes longer than ``--run-timeout`` or crashes is recorded
    as failed and the rest go on), fp16 on the GPU (``--no-fp16`` for float32), ``--max-len-a 1.2
-   --max-len-b 10`` unless the behaviour step found the stand-in trained-like (``--max-len``). Greedy and Jacobi ignore the beam and
-   run with the first beam only. Each run: wall clock (fairseq's decoding seconds and the whole
+   --max-len-b 10`` unless the behaviour step found the stand-in trained-like (``--max-len``), in the
+   targets' order (``PRIORITY``); the static-slot methods (``VARIANTS``) too. Greedy and Jacobi ignore
+   the beam and run with the first beam only. Each run: wall clock (fairseq's decoding seconds and the whole
    run's), decoder calls, rows per call, host time per call, GPU busy share, peak GPU memory
    (benchmarks/gpu_probe.py says how).
 6. ``report``: the rows in newstest's results format (in results.json, and WORK/results.jsonl)
    and report.py's tables and plots (OUTDIR/plots/: report.md and one bar chart and one BLEU
    scatter per beam).
+7. ``targets``: issues 53's and 52's targets from the decode runs (benchmarks/gpu_targets.py).
 
 BLEU of an untrained stand-in is noise; with the real ensemble (``--standin wmt19/...``) it is
 the real score.
@@ -40,6 +42,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import gpu_targets  # noqa: E402
 import standin_behaviour  # noqa: E402
 from gpu_common import (  # noqa: E402
     NA_CPU, REPO, Session, StepError, absolute_paths, add_common_arguments, environment_step, fmt, hypotheses,
@@ -47,8 +50,30 @@ from gpu_common import (  # noqa: E402
 )
 
 # The issue's methods, by their newstest presets (fairseq_stream/presets); beam is fairseq's own.
-METHODS = ["beam", "fixed", "var-batch", "var-stream", "var-stream-rows", "topup", "greedy", "jacobi"]
-BEAMLESS = ("greedy", "jacobi")
+PRESETS = ["beam", "fixed", "var-batch", "var-stream", "var-stream-rows", "topup", "greedy", "jacobi"]
+# Issue 53's static-slot step (docs/GPU.md, "Static slots"): name -> (preset, options, members). GRAPHS is
+# --cuda-graphs on on the GPU, auto on the CPU (where on is refused and auto decodes eagerly). --host-lag
+# holds for the dense searches only (greedy, fixed). "-1member" decodes model1 alone and "-unstacked" the
+# members one after another: issue 52's 4 members against one, and stacked against not.
+GRAPHS = "GRAPHS"
+STATIC = ["--runner", "static"]
+VARIANTS = {
+    "fixed-static": ("fixed", STATIC + ["--cuda-graphs", "off"], None),
+    "fixed-graphs": ("fixed", STATIC + ["--cuda-graphs", GRAPHS, "--host-lag", "2"], None),
+    "fixed-graphs-1member": ("fixed", STATIC + ["--cuda-graphs", GRAPHS, "--host-lag", "2"], 1),
+    "fixed-graphs-unstacked": ("fixed", STATIC + ["--cuda-graphs", GRAPHS, "--host-lag", "2",
+                                                  "--stack-members", "off"], None),
+    "var-stream-graphs": ("var-stream", STATIC + ["--cuda-graphs", GRAPHS], None),
+    "var-batch-graphs": ("var-batch", STATIC + ["--cuda-graphs", GRAPHS], None),
+    "greedy-graphs": ("greedy", STATIC + ["--cuda-graphs", GRAPHS, "--host-lag", "2"], None),
+}
+METHODS = PRESETS + list(VARIANTS)
+BEAMLESS = ("greedy", "jacobi", "greedy-graphs")
+# The order runs decode in, the targets' figures first (benchmarks/gpu_targets.py), so that a run cut
+# by --deadline loses the least; runs not named here follow in --methods and --beams order.
+PRIORITY = ["beam-k5", "var-stream-graphs-k5", "fixed-graphs-k5", "fixed-graphs-1member-k5", "greedy-graphs",
+            "jacobi", "greedy", "var-stream-graphs-k50", "var-batch-graphs-k50", "fixed-graphs-unstacked-k5",
+            "var-stream-k5", "fixed-static-k5", "var-stream-k50", "var-batch-k50"]
 # Sentences per batch (and stream pool) per beam: the --gpu-memory 32 presets' (gpu32gb-k5/-k50),
 # which keep every method of the 4-model ensemble within 32 GB by the presets' arithmetic.
 BATCH = {5: 64, 50: 8}
@@ -56,7 +81,7 @@ PAIR = "de-en"
 GPU_TRAIN_S = 120
 BEHAVIOUR_SENTENCES = 32
 BOUND = ["--max-len-a", "1.2", "--max-len-b", "10"]
-PATH_OPTIONS = ("standin", "train_text", "source", "reference", "data_bin")
+PATH_OPTIONS = ("standin", "standin_text", "train_text", "source", "reference", "data_bin")
 
 
 def parser():
@@ -64,6 +89,9 @@ def parser():
     add_common_arguments(p)
     p.add_argument("--standin", metavar="DIR", help="a stand-in (or the real WMT'19 de-en ensemble) to use "
                                                    "instead of building one in WORK/standin")
+    p.add_argument("--standin-text", metavar="DIR",
+                   help="bpecodes and dictionaries built beforehand (make_wmt19_standin.py --text-only, same "
+                        "--train-text): the stand-in step skips learning 32000 merges (a minute or more)")
     p.add_argument("--train-text", nargs="+", metavar="FILE",
                    help="text to learn the stand-in's BPE and dictionary from (newstest201{3,4,5,6}.{de,en})")
     p.add_argument("--models-count", type=int, default=4, metavar="N",
@@ -119,6 +147,7 @@ def standin_step(session, args):
         argv += ["--fp16"] if fp16(session, args) else []
         argv += [] if session.cuda else ["--tiny"]
         argv += training_options(session, args)
+        argv += ["--text-from", args.standin_text] if args.standin_text else []
         rc, out_text = session.run_command(argv, "standin", 540)
         if rc != 0:
             raise StepError("make_wmt19_standin.py {}: {}".format(
@@ -166,7 +195,8 @@ def prepare_step(session, args):
             raise StepError("give --source and --reference (newstest2017.de/.en), or --data-bin")
         d = standin_dir(session, args)
         spec = dict(source=os.path.abspath(args.source), reference=os.path.abspath(args.reference),
-                    limit=args.limit, sample=min(args.limit, BEHAVIOUR_SENTENCES), codes=os.path.join(d, "bpecodes"), srcdict=os.path.join(d, "dict.de.txt"),
+                    limit=args.limit, sample=min(args.limit, BEHAVIOUR_SENTENCES), codes=os.path.join(d, "bpecodes"),
+                    srcdict=os.path.join(d, "dict.de.txt"),
                     tgtdict=os.path.join(d, "dict.en.txt"), work=session.work)
         rc, out = session.run_command([args.python, "-c", PREPARE, json.dumps(spec)], "prepare", 300)
         if rc != 0:
@@ -200,7 +230,9 @@ def behaviour_step(session, args):
                           os.path.join(REPO, "fairseq_stream"), "--preset", method, "--beam", "5",
                           "--source-lang", "de", "--target-lang", "en", "--gen-subset", "test",
                           "--batch-size", str(BEHAVIOUR_SENTENCES), "--num-workers", "0", "--log-format", "simple"]
-                 + (["--fp16"] if fp16(session, args) else []) + ([] if session.cuda else ["--cpu"])}
+                 # One process on the CPU: forked --cpu-workers would take their counts with them.
+                 + (["--fp16"] if fp16(session, args) else [])
+                 + ([] if session.cuda else ["--cpu", "--cpu-workers", "1"])}
                 for method in ("fixed", "var-batch")]
         results = session.run_plan("behaviour", runs, args.run_timeout, args.device)
         fixed, var = results["behaviour-fixed"], results["behaviour-var-batch"]
@@ -216,23 +248,34 @@ def behaviour_step(session, args):
 def runs_for(session, args, beam, first):
     """The fairseq-generate command lines of one beam (greedy and Jacobi with the ``first`` only)."""
     d = standin_dir(session, args)
-    checkpoints = ":".join(os.path.join(d, "model{}.pt".format(i + 1)) for i in range(models_in(d)))
+    members = [os.path.join(d, "model{}.pt".format(i + 1)) for i in range(models_in(d))]
     runs = []
     for method in args.methods:
         if method in BEAMLESS and not first:
             continue
-        argv = [session.results["data_bin"], "--path", checkpoints, "--user-dir", os.path.join(REPO, "fairseq_stream"),
-                "--preset", method, "--source-lang", "de", "--target-lang", "en", "--gen-subset", "test",
-                "--batch-size", str(args.batch_size or BATCH.get(beam, 16)), "--num-workers", "0",
-                "--log-format", "simple"] + length_options(session, args)
+        preset, extra, count = VARIANTS.get(method, (method, [], None))
+        graphs = "on" if session.cuda else "auto"
+        extra = [graphs if a == GRAPHS else a for a in extra]
+        argv = [session.results["data_bin"], "--path", ":".join(members[:count]), "--user-dir",
+                os.path.join(REPO, "fairseq_stream"), "--preset", preset, "--source-lang", "de", "--target-lang", "en",
+                "--gen-subset", "test", "--batch-size", str(args.batch_size or BATCH.get(beam, 16)), "--num-workers",
+                "0", "--log-format", "simple"] + length_options(session, args) + extra
         argv += [] if method in BEAMLESS else ["--beam", str(beam)]
         argv += ["--fp16"] if fp16(session, args) else []
         argv += [] if session.cuda else ["--cpu"]
         # fairseq's own beam takes no option of ours; auto is the default and stays off the command line.
-        argv += ["--stack-members", args.stack_members] if args.stack_members != "auto" and method != "beam" else []
+        argv += ["--stack-members", args.stack_members] if (args.stack_members != "auto" and method != "beam"
+                                                            and "--stack-members" not in extra) else []
         runs.append({"name": method if method in BEAMLESS else "{}-k{}".format(method, beam), "argv": argv,
                      "method": method, "beam": None if method in BEAMLESS else beam})
     return runs
+
+
+def ordered_runs(session, args):
+    """Every beam's runs, those of :data:`PRIORITY` first in its order."""
+    runs = [r for i, beam in enumerate(args.beams) for r in runs_for(session, args, beam, i == 0)]
+    rank = {name: i for i, name in enumerate(PRIORITY)}
+    return sorted(runs, key=lambda r: rank.get(r["name"], len(rank)))  # stable: the rest keep their order
 
 
 def models_in(folder):
@@ -250,7 +293,7 @@ def decode_step(session, args):
     def step():
         if not session.results.get("data_bin"):
             raise StepError("no prepared input (the prepare step did not pass)")
-        runs = [r for i, beam in enumerate(args.beams) for r in runs_for(session, args, beam, i == 0)]
+        runs = ordered_runs(session, args)
         results = session.run_plan("decode", runs, args.run_timeout, args.device)
         for run in runs:
             results[run["name"]].update(method=run["method"], beam=run["beam"])
@@ -312,6 +355,27 @@ def report_step(session, args):
     return step
 
 
+def targets_step(session, args):
+    """Issue 53's and 52's targets from the decode step's runs (benchmarks/gpu_targets.py)."""
+    def step():
+        runs = session.results["steps"].get("decode", {}).get("runs") or {}
+        if not runs:
+            raise StepError("no decode runs")
+        reference = None
+        if args.reference:
+            with open(args.reference, encoding="utf-8") as f:
+                reference = f.read().split("\n")[:args.limit]
+        bleu = {n: bleu_of(r.get("output"), reference) if reference and not r.get("error") else None
+                for n, r in runs.items()}
+        found = gpu_targets.targets(runs, bleu)
+        met = sum(t["met"] is True for t in found)
+        known = sum(t["met"] is not None for t in found)
+        return {"status": "passed", "targets": found,
+                "detail": "{} of {} targets measured, {} met{}".format(
+                    known, len(found), met, "" if session.cuda else " (CPU: the figures are not the targets')")}
+    return step
+
+
 def render(results):
     """summary.md: the steps and every run's measurements."""
     lines = summary_head(results, "GPU benchmark")
@@ -334,6 +398,9 @@ def render(results):
                 fmt(r.get("host_ms_per_call"), ".2f"), fmt(r.get("ms_per_call"), ".2f"),
                 na if busy is None else "{:.0%}".format(busy), fmt(r.get("peak_mib"), ".0f", na),
                 (r.get("error") or "").replace("|", "/")))
+    found = results["steps"].get("targets", {}).get("targets")
+    if found:
+        lines += ["", "## Targets (issues 53 and 52)", ""] + gpu_targets.render(found)
     report = results["steps"].get("report", {})
     if report.get("plots"):
         lines += ["", "## report.py's plots (plots/)", ""] + ["![{0}](plots/{0})".format(p) for p in report["plots"]]
@@ -358,6 +425,7 @@ def main(argv=None):
     session.step("behaviour", behaviour_step(session, args), needs_s=20)
     session.step("decode", decode_step(session, args), needs_s=30)
     session.step("report", report_step(session, args), needs_s=5)
+    session.step("targets", targets_step(session, args), needs_s=1)
     return session.finish()
 
 

@@ -196,6 +196,12 @@ def parse_args(argv=None):
     parser.add_argument("--train-prefix", metavar="PREFIX", nargs="+", default=[],
                         help="parallel text for --train-updates: PREFIX.SRC and PREFIX.TGT, "
                              "line by line translations (several prefixes are concatenated)")
+    parser.add_argument("--text-only", action="store_true",
+                        help="write bpecodes and the dictionaries (and standin.json) only, no models: "
+                             "for --text-from on another machine (learning 32000 merges takes a minute)")
+    parser.add_argument("--text-from", metavar="DIR",
+                        help="copy bpecodes and the dictionaries from DIR (a --text-only or full build with the "
+                             "same text settings and --train-text) instead of learning them again")
     parser.add_argument("--force", action="store_true",
                         help="rebuild even if OUT_DIR already holds this stand-in, and overwrite "
                              "files of the archive's names in a directory that is not a stand-in")
@@ -254,12 +260,17 @@ def settings(opts):
         "seed": opts.seed,
         "fp16": opts.fp16,
         "train_text": [file_digest(f) for f in opts.train_text],
+        "text_only": opts.text_only,
         "train_updates": opts.train_updates,
         "train_seconds": opts.train_seconds,
         "member_noise": opts.member_noise,
         "train_prefix": [[file_digest(p + "." + lang) for lang in (opts.src, opts.tgt)]
                          for p in opts.train_prefix],
     }
+
+
+# What bpecodes and the dictionaries depend on: --text-from reuses them where these match.
+TEXT_SETTINGS = ("format", "pair", "joined", "tiny", "bpe_merges", "dict_size", "train_text")
 
 
 def file_digest(path):
@@ -556,7 +567,8 @@ def perturb(model, sigma, seed):
 def layout(opts):
     """The files of the archive's layout, in the order they are written."""
     dicts = sorted({"dict.{}.txt".format(opts.src), "dict.{}.txt".format(opts.tgt)})
-    return ["bpecodes"] + dicts + ["model{}.pt".format(i) for i in range(1, opts.models + 1)]
+    models = [] if opts.text_only else ["model{}.pt".format(i) for i in range(1, opts.models + 1)]
+    return ["bpecodes"] + dicts + models
 
 
 def existing_record(out_dir):
@@ -598,8 +610,28 @@ def clear_previous(out_dir, record, names, force):
                 os.remove(os.path.join(out_dir, name))
 
 
+def copy_text_files(opts, out_dir):
+    """--text-from: bpecodes and the dictionaries of an earlier build with the same text settings."""
+    import shutil
+
+    from fairseq.data import Dictionary
+
+    record, wanted = existing_record(opts.text_from) or {}, settings(opts)
+    theirs = record.get("settings", {})
+    if any(theirs.get(k) != wanted[k] for k in TEXT_SETTINGS):
+        fail("--text-from {}: not a build of the same text settings ({}) and --train-text".format(
+            opts.text_from, ", ".join(TEXT_SETTINGS[1:-1])))
+    names = ["bpecodes"] + ["dict.{}.txt".format(lang) for lang in (opts.src, opts.tgt)]
+    for name in names:
+        shutil.copyfile(os.path.join(opts.text_from, name), os.path.join(out_dir, name))
+    dicts = tuple(Dictionary.load(os.path.join(out_dir, n)) for n in names[1:])
+    return dicts, record["result"]["merges"]
+
+
 def write_text_files(opts, out_dir):
     """bpecodes and the dictionaries; returns the dictionaries (source, target)."""
+    if opts.text_from:
+        return copy_text_files(opts, out_dir)
     langs = (opts.src, opts.tgt)
     text = tokenized_text(opts.train_text, langs)
     note("learning {} BPE merges from {} lines".format(opts.bpe_merges, sum(map(len, text.values()))))
@@ -662,7 +694,8 @@ def summary_line(out_dir, record, skipped=False):
                 PROG, out_dir, record["settings"]["pair"], res["arch"], res["merges"],
                 "joined {}".format(res["dict_size"][0]) if record["settings"]["joined"]
                 else "{} + {}".format(*res["dict_size"]),
-                record["settings"]["models"], res["params"], res["bytes_per_model"],
+                0 if record["settings"].get("text_only") else record["settings"]["models"], res["params"],
+                res["bytes_per_model"],
                 human_size(res["total_bytes"]), how))
 
 
@@ -694,9 +727,9 @@ def build(opts):
     clear_previous(out_dir, record, names, opts.force)
 
     dicts, merges = write_text_files(opts, out_dir)
-    params = write_models(opts, out_dir, dicts)
+    params = 0 if opts.text_only else write_models(opts, out_dir, dicts)
     files = {name: os.path.getsize(os.path.join(out_dir, name)) for name in names}
-    model_bytes = [files[n] for n in names if n.startswith("model")]
+    model_bytes = [files[n] for n in names if n.startswith("model")] or [0]
     record = {
         "settings": wanted,
         "result": {

@@ -11,6 +11,7 @@ top-up and stream generators, two beams.
 
 import json
 import tarfile
+import types
 
 import pytest
 
@@ -66,12 +67,13 @@ def test_gpu_bench_cpu_mode(tmp_path):
     results, summary = read(out)
     assert proc.returncode == 0, summary
     steps = results["steps"]
-    assert list(steps) == ["setup", "environment", "standin", "prepare", "decode", "report"]
+    assert list(steps) == ["setup", "environment", "standin", "prepare", "behaviour", "decode", "report", "targets"]
     assert all(s["status"] in ("passed", "skipped") for s in steps.values()), summary
     # One beam here to keep CI's time (the script's default is k=5 and k=50, the same code path).
-    assert list(steps["decode"]["runs"]) == ["var-stream-rows-k5", "greedy"]
+    # Greedy first: a target's run (gpu_bench.PRIORITY) decodes before the others.
+    assert list(steps["decode"]["runs"]) == ["greedy", "var-stream-rows-k5"]
     rows = steps["report"]["rows"]
-    assert [(r["method"], r["beam"]) for r in rows] == [("var-stream-rows", 5), ("greedy", None)]
+    assert [(r["method"], r["beam"]) for r in rows] == [("greedy", None), ("var-stream-rows", 5)]
     for r in rows:
         assert r["sentences"] == 2 and r["counters"]["timesteps"] > 0 and r["host_ms_per_call"] > 0
         assert r["device"] == "cpu" and r["gpu_busy"] is None and r["peak_mib"] is None
@@ -128,13 +130,13 @@ def test_behaviour_check_finds_the_trained_toy_trained_like(toy, tmp_path):
     """The check gpu_bench runs on its stand-in, on a trained model: EOS before the bound, pruning cuts."""
     behaviour = load_benchmark("standin_behaviour")
     common = [toy.data_bin, "--path", toy.transformer, "--user-dir", REPO / "fairseq_stream", "--gen-subset", "test",
-              "--batch-size", "16", "--num-workers", "0", "--cpu", "--beam", "5"]
+              "--batch-size", "16", "--num-workers", "0", "--cpu", "--cpu-workers", "1", "--beam", "5"]
     out = probe(tmp_path, {m: [str(a) for a in common + ["--preset", m]] for m in ("fixed", "var-batch")})
     (fixed, fixed_out), (var, var_out) = out["fixed"], out["var-batch"]
     found = behaviour.behaviour(fixed_out, var_out, fixed["rows"], var["rows"])
     assert found["sentences"] == fixed["sentences"] == 37 and found["var_batch_sentences"] == 37
     assert found["eos_share"] == 1.0 and 0.5 <= found["length_ratio"] <= 2.0, found
-    assert found["expansions_ratio"] == round(var["rows"] / fixed["rows"], 3) < 0.9, found
+    assert var["rows"] > 0 and found["expansions_ratio"] == round(var["rows"] / fixed["rows"], 3) < 0.9, found
     assert found["trained_like"] and "trained-like" in behaviour.describe(found)
     # A bound the toy's hypotheses reach makes every one of them count as cut.
     assert behaviour.behaviour(fixed_out, var_out, fixed["rows"], var["rows"], max_len=2)["eos_share"] == 0.0
@@ -142,14 +144,16 @@ def test_behaviour_check_finds_the_trained_toy_trained_like(toy, tmp_path):
 
 @pytest.mark.slow
 def test_gpu_bench_trains_a_two_member_standin_and_checks_its_behaviour(tmp_path):
-    """The GPU run's stand-in path on the CPU: model1 trained a few seconds, model2 derived, the check recorded."""
+    """The GPU run's path on the CPU: model1 trained a few seconds, model2 derived, the check recorded, the
+    static step's methods decoded in the targets' order and the targets computed."""
     import torch
 
     out = tmp_path / "bench"
     proc = run_tool(["bash", REPO / "scripts" / "gpu_bench.sh", out, "--device", "cpu", "--work-dir", tmp_path / "w",
                      "--train-text", WMT / "newstest2016.de", WMT / "newstest2016.en", "--train-seconds", "3",
                      "--source", WMT / "newstest2017.de", "--reference", WMT / "newstest2017.en",
-                     "--limit", "4", "--models-count", "2", "--beams", "5", "--methods", "greedy"], check=False)
+                     "--limit", "4", "--models-count", "2", "--beams", "5", "--methods", "greedy", "jacobi",
+                     "fixed-graphs", "fixed-graphs-1member"], check=False)
     results, summary = read(out)
     assert proc.returncode == 0, summary
     record = json.loads((tmp_path / "w" / "standin" / "standin.json").read_text())["settings"]
@@ -164,3 +168,41 @@ def test_gpu_bench_trains_a_two_member_standin_and_checks_its_behaviour(tmp_path
     # A few CPU updates do not make a trained model: the timed decodes keep the length bound, and say so.
     assert results["steps"]["decode"]["length_options"] == ([] if found["trained_like"] else
                                                             ["--max-len-a", "1.2", "--max-len-b", "10"])
+    runs = results["steps"]["decode"]["runs"]
+    assert list(runs) == ["fixed-graphs-k5", "fixed-graphs-1member-k5", "jacobi", "greedy"]  # PRIORITY's order
+    assert all(r["error"] is None and r["sentences"] == 4 and r["host_ms_per_call"] > 0 for r in runs.values())
+    targets = {t["target"]: t for t in results["steps"]["targets"]["targets"]}
+    assert targets["jacobi / greedy, sentences/s"]["value"] > 0
+    assert "tokens equal greedy's" in targets["jacobi / greedy, sentences/s"]["detail"]
+    assert targets["4 stacked members / 1 member, time"]["value"] > 0
+    assert targets["host ms/call, fixed-graphs-k5"]["value"] == runs["fixed-graphs-k5"]["host_ms_per_call"]
+    beam = targets["var-stream-graphs-k5 / fairseq beam k=5, sentences/s"]
+    assert beam["met"] is None and beam["detail"] == "not decoded: var-stream-graphs-k5, beam-k5"
+    assert "## Targets (issues 53 and 52)" in summary
+
+
+def test_gpu_bench_static_methods_command_lines(tmp_path):
+    """The static step's methods: graphs on where CUDA is (auto, eager, on the CPU), one member alone,
+    the members one after another; the runs in the targets' order."""
+    bench = load_benchmark("gpu_bench")
+    standin = tmp_path / "standin"
+    standin.mkdir()
+    for i in (1, 2, 3, 4):
+        (standin / "model{}.pt".format(i)).write_bytes(b"")
+    for cuda, graphs in ((False, "auto"), (True, "on")):
+        session = types.SimpleNamespace(results={"data_bin": str(tmp_path)}, cuda=cuda, work=str(tmp_path))
+        args = bench.parser().parse_args([str(tmp_path / "out"), "--standin", str(standin), "--beams", "5", "50",
+                                          "--stack-members", "on", "--no-fp16"])
+        runs = {r["name"]: r["argv"] for r in bench.ordered_runs(session, args)}
+        assert list(runs)[:4] == ["beam-k5", "var-stream-graphs-k5", "fixed-graphs-k5", "fixed-graphs-1member-k5"]
+        assert len(runs) == 2 * len(bench.METHODS) - len(bench.BEAMLESS)
+        option = lambda name, flag: [runs[name][i + 1] for i, a in enumerate(runs[name]) if a == flag]  # noqa: E731
+        assert option("fixed-graphs-k5", "--cuda-graphs") == [graphs]
+        assert option("fixed-graphs-k5", "--host-lag") == ["2"]
+        assert option("fixed-static-k5", "--cuda-graphs") == ["off"]
+        assert option("fixed-static-k5", "--runner") == ["static"]
+        assert option("var-stream-graphs-k50", "--host-lag") == [] and option("greedy-graphs", "--beam") == []
+        assert option("fixed-graphs-1member-k5", "--path") == [str(standin / "model1.pt")]
+        assert option("fixed-graphs-k5", "--path")[0].count(":") == 3
+        assert option("fixed-graphs-unstacked-k5", "--stack-members") == ["off"]
+        assert option("fixed-graphs-k5", "--stack-members") == ["on"] and option("beam-k5", "--stack-members") == []

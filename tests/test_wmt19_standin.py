@@ -331,3 +331,22 @@ def test_an_unwritable_out_dir_stops_with_one_line(tmp_path, where):
         build(out, *argv)
     message = str(err.value)
     assert message.startswith("make_wmt19_standin: cannot write {}: ".format(culprit)) and "\n" not in message
+
+
+def test_text_from_a_text_only_build_gives_the_same_standin(tmp_path):
+    """--text-only on one machine, --text-from on another: the files of a build that learned its codes."""
+    import torch
+
+    text = texts("de-en", 2016, "de", "en")
+    common = ["--tiny", "--models", "1", "--bpe-merges", "100", "--dict-size", "512", "--train-text"] + text
+    only = build(tmp_path / "t", "de-en", tmp_path / "t", "--text-only", *common)
+    assert sorted(only["files"]) == ["bpecodes", "dict.de.txt", "dict.en.txt"]
+    build(tmp_path / "a", "de-en", tmp_path / "a", "--text-from", tmp_path / "t", *common)
+    build(tmp_path / "b", "de-en", tmp_path / "b", *common)
+    for name in ("bpecodes", "dict.de.txt", "dict.en.txt"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    a, b = (torch.load(tmp_path / d / "model1.pt", weights_only=False)["model"] for d in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    with pytest.raises(SystemExit, match="not a build of the same text settings"):
+        build(tmp_path / "c", "de-en", tmp_path / "c", "--text-from", tmp_path / "t", *common[:-3],
+              "--train-text", *texts("de-en", 2018, "de", "en"))
