@@ -45,6 +45,12 @@ bash "$repo/scripts/gpu_check.sh" "$work/check/out" "${device[@]}" --work-dir "$
     --tests-k "cuda and (step_graphs or static or host_sync or late_reads)" \
     --methods greedy fixed-static fixed-static-graphs greedy-static-graphs
 left=$((total - (SECONDS - start) - 10))
+# The packages gpu_check installed serve gpu_bench too (installing them again costs half a minute).
+site=$work/check/work/site
+if [ -d "$site" ]; then
+  wheels=()
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 bash "$repo/scripts/gpu_bench.sh" "$work/bench/out" "${device[@]}" --work-dir "$work/bench/work" "${wheels[@]}" \
     --commit "$commit" --deadline "$left" "${text[@]}" --train-seconds "${TRAIN_SECONDS:-60}" \
     --train-text "$gpu"/wmt/newstest201{3,4,5,6}.{de,en} \
