@@ -18,7 +18,9 @@ Two planners drive it, so the search loop is written once:
   as :class:`~fairseq_stream.schedule.pool.StreamPool`;
 * the batch path's (:class:`~fairseq_stream.schedule.plan.BatchPlanner`: one
   batch admitted whole and stepped until every sentence finished), in
-  :meth:`~fairseq_stream.decoder.BeamDecoder.generate`.
+  :meth:`~fairseq_stream.decoder.BeamDecoder.generate` and in Jacobi's
+  :meth:`~fairseq_stream.jacobi.decoder.JacobiDecoder.decode` (a window call
+  a step).
 
 A planner changes when work is done, never what is decoded: every sentence
 goes through the same search steps whichever planner runs it. The whole
@@ -122,7 +124,9 @@ class Engine:
     Args:
         decoder: a :class:`CohortDecoder` (a
             :class:`~fairseq_stream.decoder.BeamDecoder`: its search, runner
-            and statistics are used as they are).
+            and statistics are used as they are); under a planner that never
+            splits or joins, anything with its ``advance_together`` (Jacobi's
+            window steps).
         planner: a :class:`Planner`.
     """
 
