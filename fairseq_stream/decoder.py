@@ -24,9 +24,10 @@ Finalization rules (``--finalize``):
 This module is the search over a cohort (:meth:`BeamDecoder.advance`,
 ``update``) and the cohort interface; the loop that decides which cohorts
 step, for ``--generator batch`` and the streaming pool alike, is the
-engine's (:mod:`~fairseq_stream.engine`). What the search asks sits beside it: its runner and output
-backend come ready (:mod:`~fairseq_stream.decoder_parts`; ``build.py``
-assembles them); a step's candidates (:mod:`~fairseq_stream.candidates`),
+engine's (:mod:`~fairseq_stream.engine`). What the search asks sits beside
+it: its runner and output backend come ready
+(:mod:`~fairseq_stream.decoder_parts`; ``build.py`` assembles them); a
+step's candidates (:mod:`~fairseq_stream.candidates`),
 the selection (:mod:`~fairseq_stream.search.selection`), the finalization
 rule (:mod:`~fairseq_stream.finalize`), the cohort's move to the next beam
 (:mod:`~fairseq_stream.cohort_steps`), the length rules
