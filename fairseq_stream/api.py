@@ -23,7 +23,7 @@ import torch
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
-from fairseq_stream.schedule.pool import CohortDecoder
+from fairseq_stream.engine import CohortDecoder
 from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
 from fairseq_stream.text_input import check_sentence
 

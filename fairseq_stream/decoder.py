@@ -21,9 +21,13 @@ Finalization rules (``--finalize``):
   output is the finished entries of that final beam, ranked by fairseq's
   length-normalized score (so ``--lenpen`` ranks as in fairseq).
 
-This module is the loop; what it asks sits beside it: its runner and output
-backend come ready (:mod:`~fairseq_stream.decoder_parts`; ``build.py``
-assembles them); a step's candidates (:mod:`~fairseq_stream.candidates`),
+This module is the search over a cohort (:meth:`BeamDecoder.advance`,
+``update``) and the cohort interface; the loop that decides which cohorts
+step, for ``--generator batch`` and the streaming pool alike, is the
+engine's (:mod:`~fairseq_stream.engine`). What the search asks sits beside
+it: its runner and output backend come ready
+(:mod:`~fairseq_stream.decoder_parts`; ``build.py`` assembles them); a
+step's candidates (:mod:`~fairseq_stream.candidates`),
 the selection (:mod:`~fairseq_stream.search.selection`), the finalization
 rule (:mod:`~fairseq_stream.finalize`), the cohort's move to the next beam
 (:mod:`~fairseq_stream.cohort_steps`), the length rules
@@ -44,11 +48,13 @@ from fairseq_stream import lengths
 from fairseq_stream.candidates import candidates, ignore_ranks, per_row, top_candidates
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.cohort_steps import next_beam, open_cohort
+from fairseq_stream.engine import Engine
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.finalize import finalizer, read_host
 from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.ops.output_layer import OutputLayerResult
 from fairseq_stream.output_choice import check_output_layer
+from fairseq_stream.schedule.plan import BatchPlanner
 from fairseq_stream.search.pruning import Pruning
 from fairseq_stream.search.selection import fairseq_step, stay_step
 from fairseq_stream.stats import DecodeStats
@@ -82,10 +88,10 @@ def check_call(prefix_tokens, constraints):
 
 
 class BeamDecoder:
-    """A fairseq generator (``generate(models, sample, ...)``) running our beam loop.
+    """A fairseq generator (``generate(models, sample, ...)``) running our beam search through the engine.
 
     Schedulers drive it a step at a time through its stepping interface
-    (:class:`~fairseq_stream.schedule.pool.CohortDecoder`): :meth:`open` a
+    (:class:`~fairseq_stream.engine.CohortDecoder`): :meth:`open` a
     batch into a cohort, :meth:`advance_together` cohorts by one decoder call,
     :meth:`split` and :meth:`join` them (:meth:`can_join`,
     :attr:`joins_lengths`, :attr:`first_step_rows`).
@@ -186,10 +192,9 @@ class BeamDecoder:
         with decoding():
             results = self._search_in_one_call(sample["net_input"], bos_token)
             if results is None:
+                # The engine's loop with the batch planner: the one cohort stepped until it is empty.
                 cohort = self.open(sample["net_input"], bos_token=bos_token)
-                results = {}
-                while cohort.size:
-                    results.update(self.advance(cohort))
+                results = dict(Engine(self, BatchPlanner()).run([cohort]))
         self.stats.add_sentences(len(results), time.perf_counter() - start)
         return [released(results[i]) for i in range(len(results))]
 

@@ -1,7 +1,7 @@
 """The package's import graph: no circle, and no module importing from a layer above its own.
 
 Layers, lowest first: shared basics; compiled ops; model runners; what
-decodes (the decoder, the search policies in search/, the schedulers in
+decodes (the engine's loop, the decoder, the search policies in search/, the schedulers in
 schedule/, Jacobi's loop in jacobi/); what assembles a decoder and registers
 it with fairseq (build.py, plugin/: the --search and --generator entries);
 what users call (fairseq glue, API, CLI, bulk, newstest, ddgviz). A folder
@@ -24,8 +24,8 @@ LAYERS = {
     "exit_threads": 0, "hypotheses": 0, "option_field": 0,
     "ops": 1,
     "runners": 2,
-    "decoder": 3, "decoder_parts": 3, "candidates": 3, "cohort_steps": 3, "lengths": 3, "compiled_search": 3,
-    "finalize": 3, "late_reads": 3, "output_choice": 3, "search": 3, "schedule": 3, "jacobi": 3,
+    "engine": 3, "decoder": 3, "decoder_parts": 3, "candidates": 3, "cohort_steps": 3, "lengths": 3,
+    "compiled_search": 3, "finalize": 3, "late_reads": 3, "output_choice": 3, "search": 3, "schedule": 3, "jacobi": 3,
     "build": 4, "option_types": 4, "plugin": 4,
     "": 5, "fairseq_glue": 5, "api": 5, "cli": 5, "bulk": 5, "newstest": 5, "ddgviz": 5,
 }
@@ -126,7 +126,7 @@ def test_every_runner_has_the_declared_interface(loaded, kind, model):
 
 
 # The modules that drive a BeamDecoder through its stepping interface (schedule.pool.CohortDecoder).
-DECODER_DRIVERS = ("schedule/pool.py", "schedule/stream.py", "schedule/wrapper.py", "api.py")
+DECODER_DRIVERS = ("engine.py", "schedule/pool.py", "schedule/stream.py", "schedule/wrapper.py", "api.py")
 
 
 def decoder_attributes(path):

@@ -39,19 +39,24 @@ iteration accepts the longest branch that the model verifies.
 One call serves a whole fairseq batch: each row has its own verified length,
 window start and width; finished sentences leave the batch. Per iteration the loop
 reads the window's argmax tokens and values back once (the only host sync),
-which it needs anyway to accept tokens and draft the next window.
+which it needs anyway to accept tokens and draft the next window. The loop
+is the engine's (:class:`~fairseq_stream.engine.Engine` with the batch
+planner, as greedy's batch): a batch's rows are its one cohort, and an
+iteration is the step it asks for (:class:`_WindowSteps`).
 """
 
 import collections
 import math
 import time
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from fairseq_stream.decoder import check_call
+from fairseq_stream.engine import Engine
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.hypotheses import empty_hypothesis, hypothesis
 from fairseq_stream.jacobi import calibration
@@ -59,6 +64,7 @@ from fairseq_stream.jacobi.drafts import DRAFTS, AcceptanceRates, NgramPool, lik
 from fairseq_stream.jacobi.interface import GreedyDecoder
 from fairseq_stream.runners.lean import LeanRunner
 from fairseq_stream.runners.lean_window import WindowRunner, depths
+from fairseq_stream.schedule.plan import BatchPlanner
 from fairseq_stream.stats import DecodeStats
 
 VARIANTS = ("pj", "pgj", "hgj")
@@ -474,17 +480,11 @@ class JacobiDecoder:
             state = self.windows.start(net_input)
             if len(rows) < S:
                 state = self.windows.keep(state, [r.index for r in rows])
-        longest_output = 0
-        while rows:
-            rows, state, done = self._iterate(rows, state, device)
-            for row in done:
-                results[row.index] = [row.hypothesis(self.greedy, device)]
-                longest_output = max(longest_output, len(row.tokens) - 1)
-                if self.pool is not None:
-                    self.pool.add_output(row.tokens)
-                if row.trace is not None:
-                    self.traces[ids[row.index]] = {"iterations": row.trace, "tokens": row.tokens[1:]}
-        self.stats.greedy_calls += longest_output
+        # The engine's loop with the batch planner, as greedy's batch: one cohort of rows, a window call a step.
+        steps = _WindowSteps(self, ids, device)
+        for index, hyps in Engine(steps, BatchPlanner()).run([_Windows(rows, state)]):
+            results[index] = hyps
+        self.stats.greedy_calls += steps.longest_output
         return results
 
     def _learn(self):
@@ -572,6 +572,46 @@ class JacobiDecoder:
     def _draft_room(self, row: _Row, rows: int) -> int:
         """How many draft tokens the row's next window can take, in a call of ``rows``."""
         return max(0, self.width(len(row.tokens) - 1, row.max_len, rows) - 1)
+
+
+@dataclass
+class _Windows:
+    """The engine's cohort for Jacobi: the rows still decoding and their window runner state."""
+
+    rows: List[_Row]
+    state: Any
+    step: int = 0  # window calls made (the batch planner's plan reads it)
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+
+class _WindowSteps:
+    """What the engine steps for Jacobi (:class:`~fairseq_stream.engine.Engine` with
+    :class:`~fairseq_stream.schedule.plan.BatchPlanner`, which neither splits nor joins): one window call over
+    a batch's rows (:meth:`JacobiDecoder._iterate`), each finished row's hypothesis keyed by its index in the
+    batch, its output learnt by the n-gram pool and its trace kept at once (the next drafts read the pool)."""
+
+    def __init__(self, jacobi: "JacobiDecoder", ids: List[int], device):
+        self.jacobi, self.ids, self.device = jacobi, ids, device
+        self.longest_output = 0  # the longest output's tokens: greedy's calls for the batch
+
+    def advance_together(self, cohorts: List[_Windows]) -> Dict[int, List[Dict[str, Tensor]]]:
+        """One window call over the one cohort of rows; the rows that finished leave it."""
+        (c,) = cohorts
+        jacobi = self.jacobi
+        c.rows, c.state, done = jacobi._iterate(c.rows, c.state, self.device)
+        c.step += 1
+        finished = {}
+        for row in done:
+            finished[row.index] = [row.hypothesis(jacobi.greedy, self.device)]
+            self.longest_output = max(self.longest_output, len(row.tokens) - 1)
+            if jacobi.pool is not None:
+                jacobi.pool.add_output(row.tokens)
+            if row.trace is not None:
+                jacobi.traces[self.ids[row.index]] = {"iterations": row.trace, "tokens": row.tokens[1:]}
+        return finished
 
 
 def _lengths(results) -> List[int]:

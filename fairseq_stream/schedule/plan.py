@@ -1,13 +1,16 @@
-"""The streaming pool's decisions, as plans: which cohorts refill, join, split and step.
+"""The engine's planners: which cohorts refill, join, split and step, as plans.
 
-:class:`PoolPlanner` is the scheduler half of :class:`~fairseq_stream.schedule.pool.StreamPool`,
-split vLLM's way (``vllm/v1/core/sched/interface.py``: ``schedule()`` returns
-a ``SchedulerOutput``, ``update_from_output`` takes the results back). It
-reads cohorts (their sizes, steps, rows and admission clocks) and returns
-what to do; it holds no decoder and never calls a model. The pool's loop
-executes each plan through the decoder's stepping interface
-(:class:`~fairseq_stream.schedule.pool.CohortDecoder`: ``split``, ``join``,
-``advance_together``) and feeds the results back:
+Split vLLM's way (``vllm/v1/core/sched/interface.py``: ``schedule()`` returns
+a ``SchedulerOutput``, ``update_from_output`` takes the results back): a
+planner reads cohorts (their sizes, steps, rows and admission clocks) and
+returns what to do; it holds no decoder and never calls a model. The engine's
+loop (:class:`~fairseq_stream.engine.Engine`) executes each plan through the
+decoder's stepping interface (:class:`~fairseq_stream.engine.CohortDecoder`:
+``split``, ``join``, ``advance_together``) and feeds the results back.
+
+:class:`BatchPlanner` is ``--generator batch``'s: its batch admitted whole,
+stepped until every sentence finished. :class:`PoolPlanner` is the streaming
+pool's (:class:`~fairseq_stream.schedule.pool.StreamPool`):
 
 * :meth:`PoolPlanner.should_refill` / :meth:`PoolPlanner.refill_need`: when
   to admit sentences, and how many (the loop pulls and splits batches);
@@ -23,6 +26,7 @@ The policies (shortest first, FIFO, the capacity, the latency guard) are the
 module docstring's of :mod:`fairseq_stream.schedule.pool`.
 """
 
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Union
 
@@ -72,16 +76,18 @@ class PoolPlanner:
         joins_lengths: every call runs every cohort, and cohorts past their
             first step are merged into one (FIFO without a capacity, on a
             runner that holds rows of different lengths).
+        stats: the run's counters (a :class:`~fairseq_stream.stats.DecodeStats`), to which the planner adds
+            its refills and the peak lag, as vLLM's scheduler makes its own statistics.
     """
 
     def __init__(self, pool_size: int, eps: float, refill_unit: str, capacity: Optional[int], capacity_unit: str,
                  max_wait: int, order: str, beam_size: int, first_step_rows: int,
-                 can_join: Callable[[Cohort], bool], joins_lengths: bool):
+                 can_join: Callable[[Cohort], bool], joins_lengths: bool, stats):
         self.pool_size, self.eps, self.refill_unit = pool_size, eps, refill_unit
         self.capacity, self.capacity_unit = capacity, capacity_unit
         self.max_wait, self.order = max_wait, order
         self.beam_size, self.first_step_rows, self.can_join = beam_size, first_step_rows, can_join
-        self.joins_lengths = joins_lengths
+        self.joins_lengths, self.stats = joins_lengths, stats
         self.clock = 0  # decoder calls made so far, lone first steps not counted (see max_wait)
 
     # -- refill ------------------------------------------------------------
@@ -109,14 +115,17 @@ class PoolPlanner:
         return -(-need // per_sentence)
 
     def admit(self, cohorts: List[Cohort]):
-        """Record that ``cohorts`` enter the pool now (their lag counts from here)."""
+        """Record that ``cohorts`` enter the pool now (their lag counts from here; a refill where any do)."""
         for c in cohorts:
             c.admitted = self.clock
+        if cohorts:
+            self.stats.refills += 1
 
     # -- the next call -----------------------------------------------------
 
     def schedule(self, cohorts: List[Cohort]) -> StepPlan:
         """The next decoder call over ``cohorts`` (shortest first or FIFO, within the capacity)."""
+        self.stats.peak_lag = max([self.stats.peak_lag] + [self.lag(c) for c in cohorts])
         return self._choose_fifo(cohorts) if self.order == "fifo" else self._choose(cohorts)
 
     def update_from_output(self, plan: StepPlan):
@@ -224,3 +233,38 @@ class PoolPlanner:
         the lag is counted from)."""
         if join.lag is not None:
             merged.admitted = self.clock - join.lag - max(merged.step - 1, 0)
+
+
+class BatchPlanner:
+    """``--generator batch``'s plan (:meth:`~fairseq_stream.decoder.BeamDecoder.generate`): each batch admitted
+    whole once nothing decodes, and its one cohort stepped until every sentence finished; nothing joins or
+    splits."""
+
+    def active(self, cohorts: List[Cohort]) -> int:
+        """The sentences decoding."""
+        return sum(c.size for c in cohorts)
+
+    def should_refill(self, cohorts: List[Cohort]) -> bool:
+        """Only once the batch before is done."""
+        return not cohorts
+
+    def refill_need(self, cohorts: List[Cohort]) -> int:
+        """A whole batch, whatever its size (never split)."""
+        return sys.maxsize
+
+    def admit(self, cohorts: List[Cohort]):
+        """Nothing to record: no clock, no refills counted (a batch is not a refill)."""
+
+    def joins(self, cohorts: List[Cohort]) -> List[Cohort]:
+        """The cohort as it is."""
+        return cohorts
+
+    def joined(self, merged: Cohort, join: Join):
+        """Never asked: :meth:`joins` plans none."""
+
+    def schedule(self, cohorts: List[Cohort]) -> StepPlan:
+        """The one cohort, whole."""
+        return StepPlan(cohorts)
+
+    def update_from_output(self, plan: StepPlan):
+        """Nothing to record."""

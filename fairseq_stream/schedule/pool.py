@@ -48,18 +48,17 @@ the same search steps as with ``--generator batch``.
 The decisions are a planner's (:class:`~fairseq_stream.schedule.plan.PoolPlanner`:
 which cohorts refill, join, split and step), which holds no decoder and
 returns plans, as vLLM's scheduler returns a ``SchedulerOutput``.
-:class:`StreamPool` is the loop: it executes each plan through the decoder's
-stepping interface (:class:`CohortDecoder`) and feeds the results back.
+:class:`StreamPool` is the engine (:class:`~fairseq_stream.engine.Engine`,
+the one decoding loop, which ``--generator batch`` runs too) with that
+planner: it executes each plan through the decoder's stepping interface
+(:class:`~fairseq_stream.engine.CohortDecoder`) and feeds the results back.
 """
 
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Protocol, Tuple, runtime_checkable
+from typing import Optional
 
-from torch import Tensor
-
-from fairseq_stream.cohort import Cohort
+from fairseq_stream.engine import CohortDecoder, Engine
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.schedule.plan import Join, PoolPlanner, StepPlan
-from fairseq_stream.stats import DecodeStats
+from fairseq_stream.schedule.plan import PoolPlanner
 
 ORDERS = ("shortest", "fifo")
 REFILL_UNITS = ("sentences", "rows")
@@ -67,60 +66,6 @@ CAPACITY_UNITS = ("rows", "tokens")
 # The latency guard's default, in decoder calls; its cost is measured by the
 # streaming benchmark (docs/BENCHMARKS.md, "The latency guard").
 DEFAULT_MAX_WAIT = 64
-
-
-Finished = Dict[int, List[dict]]  # sentence id -> its hypotheses, best first
-
-
-@runtime_checkable
-class CohortDecoder(Protocol):
-    """The stepping interface: all that the pool, the schedulers and the API use of a decoder.
-
-    :class:`~fairseq_stream.decoder.BeamDecoder` is the one implementation.
-    The decoder opens a fairseq batch into a cohort at step 0, advances
-    cohorts one decoder call at a time and splits and joins them; the caller
-    decides which cohorts run and when, and never reaches the decoder's
-    runner or search. ``generate``, ``eos``, ``symbols_to_strip_from_output``,
-    ``cuda`` and ``check_call`` are fairseq's generator interface, which a
-    scheduler wrapping the decoder passes on.
-    """
-
-    stats: DecodeStats  # the run's counters; the pool adds its refills and lags
-    beam_size: int  # k: the most slots a sentence holds
-    eos: int
-    symbols_to_strip_from_output: set
-
-    @property
-    def first_step_rows(self) -> int:
-        """Decoder rows a new sentence runs at its first step (k or 1)."""
-
-    @property
-    def joins_lengths(self) -> bool:
-        """Whether cohorts at different steps may join into one (:meth:`join` with ``any_length``)."""
-
-    def open(self, net_input, ids: Optional[Tensor] = None, bos_token=None) -> Cohort:
-        """Encode a fairseq batch into a cohort at step 0."""
-
-    def advance_together(self, cohorts: List[Cohort]) -> Finished:
-        """One decoder call over ``cohorts`` and each one's search step; the sentences that finished leave."""
-
-    def split(self, c: Cohort, n: int) -> Tuple[Cohort, Cohort]:
-        """``c``'s first ``n`` sentences and the rest."""
-
-    def join(self, cohorts: List[Cohort], any_length: bool = False) -> Cohort:
-        """One cohort of ``cohorts``: at one step, or at any (``any_length``)."""
-
-    def can_join(self, c: Cohort) -> bool:
-        """Whether ``c`` may join a cohort at another step."""
-
-    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
-        """fairseq's ``generate``: one list of hypotheses per sentence of ``sample``."""
-
-    def check_call(self, prefix_tokens, constraints):
-        """Refuse fairseq ``generate`` arguments the decoder does not implement."""
-
-    def cuda(self):
-        """Move the decoder to the GPU; returns it."""
 
 
 def check_pool_options(pool_size: int, eps: float, refill_unit: str = "sentences",
@@ -143,11 +88,13 @@ def check_pool_options(pool_size: int, eps: float, refill_unit: str = "sentences
         raise FairseqStreamError("--stream-max-wait must be >= 0, got {}".format(max_wait))
 
 
-class StreamPool:
-    """Decode a stream of encoded batches through a bounded pool.
+class StreamPool(Engine):
+    """Decode a stream of encoded batches through a bounded pool: :meth:`run` yields ``(sentence id,
+    hypotheses)`` as sentences finish.
 
-    The loop: its :class:`~fairseq_stream.schedule.plan.PoolPlanner` decides
-    (refill, join, split, step) and never calls a model; the pool executes
+    The engine's loop (:class:`~fairseq_stream.engine.Engine`) with a
+    :class:`~fairseq_stream.schedule.plan.PoolPlanner`, which decides
+    (refill, join, split, step) and never calls a model; the engine executes
     each plan through the decoder's stepping interface and feeds the results
     back.
 
@@ -178,119 +125,16 @@ class StreamPool:
                  capacity: Optional[int] = None, capacity_unit: str = "rows",
                  max_wait: int = DEFAULT_MAX_WAIT, order: str = "shortest", join_lengths: bool = True):
         check_pool_options(pool_size, eps, refill_unit, capacity, capacity_unit, max_wait, order)
-        self.decoder = decoder
         self.pool_size = pool_size
         # Every call runs every cohort (FIFO without a capacity, as top-up does): where the runner holds rows
         # of different lengths in one state, the cohorts past their first step become one (Cohort.merge),
         # so that a call makes one search update, not one per refill still decoding.
         joins_lengths = join_lengths and order == "fifo" and capacity is None and decoder.joins_lengths
-        self.planner = PoolPlanner(pool_size, eps, refill_unit, capacity, capacity_unit, max_wait, order,
-                                   decoder.beam_size, decoder.first_step_rows, decoder.can_join, joins_lengths)
-        self.peak_sentences = 0  # most sentences held at once, encoded ones waiting included
+        super().__init__(decoder, PoolPlanner(pool_size, eps, refill_unit, capacity, capacity_unit, max_wait,
+                                              order, decoder.beam_size, decoder.first_step_rows, decoder.can_join,
+                                              joins_lengths, decoder.stats))
 
     @property
     def joins_lengths(self) -> bool:
         """Whether cohorts at different steps are merged into one (the planner's rule)."""
         return self.planner.joins_lengths
-
-    def run(self, batches: Iterable[Cohort], may_read: Optional[Callable[[], bool]] = None
-            ) -> Iterator[Tuple[int, List[dict]]]:
-        """Yield ``(sentence id, hypotheses)`` as sentences finish; each id exactly once.
-
-        Args:
-            batches: encoded batches, each a cohort at step 0 (see
-                :meth:`BeamDecoder.open`), pulled only when the pool refills.
-            may_read: asked before pulling a batch; False holds the input back
-                while the pool still has sentences to decode.
-        """
-        source = iter(batches)
-        staging: List[Cohort] = []
-        cohorts: List[Cohort] = []
-        exhausted = False
-        stats, planner = self.decoder.stats, self.planner
-        while True:
-            if not exhausted and self._should_refill(cohorts):
-                hold = may_read is not None and bool(cohorts) and not may_read()
-                exhausted, admitted = self._refill(source, staging, cohorts, hold)
-                if admitted:
-                    stats.refills += 1
-                held = sum(c.size for c in cohorts) + sum(c.size for c in staging)
-                self.peak_sentences = max(self.peak_sentences, held)
-            if not cohorts:
-                if exhausted and not staging:
-                    return
-                continue
-            stats.peak_lag = max([stats.peak_lag] + [planner.lag(c) for c in cohorts])
-            plan = planner.schedule(cohorts)
-            finished = self.decoder.advance_together(self._split(cohorts, plan))
-            planner.update_from_output(plan)
-            for sid, hyps in finished.items():
-                yield sid, hyps
-            cohorts = [c for c in cohorts if c.size]
-            cohorts = self._join(cohorts)
-
-    # -- executing the planner's decisions -------------------------------------
-
-    def _active(self, cohorts) -> int:
-        return self.planner.active(cohorts)
-
-    def _should_refill(self, cohorts) -> bool:
-        return self.planner.should_refill(cohorts)
-
-    def _refill(self, source, staging: List[Cohort], cohorts: List[Cohort], hold: bool = False):
-        """Admit the sentences the planner asks for (``hold``: only from ``staging``).
-
-        Returns (the source is exhausted and nothing is staged, sentences admitted).
-        """
-        need = self.planner.refill_need(cohorts)
-        admitted: List[Cohort] = []
-        exhausted = False
-        while need > 0:
-            if not staging:
-                if hold:
-                    break
-                batch = next(source, None)
-                if batch is None:
-                    exhausted = True
-                    break
-                if batch.size == 0:
-                    continue
-                staging.append(batch)
-            head = staging[0]
-            if head.size <= need:
-                admitted.append(staging.pop(0))
-                need -= head.size
-            else:
-                # Keep the batch encoded as a whole (the encoder sees fairseq's
-                # batch) and admit its first sentences.
-                first, staging[0] = self.decoder.split(head, need)
-                admitted.append(first)
-                need = 0
-        self.planner.admit(admitted)
-        if admitted:
-            cohorts.extend(admitted)
-            cohorts[:] = self._join(cohorts)
-        return exhausted and not staging, sum(c.size for c in admitted)
-
-    def _split(self, cohorts: List[Cohort], plan: StepPlan) -> List[Cohort]:
-        """The cohorts ``plan`` runs: where it splits one, its first part (the rest takes its place after it)."""
-        if plan.split is None:
-            return plan.run
-        (chosen,) = plan.run
-        first, rest = self.decoder.split(chosen, plan.split)
-        position = next(i for i, c in enumerate(cohorts) if c is chosen)
-        cohorts[position:position + 1] = [first, rest]
-        return [first]
-
-    def _join(self, cohorts: List[Cohort]) -> List[Cohort]:
-        """The planner's joins (:meth:`PoolPlanner.joins`) made by the decoder."""
-        joined = []
-        for entry in self.planner.joins(cohorts):
-            if isinstance(entry, Join):
-                merged = self.decoder.join(entry.cohorts, any_length=True) if entry.any_length \
-                    else self.decoder.join(entry.cohorts)
-                self.planner.joined(merged, entry)
-                joined.append(merged)
-            else:
-                joined.append(entry)
-        return joined

@@ -29,7 +29,8 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.option_field import option
-from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, CohortDecoder, StreamPool, check_pool_options
+from fairseq_stream.engine import CohortDecoder
+from fairseq_stream.schedule.pool import DEFAULT_MAX_WAIT, StreamPool, check_pool_options
 from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
 from fairseq_stream.schedule.wrapper import DecoderWrapper
 
@@ -121,7 +122,7 @@ class StreamGenerator(DecoderWrapper):
     """A fairseq generator that decodes through a :class:`StreamPool`.
 
     Args:
-        decoder: the :class:`~fairseq_stream.schedule.pool.CohortDecoder` (a
+        decoder: the :class:`~fairseq_stream.engine.CohortDecoder` (a
             :class:`~fairseq_stream.decoder.BeamDecoder`) with the search.
         options: a :class:`StreamOptions` (or any object with its fields).
         batches: a callable returning fairseq-generate's batch iterator for the
