@@ -181,7 +181,8 @@ done = {"data_bin": prepare.prepare(corpus, "de-en", enc, a["srcdict"], a["tgtdi
         "sentences": len(corpus.source)}
 corpus.source, corpus.reference = corpus.source[:a["sample"]], corpus.reference[:a["sample"]]
 done["behaviour_data_bin"] = prepare.prepare(corpus, "de-en", enc, a["srcdict"], a["tgtdict"], a["work"] + "/sample")
-print(json.dumps(done))
+with open(a["result"], "w") as f:
+    json.dump(done, f)
 """
 
 
@@ -197,12 +198,17 @@ def prepare_step(session, args):
         spec = dict(source=os.path.abspath(args.source), reference=os.path.abspath(args.reference),
                     limit=args.limit, sample=min(args.limit, BEHAVIOUR_SENTENCES), codes=os.path.join(d, "bpecodes"),
                     srcdict=os.path.join(d, "dict.de.txt"),
-                    tgtdict=os.path.join(d, "dict.en.txt"), work=session.work)
+                    tgtdict=os.path.join(d, "dict.en.txt"), work=session.work,
+                    result=os.path.join(session.work, "prepare.json"))
+        if os.path.exists(spec["result"]):
+            os.remove(spec["result"])
         rc, out = session.run_command([args.python, "-c", PREPARE, json.dumps(spec)], "prepare", 300)
         if rc != 0:
             raise StepError("prepare {}: {}".format("timed out" if rc is None else "exit {}".format(rc),
                                                     out.splitlines()[-1] if out else ""))
-        done = json.loads(out.strip().splitlines()[-1])
+        # The result comes back in a file: the log's tail cuts long lines, and the paths can be long.
+        with open(spec["result"]) as f:
+            done = json.load(f)
         session.results["data_bin"] = done["data_bin"]
         session.results["behaviour_data_bin"] = done["behaviour_data_bin"]
         return {"status": "passed", "detail": "{} sentences in {}".format(done["sentences"], done["data_bin"])}
