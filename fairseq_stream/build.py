@@ -259,6 +259,7 @@ def _release_float_weights(runner, quantize: str):
 
 def build_generator(spec: DecoderSpec, task, models, gen_cfg=None):
     """:func:`build_decoder`'s decoder on ``spec``'s scheduler: what fairseq's ``task.build_generator`` returns."""
+    from fairseq_stream.interrupt import exit_on_ctrl_c
     from fairseq_stream.registry import GENERATOR_REGISTRY
 
     from fairseq_stream.schedule.workers import on_workers
@@ -268,6 +269,7 @@ def build_generator(spec: DecoderSpec, task, models, gen_cfg=None):
     # workers, would put other sentences in its calls, and float32 scores move in the last bits.
     decoder = build_decoder(spec, task, models, workers_by_default=not getattr(scheduler, "streams", False))
     generator = scheduler.build(decoder, spec.scheduler_options, task, models, gen_cfg)
+    exit_on_ctrl_c()  # in fairseq-generate and fairseq-interactive: one line and status 130
     return on_workers(generator, cpu_layout_of(decoder), task, models, gen_cfg)
 
 
