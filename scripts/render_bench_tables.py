@@ -629,16 +629,16 @@ def table_ensemble(results, doc):
     return out + [""] + provenance(results, doc, *keys)
 
 
-# run2's results: (index key, the kernels it ran: "before" is main's, "after" the branch's).
-ENSEMBLE_RUN2 = (("ensemble_m30k_run2_before", "before"), ("ensemble_m30k_run2", "after"),
+# The 2026-12-02 results: (index key, the kernels it ran: "before" is main's, "after" the branch's).
+ENSEMBLE_GROWTH = (("ensemble_m30k_run2_before", "before"), ("ensemble_m30k_run2", "after"),
                  ("ensemble_m30k_m2_run2", "after"), ("ensemble_standin_run2_before", "before"),
                  ("ensemble_standin_run2", "after"))
 
 
-def table_ensemble_run2(results, doc):
-    """bench_ensemble.py --clock cpu, run2: members one after another (``N before``: the CPU's default) against one
+def table_ensemble_growth(results, doc):
+    """bench_ensemble.py --clock cpu (2026-12-02): members one after another (``N before``: the CPU's default) against one
     member, before and after a change, with the encoder's products and the target counted both ways."""
-    keys = [(k, kernels) for k, kernels in ENSEMBLE_RUN2 if k in results.index["results"]]
+    keys = [(k, kernels) for k, kernels in ENSEMBLE_GROWTH if k in results.index["results"]]
     rows = []
     for key, kernels in keys:
         data = results.data(key)
@@ -701,7 +701,7 @@ TABLES = {
     "build-target": table_build_target,
     "ensemble": table_ensemble,
     "ensemble-output-layer": table_ensemble_output_layer,
-    "ensemble-run2": table_ensemble_run2,
+    "ensemble-growth": table_ensemble_growth,
     "interop": table_interop,
 }
 
