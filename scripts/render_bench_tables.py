@@ -629,6 +629,42 @@ def table_ensemble(results, doc):
     return out + [""] + provenance(results, doc, *keys)
 
 
+# The 2026-12-02 results: (index key, the kernels it ran: "before" is main's, "after" the branch's).
+ENSEMBLE_GROWTH = (("ensemble_m30k_run2_before", "before"), ("ensemble_m30k_run2", "after"),
+                 ("ensemble_m30k_m2_run2", "after"), ("ensemble_standin_run2_before", "before"),
+                 ("ensemble_standin_run2", "after"))
+
+
+def table_ensemble_growth(results, doc):
+    """bench_ensemble.py --clock cpu (2026-12-02): members one after another (``N before``: the CPU's default) against one
+    member, before and after a change, with the encoder's products and the target counted both ways."""
+    keys = [(k, kernels) for k, kernels in ENSEMBLE_GROWTH if k in results.index["results"]]
+    rows = []
+    for key, kernels in keys:
+        data = results.data(key)
+        members = data["args"]["members"]
+        verdicts = {(v["search"], v["quantize"]): v for v in data["verdicts"]}
+        for r in data["rows"]:
+            if r["run"].endswith("after"):
+                continue  # stacked: not the CPU's default
+            v = verdicts[(r["search"], r["quantize"])]
+            one = next(o for o in data["rows"] if o["search"] == r["search"] and o["quantize"] == r["quantize"]
+                       and o["run"] == "1")
+            many = r["run"] != "1"
+            rows.append([data["args"]["shape"], kernels, r["search"], "float32" if r["quantize"] == "none" else
+                         r["quantize"], str(members) if many else "1", s(r["total_s"]),
+                         x(r["total_s"] / one["total_s"]), s(r["products_s"]), s(r["encoder_products_s"]),
+                         s(r["output_s"]), s(r["encoder_s"] - r["encoder_products_s"]), s(r["other_s"]),
+                         "{:.2f} ({})".format(v["bound_s"], "met" if r["total_s"] <= v["bound_s"] else "missed")
+                         if many else "",
+                         "{:.2f} ({})".format(v["bound_with_encoder_s"], "met" if v["before_met_with_encoder"]
+                                              else "missed") if many else ""])
+    out = table(["shape", "kernels", "search", "products", "members", "CPU s", "over one member",
+                 "decoder products s", "encoder products s", "output layer s", "encoder rest s", "other s",
+                 "target s (decoder products)", "target s (all products)"], rows)
+    return out + [""] + provenance(results, doc, *[k for k, _ in keys])
+
+
 def table_ensemble_output_layer(results, doc):
     """bench_output_layer.py --models M: the fused ensemble layer against M log-softmaxes + their average + topk."""
     keys = [k for k in ("ensemble_output_layer_m2", "ensemble_output_layer_m4") if k in results.index["results"]]
@@ -665,6 +701,7 @@ TABLES = {
     "build-target": table_build_target,
     "ensemble": table_ensemble,
     "ensemble-output-layer": table_ensemble_output_layer,
+    "ensemble-growth": table_ensemble_growth,
     "interop": table_interop,
 }
 
