@@ -212,3 +212,37 @@ def test_the_references_without_torchs_fused_attention_as_cuda_runs_them(monkeyp
     for ours, theirs in zip(outputs(), fused):
         assert ours.shape == theirs.shape and torch.isfinite(ours).all()
         assert (ours - theirs).abs().max() <= TOLERANCE[dtype]
+
+
+def random_parents(rows, capacity, g):
+    """Each new row's parent slot as a decoder's reorder makes them: a parent may have several children,
+    slots no row keeps are free."""
+    old = torch.randperm(capacity, generator=g)[:rows]
+    return old[torch.randint(0, rows, (rows,), generator=g).sort().values]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows, capacity, length, compact_above", [
+    (1, 1, 0, 32), (5, 5, 3, 32), (5, 12, 7, 32), (10, 64, 9, 32), (40, 64, 16, 32), (3, 8, 4, 1), (8, 8, 0, 1),
+])
+def test_following_parents_compiled_equals_the_torch_form(dtype, rows, capacity, length, compact_above):
+    """The one CPU implementation of the rows' cache move (the lean runner's reorder and the compiled search
+    loop's) gives the torch form's slots and, on every slot a row reads, its caches."""
+    g = torch.Generator().manual_seed(rows * 100 + capacity + length)
+    for _ in range(5):
+        parent = random_parents(rows, capacity, g)
+        caches = [torch.randn(4, capacity, 2, 16, 8, generator=g, dtype=dtype) for _ in range(2)]
+        ours, ref = [c.clone() for c in caches], [c.clone() for c in caches]
+        ours, slot = A.follow_parents_(ours, parent, length, compact_above)
+        ref, ref_slot = A.follow_parents_(ref, parent, length, compact_above, compiled=False)
+        assert torch.equal(slot, ref_slot) and [c.shape for c in ours] == [c.shape for c in ref]
+        for a, b, c in zip(ours, ref, caches):
+            assert torch.equal(a[:, slot, :, :length], b[:, ref_slot, :, :length])
+            assert torch.equal(a[:, slot, :, :length], c[:, parent, :, :length])
+
+
+@needs_kernel
+def test_following_parents_refuses_more_rows_than_slots():
+    with pytest.raises(RuntimeError, match="follow_parent_slots: 3 rows in 2 slots"):
+        A.follow_parents_([torch.zeros(2, 2, 1, 4, 2)], torch.tensor([0, 0, 1]), 1, 32)

@@ -21,7 +21,7 @@ from the references by rounding: within 1e-5 in float32 and 1e-12 in float64
 """
 
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -225,3 +225,50 @@ def copy_slots_(cache: Tensor, source: Tensor, target: Tensor, length: int):
     else:
         cache[:, target, :, :length] = cache[:, source, :, :length]
 
+
+
+def follow_parents_(caches: List[Tensor], parent_slot: Tensor, length: int, compact_above: int,
+                    compiled: bool = True) -> Tuple[List[Tensor], Tensor]:
+    """Move the self-attention caches to the next beam: ``(caches, each row's slot)``.
+
+    Row ``r`` continues the row in slot ``parent_slot[r]`` (rows no more than
+    the caches' slots): it keeps that slot, except a parent's second and
+    later children, which take the free slots, lowest first, with a copy of
+    positions ``0..length-1`` (:func:`copy_slots_`). Then, where at least
+    ``2 * compact_above`` slots are more than twice the rows (sentences
+    ended), the caches are gathered to the rows' slots and every row is its
+    own slot. ``caches`` are written in place; the list returned holds new
+    tensors where compacted.
+
+    On the CPU (``compiled``, contiguous caches) the compiled loop's own
+    function runs (``csrc/cpu/cache_slots_cpu.cpp``), so the lean runner's
+    reorder and the compiled search loop place rows by one implementation;
+    elsewhere the torch form below, with the same slots.
+    """
+    module = _extension()
+    if compiled and module is not None and hasattr(module, "reorder_cache_slots_") and \
+            all(c.is_cpu and c.is_contiguous() for c in caches):
+        caches, slot = module.reorder_cache_slots_(caches, parent_slot, int(length), int(compact_above))
+        return list(caches), slot
+    rows, capacity = parent_slot.numel(), caches[0].size(1)
+    arange = torch.arange(rows, device=parent_slot.device)
+    slot = parent_slot
+    # A row keeps its parent's slot; a parent's second and later children get free slots with a copy of its
+    # keys and values.
+    first = torch.full((capacity,), rows, dtype=torch.long, device=slot.device)
+    first.scatter_reduce_(0, slot, arange, reduce="amin")
+    children = (first.index_select(0, slot) != arange).nonzero().flatten()
+    if children.numel():
+        used = torch.zeros(capacity, dtype=torch.bool, device=slot.device)
+        used[slot] = True
+        target = (~used).nonzero().flatten()[: children.numel()]
+        if length:
+            source = slot.index_select(0, children)
+            for cache in caches:
+                copy_slots_(cache, source, target, length)
+        slot = slot.index_put((children,), target)
+    if capacity >= 2 * compact_above and 2 * rows < capacity:
+        # Most slots are free (sentences ended): attention runs over every slot, so gather the used ones.
+        caches = [c.index_select(1, slot) for c in caches]
+        slot = arange
+    return caches, slot

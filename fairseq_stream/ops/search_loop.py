@@ -4,8 +4,11 @@ One sentence at a time (``--batch-size 1``, the latency case), a step of the
 Multi30k transformer is little arithmetic: about 0.1 ms of products in int8
 on one Xeon thread at beam 1. The Python loop around it (the runner's step,
 the decoder's candidates, selection and bookkeeping) costs about as much
-again at beam 1, and a third of the time at beam 5. The loops here
-(``csrc/cpu/search_loop_cpu.cpp``) run in C++: per step the embedding, every
+again at beam 1, and a third of the time at beam 5. The loop here runs
+in C++ (``csrc/cpu/search_loop_cpu.cpp``: the engine's loop under the batch
+planner compiled, one driver over two search policies in
+``csrc/cpu/search_policy_cpu.cpp``; docs/architecture.md lists its phases
+against the Python functions they compile): per step the embedding, every
 model's compiled layers (:mod:`fairseq_stream.ops.lean_step`), the output
 layer and the fused log-softmax + rules + top-k
 (:mod:`fairseq_stream.ops.output_layer`), with fairseq's rules as the
@@ -19,8 +22,10 @@ forces it, ``--unkpen``, ``--temperature``); then
   loop costs more than the row;
 * :func:`beam`: fairseq's finalization (``--search fixed``), the compiled
   selection of :mod:`fairseq_stream.ops.beam_step` and the histories' and
-  caches' move to the next beam, until every sentence ends, a sentence's
-  rows leaving at the step after it ends; it returns the finalized
+  caches' move to the next beam (the caches by the lean runner's own
+  function, :func:`fairseq_stream.ops.attention.follow_parents_`), until
+  every sentence ends, a sentence's rows leaving at the step after it
+  ends; it returns the finalized
   hypotheses, which the decoder scores and orders as its own.
 
 The same ops and kernels in the same order, over the same rows, as the

@@ -585,31 +585,13 @@ def _reorder_segment(segment: _Segment, order: Tensor, compiled_attention: bool)
     arange = torch.arange(rows, device=order.device)
     slot = segment.slots().index_select(0, order)
     capacity = segment.caches[0].size(1)
-    # A row keeps its parent's slot; a parent's second and later children
-    # get free slots with a copy of its keys and values.
-    first = torch.full((capacity,), rows, dtype=torch.long, device=order.device)
-    first.scatter_reduce_(0, slot, arange, reduce="amin")
-    children = (first.index_select(0, slot) != arange).nonzero().flatten()
-    if children.numel():
-        used = torch.zeros(capacity, dtype=torch.bool, device=order.device)
-        used[slot] = True
-        free = (~used).nonzero().flatten()
-        if free.numel() < children.numel():
-            grown = max(capacity + children.numel() - free.numel(), 2 * capacity)
-            segment.caches = [_resized(c, grown, c.size(3), length) for c in segment.caches]
-            free = torch.cat([free, torch.arange(capacity, grown, device=order.device)])
-            capacity = grown
-        target = free[: children.numel()]
-        if length:
-            source = slot.index_select(0, children)
-            for cache in segment.caches:
-                attention.copy_slots_(cache, source, target, length)
-        slot = slot.index_put((children,), target)
-    if capacity >= 2 * COMPACT_ABOVE_SLOTS and 2 * rows < capacity:
-        # Most slots are free (sentences ended): attention runs over every
-        # slot, so gather the used ones.
-        segment.caches = [c.index_select(1, slot) for c in segment.caches]
-        slot = arange
+    if rows > capacity:
+        # More rows than slots: a parent's later children outnumber the free slots. Room for every row.
+        grown = max(rows, 2 * capacity)
+        segment.caches = [_resized(c, grown, c.size(3), length) for c in segment.caches]
+    # The slots rows take, the copies and the compaction: on the CPU the compiled search loop's own function.
+    segment.caches, slot = attention.follow_parents_(segment.caches, slot, length, COMPACT_ABOVE_SLOTS,
+                                                     compiled_attention)
     segment.slot = None if torch.equal(slot, arange) else slot
     new_sentence = segment.row_sentence.index_select(0, order)
     if not torch.equal(new_sentence, segment.row_sentence):

@@ -12,6 +12,7 @@
 #include "../output_layer_binding.h"
 #include "attention_cpu.h"
 #include "beam_step_cpu.h"
+#include "cache_slots_cpu.h"
 #include "int16_linear_cpu.h"
 #include "int8_linear_cpu.h"
 #include "layer_norm_kernel_cpu.h"
@@ -172,12 +173,18 @@ void bind_lean_step(py::module& m) {
         py::call_guard<py::gil_scoped_release>());
 }
 
-// attention_cpu.cpp.
+// attention_cpu.cpp and cache_slots_cpu.cpp: the attentions and their caches.
 void bind_attention(py::module& m) {
   m.def("copy_cache_slots_", &copy_cache_slots_,
         "(cache (2 * layers, slots, heads, capacity, head_dim), source, target (n,) slots, length): positions "
         "0..length-1 of each source slot copied to its target slot, in place (targets distinct from sources)",
         py::arg("cache"), py::arg("source"), py::arg("target"), py::arg("length"));
+  m.def("reorder_cache_slots_", &reorder_cache_slots,
+        "(caches [(2 * layers, slots, heads, capacity, head_dim)], parent_slot (rows,), length, compact_above) -> "
+        "(caches, slot (rows,)): rows follow their parents' slots (a parent's later children take free slots, "
+        "lowest first, with a copy), then compaction where most slots are free; see "
+        "fairseq_stream/ops/attention.py:follow_parents_",
+        py::arg("caches"), py::arg("parent_slot"), py::arg("length"), py::arg("compact_above"));
   m.def("cached_attention_", &cached_attention_,
         "(q, k, v (rows, heads * head_dim), keys, values (slots, heads, capacity, head_dim), slot (rows,) or None, "
         "length, scale) -> (rows, heads * head_dim); writes k, v at position length first",
