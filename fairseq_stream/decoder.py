@@ -27,7 +27,7 @@ the model call (:meth:`BeamDecoder.call_model`: the runner's step, then the
 output layer's candidates), the search policy (:meth:`BeamDecoder.select`:
 fairseq's or the stay rule's selection; fixed, var and greedy are this
 policy at their k and pruning) and the bookkeeping
-(:meth:`BeamDecoder.settle`: finalization, the next beam); and the cohort
+(:meth:`BeamDecoder.update`: finalization, the next beam); and the cohort
 interface. The loop that decides which cohorts step, for ``--generator
 batch`` and the streaming pool alike, and calls the three in turn is the
 engine's. What the search asks sits beside
@@ -99,7 +99,7 @@ class BeamDecoder:
     Schedulers drive it a step at a time through its stepping interface
     (:class:`~fairseq_stream.engine.CohortDecoder`): :meth:`open` a
     batch into a cohort, step cohorts by one decoder call (:meth:`call_model`, then each cohort's
-    :meth:`select` and :meth:`settle`),
+    :meth:`select` and :meth:`update`),
     :meth:`split` and :meth:`join` them (:meth:`can_join`,
     :attr:`joins_lengths`, :attr:`first_step_rows`).
 
@@ -313,7 +313,7 @@ class BeamDecoder:
         finalization rule's selection, as :meth:`_select`."""
         return self._select(c, *found)
 
-    def settle(self, c: Cohort, step_out) -> Dict[int, List[Dict[str, Tensor]]]:
+    def update(self, c: Cohort, step_out) -> Dict[int, List[Dict[str, Tensor]]]:
         """The bookkeeping of ``c``'s search step ``step_out`` (:class:`~fairseq_stream.engine.Bookkeeping`), in
         place: the finalizer's, then the move to the next beam.
 

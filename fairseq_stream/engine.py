@@ -78,7 +78,7 @@ class SearchPolicy(Protocol):
 class Bookkeeping(Protocol):
     """What follows a search step: the finished sentences' hypotheses, the cohort moved to its next beam."""
 
-    def settle(self, c: Any, chosen: Any) -> Finished:
+    def update(self, c: Any, chosen: Any) -> Finished:
         """Carry ``c``'s selection ``chosen`` out, in place; the sentences that finished leave ``c``."""
 
 
@@ -225,7 +225,7 @@ class Engine:
         # and its bookkeeping are each cohort's own.
         for c, candidates in zip(run, self.model.call_model(run)):
             chosen = self.policy.select(c, candidates)
-            finished.update(self.books.settle(c, chosen))
+            finished.update(self.books.update(c, chosen))
         return finished
 
     # -- executing the planner's decisions -------------------------------------

@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 
 def recording(dec, log):
     """Wrap ``dec``'s three step parts so that each call is logged (name, cohort ids); the real methods run."""
-    call_model, select, settle = dec.call_model, dec.select, dec.settle
+    call_model, select, update = dec.call_model, dec.select, dec.update
 
     def model(cohorts):
         log.append(("model", [id(c) for c in cohorts]))
@@ -32,10 +32,10 @@ def recording(dec, log):
         return select(c, found)
 
     def books(c, chosen):
-        log.append(("settle", id(c)))
-        return settle(c, chosen)
+        log.append(("update", id(c)))
+        return update(c, chosen)
 
-    dec.call_model, dec.select, dec.settle = model, policy, books
+    dec.call_model, dec.select, dec.update = model, policy, books
 
 
 def plans(log):
@@ -71,7 +71,7 @@ def test_each_plan_is_one_model_call_then_each_cohorts_search_step_and_bookkeepi
     steps = plans(log)
     assert steps and len(steps) == dec.stats.timesteps
     for cohorts, phases in steps:
-        assert phases == [p for c in cohorts for p in (("select", c), ("settle", c))]
+        assert phases == [p for c in cohorts for p in (("select", c), ("update", c))]
     assert any(len(cohorts) > 1 for cohorts, _ in steps), "no call ran two cohorts"
 
 

@@ -570,7 +570,7 @@ class _WindowSteps:
     three interfaces (:class:`~fairseq_stream.engine.CohortSteps`): the model call is one window call over a
     batch's rows with greedy's output layer at every position (:meth:`call_model`), the search step greedy's
     acceptance of each row's verified tokens (:meth:`select`), the bookkeeping the rows' caches, next drafts and
-    finished rows (:meth:`settle`: each one's hypothesis keyed by its index in the batch, its output learnt by
+    finished rows (:meth:`update`: each one's hypothesis keyed by its index in the batch, its output learnt by
     the n-gram pool and its trace kept)."""
 
     def __init__(self, jacobi: "JacobiDecoder", ids: List[int], device):
@@ -621,7 +621,7 @@ class _WindowSteps:
             guesses.append(guess)
         return _Acceptance(call, accepted, paths, keep, guesses, done)
 
-    def settle(self, c: _Windows, chosen: _Acceptance) -> Dict[int, List[Dict[str, Tensor]]]:
+    def update(self, c: _Windows, chosen: _Acceptance) -> Dict[int, List[Dict[str, Tensor]]]:
         """The step's counters, the rows' caches and next drafts; the rows that finished leave ``c``."""
         jacobi = self.jacobi
         c.rows, c.state = self._next_windows(c, chosen)
