@@ -291,27 +291,22 @@ RUNNER_METHODS = STEP_METHODS + ("start", "take", "concat")
 def count_update_syncs(decoder):
     """Count the host synchronizations of each cohort's search step made inside the block.
 
-    Yields a list that receives one :class:`UpdateSyncs` per ``decoder.update``
-    call: the synchronizations since the previous one in the decoder's model
-    call (its output layer), ``select`` and ``update``, as the engine calls
-    them. The calls to ``decoder.runner`` (the model) are counted apart: each
-    record holds those made since the previous record (the decoder call
-    before the update, its reorder, and any start, split or join of groups
-    between them).
+    Yields a list that receives one :class:`UpdateSyncs` per ``decoder.update`` call: the syncs since the
+    previous one in ``call_model`` (the output layer), ``select`` and ``update``. The calls to
+    ``decoder.runner`` are counted apart: each record holds those since the previous record (the decoder
+    call, its reorder, and any start, split or join of groups between them).
     """
     records: List[UpdateSyncs] = []
     counter, runner_counter = HostSyncCounter(), HostSyncCounter()
     calls: List[str] = []
     inside: List[bool] = []  # a runner method calling another one (fairseq's take reorders) counts once
     recorded = [0]  # the counter's events already in a record
-    update = decoder.update
-    runner = decoder.runner
+    update, runner = decoder.update, decoder.runner
 
     def counted(method):
         def call(*args, **kwargs):
             with counter:
                 return method(*args, **kwargs)
-
         return call
 
     def counted_update(c, chosen):
