@@ -1,6 +1,6 @@
 """A step's candidates: from the models' output to each sentence's candidate scores, before the search picks.
 
-The decoder's loop (:meth:`fairseq_stream.decoder.BeamDecoder.update`) asks
+The decoder's model call (:meth:`fairseq_stream.decoder.BeamDecoder.call_model`) asks
 :func:`candidates` (decoder, cohort, output) for ``(cand, local, word_of,
 per_slot)``: each sentence's candidate scores (sentences, slots x per_slot),
 their single-word log-probabilities and the word of each candidate (None:

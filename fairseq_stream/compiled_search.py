@@ -1,8 +1,9 @@
 """The compiled search: a whole batch's search in one compiled call, where that is exact.
 
-The decoder's Python loop (:class:`~fairseq_stream.decoder.BeamDecoder`,
-``open`` / ``advance``) is the one loop; this module is an accelerator the
-decoder asks before running it, through two calls:
+The engine's Python loop (:class:`~fairseq_stream.engine.Engine` over the
+decoder's ``open`` and its step's parts) is the one loop; this module, the
+engine compiled for the batch planner, is an accelerator the decoder asks
+before running it, through two calls:
 
 * :func:`applies` (decoder, source tokens): can this batch run in one
   compiled call and give the Python loop's hypotheses bitwise?

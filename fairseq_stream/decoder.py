@@ -21,10 +21,16 @@ Finalization rules (``--finalize``):
   output is the finished entries of that final beam, ranked by fairseq's
   length-normalized score (so ``--lenpen`` ranks as in fairseq).
 
-This module is the search over a cohort (:meth:`BeamDecoder.advance`,
-``update``) and the cohort interface; the loop that decides which cohorts
-step, for ``--generator batch`` and the streaming pool alike, is the
-engine's (:mod:`~fairseq_stream.engine`). What the search asks sits beside
+This module assembles a step's three parts for beam search, each of which
+the engine (:mod:`~fairseq_stream.engine`) calls through its own interface:
+the model call (:meth:`BeamDecoder.call_model`: the runner's step, then the
+output layer's candidates), the search policy (:meth:`BeamDecoder.select`:
+fairseq's or the stay rule's selection; fixed, var and greedy are this
+policy at their k and pruning) and the bookkeeping
+(:meth:`BeamDecoder.update`: finalization, the next beam); and the cohort
+interface. The loop that decides which cohorts step, for ``--generator
+batch`` and the streaming pool alike, and calls the three in turn is the
+engine's. What the search asks sits beside
 it: its runner and output backend come ready
 (:mod:`~fairseq_stream.decoder_parts`; ``build.py`` assembles them); a
 step's candidates (:mod:`~fairseq_stream.candidates`),
@@ -92,7 +98,8 @@ class BeamDecoder:
 
     Schedulers drive it a step at a time through its stepping interface
     (:class:`~fairseq_stream.engine.CohortDecoder`): :meth:`open` a
-    batch into a cohort, :meth:`advance_together` cohorts by one decoder call,
+    batch into a cohort, step cohorts by one decoder call (:meth:`call_model`, then each cohort's
+    :meth:`select` and :meth:`update`),
     :meth:`split` and :meth:`join` them (:meth:`can_join`,
     :attr:`joins_lengths`, :attr:`first_step_rows`).
 
@@ -213,30 +220,11 @@ class BeamDecoder:
                                                          self.max_len, self._warned_cap)
         return max_lens
 
-    # -- the loop ----------------------------------------------------------
+    # -- the cohort interface and a step's parts ------------------------------
 
     def open(self, net_input, ids: Optional[Tensor] = None, bos_token=None) -> Cohort:
         """Encode a fairseq batch into a cohort at step 0; ``ids`` name its sentences (default 0..S-1)."""
         return open_cohort(self, net_input, ids, bos_token)
-
-    def advance(self, c: Cohort) -> Dict[int, List[Dict[str, Tensor]]]:
-        """One decoder step for every sentence of ``c``, in place.
-
-        Returns the sentences that finished (id -> hypotheses, best first);
-        they leave the cohort.
-        """
-        t0 = time.perf_counter()
-        # The fused layer takes each model's logits (positional: wrappers in tests pass *args).
-        # Dense: the run rows are every row, in order; a view, not a gather of every prefix.
-        if c.mixed:
-            # Each row at its own length: the runner needs only the last tokens.
-            last = c.tokens[:, c.step] if self.dense else c.tokens[c.run_rows, c.step]
-            out, _ = self.runner.step_own([c.state], last.unsqueeze(1), self.fused)
-        else:
-            prefixes = c.tokens[:, : c.step + 1] if self.dense else c.tokens[c.run_rows, : c.step + 1]
-            out, _ = self.runner.step(c.state, prefixes, self.fused)
-        self.stats.add_step(c.longest + 1, c.rows, _since(self.stats, t0, out))
-        return self.update(c, out)
 
     @property
     def joins_lengths(self) -> bool:
@@ -279,37 +267,55 @@ class BeamDecoder:
             return Cohort.merge(self.runner, cohorts)
         return Cohort.concat(self.runner, cohorts)
 
-    def advance_together(self, cohorts: List[Cohort]) -> Dict[int, List[Dict[str, Tensor]]]:
-        """One decoder call over cohorts of different lengths (VAR-STR-FIFO), then each one's search step."""
-        if len(cohorts) == 1:
-            return self.advance(cohorts[0])
+    def call_model(self, cohorts: List[Cohort]) -> List[tuple]:
+        """The plan's model call (:class:`~fairseq_stream.engine.StepModel`): one runner call over ``cohorts``'
+        run rows, then the output layer. Returns each cohort's candidates, ``(cand, local, word_of, per_slot)``
+        (:func:`fairseq_stream.candidates.candidates`)."""
         t0 = time.perf_counter()
-        last = torch.cat([c.tokens[c.run_rows, c.step] for c in cohorts]).unsqueeze(1)
-        if any(c.mixed for c in cohorts):
-            out, _ = self.runner.step_own([c.state for c in cohorts], last, self.fused)
-        else:
-            out, _ = self.runner.step_mixed([c.state for c in cohorts], last, [c.step + 1 for c in cohorts],
-                                            self.fused)
+        out = self._run_rows(cohorts)
         rows = sum(c.rows for c in cohorts)
         self.stats.add_step(max(c.longest for c in cohorts) + 1, rows, _since(self.stats, t0, out))
-        finished, start = {}, 0
+        if len(cohorts) == 1:
+            return [self._candidates(cohorts[0], out)]
+        found, start = [], 0
         for c in cohorts:
             end = start + c.rows
-            part = [x[start:end] for x in out] if self.fused else out[start:end]
-            finished.update(self.update(c, part))
+            found.append(self._candidates(c, [x[start:end] for x in out] if self.fused else out[start:end]))
             start = end
-        return finished
+        return found
+
+    def _run_rows(self, cohorts: List[Cohort]):
+        """The runner's one step over the cohorts' run rows: the ensemble's log-probabilities (rows, V), or
+        under the fused output layer each model's logits (positional: wrappers in tests pass *args)."""
+        if len(cohorts) == 1:
+            c = cohorts[0]
+            # Dense: the run rows are every row, in order; a view, not a gather of every prefix.
+            if c.mixed:
+                # Each row at its own length: the runner needs only the last tokens.
+                last = c.tokens[:, c.step] if self.dense else c.tokens[c.run_rows, c.step]
+                return self.runner.step_own([c.state], last.unsqueeze(1), self.fused)[0]
+            prefixes = c.tokens[:, : c.step + 1] if self.dense else c.tokens[c.run_rows, : c.step + 1]
+            return self.runner.step(c.state, prefixes, self.fused)[0]
+        # Cohorts of different lengths in one call (VAR-STR-FIFO).
+        last = torch.cat([c.tokens[c.run_rows, c.step] for c in cohorts]).unsqueeze(1)
+        if any(c.mixed for c in cohorts):
+            return self.runner.step_own([c.state for c in cohorts], last, self.fused)[0]
+        return self.runner.step_mixed([c.state for c in cohorts], last, [c.step + 1 for c in cohorts],
+                                      self.fused)[0]
 
     @property
     def fused(self) -> bool:
         """Whether steps go through the fused output layer (the runner then returns logits)."""
         return self.output_backend != "torch"
 
-    def update(self, c: Cohort, lprobs) -> Dict[int, List[Dict[str, Tensor]]]:
-        """The search step of ``c`` given the decoder's output for its run rows (in place).
+    def select(self, c: Cohort, found: tuple):
+        """``c``'s search step over its candidates ``found`` (:class:`~fairseq_stream.engine.SearchPolicy`): the
+        finalization rule's selection, as :meth:`_select`."""
+        return self._select(c, *found)
 
-        ``lprobs`` is the ensemble's log-probabilities (rows, V), or under the
-        fused output layer the list of each model's logits.
+    def update(self, c: Cohort, step_out) -> Dict[int, List[Dict[str, Tensor]]]:
+        """The bookkeeping of ``c``'s search step ``step_out`` (:class:`~fairseq_stream.engine.Bookkeeping`), in
+        place: the finalizer's, then the move to the next beam.
 
         Returns the sentences that finished (id -> hypotheses, best first);
         they leave the cohort. The step is tensor operations but for one
@@ -318,7 +324,6 @@ class BeamDecoder:
         each finalized): the only host synchronization of a step in which no
         sentence ends. A step in which some end also reads their hypotheses.
         """
-        step_out = self._select(c, *self._candidates(c, lprobs))
         if self.late is not None:
             # The summary of a step made host_lag calls before is read instead (late_reads.py).
             return self.late.update(self, c, step_out)

@@ -5,11 +5,30 @@ vLLM's shape (``vllm/v1/engine/core.py``: ``EngineCore.step`` asks
 run it, and hands the output back through
 ``scheduler.update_from_output``). Here :meth:`Engine.run` asks its
 :class:`Planner` what to do with the cohorts it holds (admit sentences,
-join, split, which cohorts the next decoder call runs), carries each
-decision out through the decoder's cohort interface (:class:`CohortDecoder`:
-``open`` happens before, then ``split``, ``join``, ``advance_together``) and
-hands the call back (``update_from_output``). It yields each sentence's
-hypotheses as the sentence finishes.
+join, split, which cohorts the next decoder call runs), carries the cohort
+moves out through the decoder's cohort interface (:class:`CohortDecoder`:
+``open`` happens before, then ``split``, ``join``), runs the plan phase by
+phase (:meth:`Engine.step`) and hands the call back
+(``update_from_output``). It yields each sentence's hypotheses as the
+sentence finishes.
+
+A plan's step calls three parts, each through its own declared interface:
+
+* the model call (:class:`StepModel`: the runner's step over the plan's
+  rows, then the output layer), which returns each cohort's candidates;
+* the search policy (:class:`SearchPolicy`), a cohort's step from its
+  candidates to the survivors and the finished: fairseq's ``Search.step``
+  (``fairseq/search.py``), CTranslate2's ``SearchStrategy::search``
+  (``include/ctranslate2/decoding.h``) with the model behind
+  ``decoder(step, ids, state)``; fixed, var and greedy (fixed at k = 1) are
+  this policy under either finalization rule;
+* the bookkeeping (:class:`Bookkeeping`): the finished sentences'
+  hypotheses, and the cohort moved to its next beam.
+
+:class:`~fairseq_stream.decoder.BeamDecoder` is the assembly of the three
+for beam search; Jacobi's window steps
+(:class:`~fairseq_stream.jacobi.decoder.JacobiDecoder`'s) are the three for
+its windows, the window call being its model call.
 
 Two planners drive it, so the search loop is written once:
 
@@ -28,7 +47,7 @@ batch's search in one compiled call (:mod:`~fairseq_stream.compiled_search`)
 is another path, chosen before the engine runs.
 """
 
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Protocol, Tuple, Union, runtime_checkable
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Protocol, Tuple, Union, runtime_checkable
 
 from torch import Tensor
 
@@ -40,14 +59,43 @@ Finished = Dict[int, List[dict]]  # sentence id -> its hypotheses, best first
 
 
 @runtime_checkable
-class CohortDecoder(Protocol):
+class StepModel(Protocol):
+    """The model call of a plan: the runner's step over its cohorts' rows, then the output layer."""
+
+    def call_model(self, cohorts: List[Any]) -> List[Any]:
+        """One runner call over ``cohorts`` and the output layer: each cohort's candidates, in order."""
+
+
+@runtime_checkable
+class SearchPolicy(Protocol):
+    """A cohort's search step: from its candidates to the survivors and the finished (fairseq's ``Search.step``)."""
+
+    def select(self, c: Any, candidates: Any) -> Any:
+        """``c``'s selection over ``candidates`` (what :class:`Bookkeeping` settles)."""
+
+
+@runtime_checkable
+class Bookkeeping(Protocol):
+    """What follows a search step: the finished sentences' hypotheses, the cohort moved to its next beam."""
+
+    def update(self, c: Any, chosen: Any) -> Finished:
+        """Carry ``c``'s selection ``chosen`` out, in place; the sentences that finished leave ``c``."""
+
+
+@runtime_checkable
+class CohortSteps(StepModel, SearchPolicy, Bookkeeping, Protocol):
+    """The three parts of a step, all that the engine needs under a planner that never splits or joins."""
+
+
+@runtime_checkable
+class CohortDecoder(CohortSteps, Protocol):
     """The stepping interface: all that the engine, the schedulers and the API use of a decoder.
 
     :class:`~fairseq_stream.decoder.BeamDecoder` is the one implementation.
-    The decoder opens a fairseq batch into a cohort at step 0, advances
-    cohorts one decoder call at a time and splits and joins them; the caller
-    decides which cohorts run and when, and never reaches the decoder's
-    runner or search. ``generate``, ``eos``, ``symbols_to_strip_from_output``,
+    The decoder opens a fairseq batch into a cohort at step 0, splits and
+    joins cohorts, and is the three parts of a step (:class:`CohortSteps`);
+    the caller decides which cohorts run and when, and never reaches the
+    decoder's runner. ``generate``, ``eos``, ``symbols_to_strip_from_output``,
     ``cuda`` and ``check_call`` are fairseq's generator interface, which a
     scheduler wrapping the decoder passes on.
     """
@@ -67,9 +115,6 @@ class CohortDecoder(Protocol):
 
     def open(self, net_input, ids: Optional[Tensor] = None, bos_token=None) -> Cohort:
         """Encode a fairseq batch into a cohort at step 0."""
-
-    def advance_together(self, cohorts: List[Cohort]) -> Finished:
-        """One decoder call over ``cohorts`` and each one's search step; the sentences that finished leave."""
 
     def split(self, c: Cohort, n: int) -> Tuple[Cohort, Cohort]:
         """``c``'s first ``n`` sentences and the rest."""
@@ -123,15 +168,20 @@ class Engine:
 
     Args:
         decoder: a :class:`CohortDecoder` (a
-            :class:`~fairseq_stream.decoder.BeamDecoder`: its search, runner
-            and statistics are used as they are); under a planner that never
-            splits or joins, anything with its ``advance_together`` (Jacobi's
-            window steps).
+            :class:`~fairseq_stream.decoder.BeamDecoder`: its parts and
+            statistics are used as they are); under a planner that never
+            splits or joins, any :class:`CohortSteps` (Jacobi's window steps).
         planner: a :class:`Planner`.
     """
 
-    def __init__(self, decoder: CohortDecoder, planner: Planner):
+    def __init__(self, decoder: CohortSteps, planner: Planner):
         self.decoder, self.planner = decoder, planner
+        # A step's three parts, each reached through its own interface only:
+        # the decoder is their assembly (the policy's rule and the model call
+        # share the decoder's settings, which with_lengths copies).
+        self.model: StepModel = decoder
+        self.policy: SearchPolicy = decoder
+        self.books: Bookkeeping = decoder
         self.peak_sentences = 0  # most sentences held at once, encoded ones waiting included
 
     def run(self, batches: Iterable[Cohort], may_read: Optional[Callable[[], bool]] = None
@@ -159,12 +209,24 @@ class Engine:
                     return
                 continue
             plan = self.planner.schedule(cohorts)
-            finished = self.decoder.advance_together(self._split(cohorts, plan))
+            finished = self.step(self._split(cohorts, plan))
             self.planner.update_from_output(plan)
             for sid, hyps in finished.items():
                 yield sid, hyps
             cohorts = [c for c in cohorts if c.size]
             cohorts = self._join(cohorts)
+
+    def step(self, run: List[Cohort]) -> Finished:
+        """One plan's call, phase by phase: the model call over ``run``'s rows, then each cohort's search step
+        and its bookkeeping. Returns the sentences that finished (they have left their cohorts)."""
+        finished: Finished = {}
+        # One model call serves every cohort of the plan (the streaming paper's
+        # VAR-STR-FIFO: cohorts at different lengths in one call); the search
+        # and its bookkeeping are each cohort's own.
+        for c, candidates in zip(run, self.model.call_model(run)):
+            chosen = self.policy.select(c, candidates)
+            finished.update(self.books.update(c, chosen))
+        return finished
 
     # -- executing the planner's decisions -------------------------------------
 

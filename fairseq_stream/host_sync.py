@@ -39,8 +39,10 @@ a GPU the real check is ``torch.cuda.set_sync_debug_mode("warn")`` (or
         ...
     counter.count, counter.events
 
-:func:`count_update_syncs` counts each ``BeamDecoder.update`` call of a
-decoder separately, and the calls to its model runner apart.
+:func:`count_update_syncs` counts each cohort's search step of a decoder
+separately (the output layer of the engine's model call, the policy's
+``select`` and the bookkeeping's ``update``), and the calls to its model
+runner apart.
 :class:`OpTrace` records the ATen calls below (what a CUDA graph capture
 records) and flags those that read a value or shape their output by values.
 """
@@ -260,10 +262,11 @@ def _caller() -> str:
 
 @dataclass
 class UpdateSyncs:
-    """Host synchronizations of one ``BeamDecoder.update`` call, and of the runner calls before and in it."""
+    """Host synchronizations of one cohort's search step (up to its ``BeamDecoder.update`` call), and of the
+    runner calls before and in it."""
 
     step: int  # the cohort's step when it was called
-    syncs: int  # the update's own (its calls to the runner not included)
+    syncs: int  # the step's own: the output layer's, select's and update's (their calls to the runner not included)
     finished: int  # sentences that finished in it
     events: list
     # The runner's calls since the previous update, this one's reorder included: their names, syncs and events.
@@ -286,25 +289,32 @@ RUNNER_METHODS = STEP_METHODS + ("start", "take", "concat")
 
 @contextlib.contextmanager
 def count_update_syncs(decoder):
-    """Count the host synchronizations of each ``decoder.update`` call made inside the block.
+    """Count the host synchronizations of each cohort's search step made inside the block.
 
-    Yields a list that receives one :class:`UpdateSyncs` per call. The calls
-    to ``decoder.runner`` (the model) are counted apart: each record holds
-    those made since the previous record (the decoder call before the update,
-    its reorder, and any start, split or join of groups between them).
+    Yields a list that receives one :class:`UpdateSyncs` per ``decoder.update`` call: the syncs since the
+    previous one in ``call_model`` (the output layer), ``select`` and ``update``. The calls to
+    ``decoder.runner`` are counted apart: each record holds those since the previous record (the decoder
+    call, its reorder, and any start, split or join of groups between them).
     """
     records: List[UpdateSyncs] = []
     counter, runner_counter = HostSyncCounter(), HostSyncCounter()
     calls: List[str] = []
     inside: List[bool] = []  # a runner method calling another one (fairseq's take reorders) counts once
-    update = decoder.update
-    runner = decoder.runner
+    recorded = [0]  # the counter's events already in a record
+    update, runner = decoder.update, decoder.runner
 
-    def counted_update(c, lprobs):
-        start, step = len(counter.events), c.step
+    def counted(method):
+        def call(*args, **kwargs):
+            with counter:
+                return method(*args, **kwargs)
+        return call
+
+    def counted_update(c, chosen):
+        step = c.step
         with counter:
-            finished = update(c, lprobs)
-        events, runner_events = counter.events[start:], list(runner_counter.events)
+            finished = update(c, chosen)
+        events, runner_events = counter.events[recorded[0]:], list(runner_counter.events)
+        recorded[0] = len(counter.events)
         records.append(UpdateSyncs(step, len(events), len(finished), events, list(calls), len(runner_events),
                                    runner_events))
         calls.clear()
@@ -326,12 +336,15 @@ def count_update_syncs(decoder):
         return call
 
     wrapped = [name for name in RUNNER_METHODS if callable(getattr(runner, name, None))]
-    decoder.update = counted_update
+    phases = {"call_model": counted(decoder.call_model), "select": counted(decoder.select), "update": counted_update}
+    for name, method in phases.items():
+        setattr(decoder, name, method)
     for name in wrapped:
         setattr(runner, name, counted_apart(name, getattr(runner, name)))
     try:
         yield records
     finally:
-        del decoder.update
+        for name in phases:
+            delattr(decoder, name)
         for name in wrapped:
             delattr(runner, name)

@@ -175,11 +175,16 @@ def test_the_device_paths_quiet_step_reads_once_outside_the_runner_and_decodes_t
     assert not extra, "quiet steps synchronized more than once: {}".format(extra[:3])
 
 
+# A cohort's search step, as the engine calls it: the output layer (in the model call), the selection, the update.
+SEARCH_STEP = ("_candidates", "select", "update")
+
+
 @contextlib.contextmanager
 def watched(decoder, records, around, log, names=("step", "step_mixed", "step_own", "reorder")):
-    """Run the runner's ``names`` (and the decoder's ``update``) inside ``around()``; ``log`` receives (the index
-    of the update record the call belongs to, the call's name, what ``around`` yielded)."""
-    targets = [(decoder.runner, name) for name in names if hasattr(decoder.runner, name)] + [(decoder, "update")]
+    """Run the runner's ``names`` (and the decoder's search step: ``SEARCH_STEP``) inside ``around()``; ``log``
+    receives (the index of the update record the call belongs to, the call's name, what ``around`` yielded)."""
+    targets = [(decoder.runner, name) for name in names if hasattr(decoder.runner, name)] + \
+        [(decoder, name) for name in SEARCH_STEP]
     before = [dict(vars(obj)) for obj, _ in targets]  # the counter's wrappers, put back afterwards
 
     def wrap(name, method):
@@ -234,7 +239,8 @@ def test_the_lean_runner_on_cuda_does_not_synchronize_in_a_quiet_step(loaded, na
     assert len(out) == 37 and out == reference
     quiet = {i for i, r in enumerate(records) if r.quiet}
     assert quiet
-    synced = [(records[i].step, call, found) for i, call, found in log if i in quiet and found and call != "update"]
+    synced = [(records[i].step, call, found) for i, call, found in log
+              if i in quiet and found and call not in SEARCH_STEP]
     assert not synced, synced[:3]
 
 

@@ -251,7 +251,7 @@ def test_an_encoder_error_mid_run_surfaces_and_no_thread_is_left(toy, lines):
 
 def test_keyboard_interrupt_while_decoding_stops_the_encoder_thread(toy, lines):
     t = translator(toy, encoder_queue=2)
-    original = t.decoder.advance_together
+    original = t.decoder.call_model
     calls = []
 
     def interrupted(cohorts):
@@ -260,7 +260,7 @@ def test_keyboard_interrupt_while_decoding_stops_the_encoder_thread(toy, lines):
             raise KeyboardInterrupt
         return original(cohorts)
 
-    t.decoder.advance_together = interrupted
+    t.decoder.call_model = interrupted
     with pytest.raises(KeyboardInterrupt):
         list(t.translate(lines))
 

@@ -42,7 +42,9 @@ reads the window's argmax tokens and values back once (the only host sync),
 which it needs anyway to accept tokens and draft the next window. The loop
 is the engine's (:class:`~fairseq_stream.engine.Engine` with the batch
 planner, as greedy's batch): a batch's rows are its one cohort, and an
-iteration is the step it asks for (:class:`_WindowSteps`).
+iteration is the step it asks for (:class:`_WindowSteps`), through the
+engine's three interfaces: the window call is the model call, greedy's
+acceptance of the verified tokens the search step.
 """
 
 import collections
@@ -507,57 +509,6 @@ class JacobiDecoder:
         call_cost = self.call_cost if self.call_cost is not None else CALL_COST.get(device.type, CALL_COST["cuda"])
         return rows / (rows + call_cost)
 
-    def _iterate(self, rows: List[_Row], state, device):
-        """One window call over ``rows``; returns (rows still decoding, their state, rows finished)."""
-        t0 = time.perf_counter()
-        windows = [[r.tokens[-1]] + r.draft for r in rows]
-        trees = [None if r.parents is None else [-1] + r.parents for r in rows]
-        layout, words, values = self._run_windows(rows, state, windows, trees)
-        accepted, keep, done, guesses = [], [], [], []
-        paths = [None] * len(rows) if any(t is not None for t in trees) else None
-        offset = 0
-        for i, r in enumerate(rows):
-            width = len(windows[i])
-            m, path, guess = r.accept(windows[i], trees[i], words[offset: offset + width],
-                                      values[offset: offset + width], self.eos, self.rates, self.stats)
-            offset += width
-            accepted.append(m)
-            if paths is not None:
-                paths[i] = path
-            if r.tokens[-1] == self.eos:
-                done.append(r)
-                continue
-            keep.append(i)
-            guesses.append(guess)
-        self.stats.add_accepted(accepted)
-        self.stats.add_step(max(layout.widths), layout.positions, time.perf_counter() - t0)
-        if self.calls is not None:
-            self.calls.append((len(rows), layout.positions))
-        for r in done:
-            self.stats.greedy_steps += len(r.tokens) - 1
-        # A row's cache holds every verified token but the last (the next window's input).
-        self.windows.commit(state, accepted, paths)
-        survivors = [rows[i] for i in keep]
-        threshold = self._threshold(len(survivors), device)
-        for r, guess in zip(survivors, guesses):
-            self._draft(r, guess, threshold, len(survivors))
-        if done and survivors:
-            state = self.windows.keep(state, keep)
-        return survivors, state, done
-
-    def _run_windows(self, rows: List[_Row], state, windows, trees):
-        """The window call and greedy's output layer at every position: (layout, argmax words, their values)."""
-        layout = self.windows.layout(state, windows, trees if any(t is not None for t in trees) else None)
-        logits = self.windows.window(state, layout)
-        # Each window position's depth after the verified prefix (its index, in a chain).
-        levels = [depths(t) if t is not None else range(len(w)) for w, t in zip(windows, trees)]
-        ban_eos, force_eos = _eos_rules(rows, levels, state.lengths, self.greedy.min_len, layout.tokens.device)
-        # The arguments are built here and keep their kinds: checked once per decoder.
-        out = self.greedy.top_candidates(logits, 1, ban_eos=ban_eos, force_eos=force_eos, check=not self._checked)
-        self._checked = True
-        words, values = _read_back(out.indices.view(-1), out.values.view(-1))
-        return layout, words, values
-
     def _draft(self, row: _Row, guesses: List[int], threshold: Optional[float], rows: int):
         """Set the row's next draft: a fixed window (``threshold`` None), or the tokens that pay for their positions."""
         context = row.tokens[-NgramPool.ORDERS[0]:]
@@ -587,24 +538,96 @@ class _Windows:
         return len(self.rows)
 
 
+@dataclass
+class _WindowCall:
+    """A window call's output (the model call of Jacobi's step): the windows and trees run, their layout, and
+    greedy's argmax word and its value at every position; ``t0``: when the step began."""
+
+    t0: float
+    windows: List[List[int]]
+    trees: List[Optional[List[int]]]
+    layout: Any
+    words: List[int]
+    values: List[float]
+
+
+@dataclass
+class _Acceptance:
+    """Jacobi's search step over a window call: each row's accepted count and tree path, and which rows go on
+    (their indices and next guesses) or are done."""
+
+    call: _WindowCall
+    accepted: List[int]
+    paths: Optional[List]
+    keep: List[int]
+    guesses: List[List[int]]
+    done: List[_Row]
+
+
 class _WindowSteps:
     """What the engine steps for Jacobi (:class:`~fairseq_stream.engine.Engine` with
-    :class:`~fairseq_stream.schedule.plan.BatchPlanner`, which neither splits nor joins): one window call over
-    a batch's rows (:meth:`JacobiDecoder._iterate`), each finished row's hypothesis keyed by its index in the
-    batch, its output learnt by the n-gram pool and its trace kept at once (the next drafts read the pool)."""
+    :class:`~fairseq_stream.schedule.plan.BatchPlanner`, which neither splits nor joins), through the engine's
+    three interfaces (:class:`~fairseq_stream.engine.CohortSteps`): the model call is one window call over a
+    batch's rows with greedy's output layer at every position (:meth:`call_model`), the search step greedy's
+    acceptance of each row's verified tokens (:meth:`select`), the bookkeeping the rows' caches, next drafts and
+    finished rows (:meth:`update`: each one's hypothesis keyed by its index in the batch, its output learnt by
+    the n-gram pool and its trace kept)."""
 
     def __init__(self, jacobi: "JacobiDecoder", ids: List[int], device):
         self.jacobi, self.ids, self.device = jacobi, ids, device
         self.longest_output = 0  # the longest output's tokens: greedy's calls for the batch
 
-    def advance_together(self, cohorts: List[_Windows]) -> Dict[int, List[Dict[str, Tensor]]]:
-        """One window call over the one cohort of rows; the rows that finished leave it."""
+    def call_model(self, cohorts: List[_Windows]) -> List[_WindowCall]:
+        """One window call over the one cohort's rows, and greedy's output layer at every position."""
         (c,) = cohorts
+        t0 = time.perf_counter()
+        windows = [[r.tokens[-1]] + r.draft for r in c.rows]
+        trees = [None if r.parents is None else [-1] + r.parents for r in c.rows]
+        layout, words, values = self._run_windows(c.rows, c.state, windows, trees)
+        return [_WindowCall(t0, windows, trees, layout, words, values)]
+
+    def _run_windows(self, rows: List[_Row], state, windows, trees):
+        """The window call and greedy's output layer at every position: (layout, argmax words, their values)."""
         jacobi = self.jacobi
-        c.rows, c.state, done = jacobi._iterate(c.rows, c.state, self.device)
+        layout = jacobi.windows.layout(state, windows, trees if any(t is not None for t in trees) else None)
+        logits = jacobi.windows.window(state, layout)
+        # Each window position's depth after the verified prefix (its index, in a chain).
+        levels = [depths(t) if t is not None else range(len(w)) for w, t in zip(windows, trees)]
+        ban_eos, force_eos = _eos_rules(rows, levels, state.lengths, jacobi.greedy.min_len, layout.tokens.device)
+        # The arguments are built here and keep their kinds: checked once per decoder.
+        out = jacobi.greedy.top_candidates(logits, 1, ban_eos=ban_eos, force_eos=force_eos, check=not jacobi._checked)
+        jacobi._checked = True
+        words, values = _read_back(out.indices.view(-1), out.values.view(-1))
+        return layout, words, values
+
+    def select(self, c: _Windows, call: _WindowCall) -> _Acceptance:
+        """Each row's tokens that its window verified (added to the row), and the rows still decoding."""
+        jacobi = self.jacobi
+        accepted, keep, done, guesses = [], [], [], []
+        paths = [None] * len(c.rows) if any(t is not None for t in call.trees) else None
+        offset = 0
+        for i, r in enumerate(c.rows):
+            width = len(call.windows[i])
+            m, path, guess = r.accept(call.windows[i], call.trees[i], call.words[offset: offset + width],
+                                      call.values[offset: offset + width], jacobi.eos, jacobi.rates, jacobi.stats)
+            offset += width
+            accepted.append(m)
+            if paths is not None:
+                paths[i] = path
+            if r.tokens[-1] == jacobi.eos:
+                done.append(r)
+                continue
+            keep.append(i)
+            guesses.append(guess)
+        return _Acceptance(call, accepted, paths, keep, guesses, done)
+
+    def update(self, c: _Windows, chosen: _Acceptance) -> Dict[int, List[Dict[str, Tensor]]]:
+        """The step's counters, the rows' caches and next drafts; the rows that finished leave ``c``."""
+        jacobi = self.jacobi
+        c.rows, c.state = self._next_windows(c, chosen)
         c.step += 1
         finished = {}
-        for row in done:
+        for row in chosen.done:
             finished[row.index] = [row.hypothesis(jacobi.greedy, self.device)]
             self.longest_output = max(self.longest_output, len(row.tokens) - 1)
             if jacobi.pool is not None:
@@ -612,6 +635,27 @@ class _WindowSteps:
             if row.trace is not None:
                 jacobi.traces[self.ids[row.index]] = {"iterations": row.trace, "tokens": row.tokens[1:]}
         return finished
+
+    def _next_windows(self, c: _Windows, chosen: _Acceptance):
+        """The step counted, the verified tokens committed to the rows' caches and the survivors' next drafts
+        made; returns (rows still decoding, their state)."""
+        jacobi, layout = self.jacobi, chosen.call.layout
+        jacobi.stats.add_accepted(chosen.accepted)
+        jacobi.stats.add_step(max(layout.widths), layout.positions, time.perf_counter() - chosen.call.t0)
+        if jacobi.calls is not None:
+            jacobi.calls.append((len(c.rows), layout.positions))
+        for r in chosen.done:
+            jacobi.stats.greedy_steps += len(r.tokens) - 1
+        # A row's cache holds every verified token but the last (the next window's input).
+        jacobi.windows.commit(c.state, chosen.accepted, chosen.paths)
+        survivors = [c.rows[i] for i in chosen.keep]
+        threshold = jacobi._threshold(len(survivors), self.device)
+        for r, guess in zip(survivors, chosen.guesses):
+            jacobi._draft(r, guess, threshold, len(survivors))
+        state = c.state
+        if chosen.done and survivors:
+            state = jacobi.windows.keep(state, chosen.keep)
+        return survivors, state
 
 
 def _lengths(results) -> List[int]:

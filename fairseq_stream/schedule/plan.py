@@ -6,7 +6,8 @@ planner reads cohorts (their sizes, steps, rows and admission clocks) and
 returns what to do; it holds no decoder and never calls a model. The engine's
 loop (:class:`~fairseq_stream.engine.Engine`) executes each plan through the
 decoder's stepping interface (:class:`~fairseq_stream.engine.CohortDecoder`:
-``split``, ``join``, ``advance_together``) and feeds the results back.
+``split``, ``join``, then the step's model call, search policy and
+bookkeeping) and feeds the results back.
 
 :class:`BatchPlanner` is ``--generator batch``'s: its batch admitted whole,
 stepped until every sentence finished. :class:`PoolPlanner` is the streaming
