@@ -11,7 +11,7 @@ order that turns each round, on one thread:
 * kernels, on random inputs of the Multi30k model's sizes (256 wide, 8k words)
   and the WMT'19 models' (1024 wide, 32k words): the fused output layer
   (``topk_log_softmax``, backend cpu), the float product at one and five rows
-  (``prepacked_linear``: the skinny product's tiles), the int16 and int8
+  (``product``: the skinny product's tiles), the int16 and int8
   products (``quantized_linear``, the best kernel the level allows);
 * decoding the toy's valid set (200 sentences) through the Python API: the
   transformer greedy, fixed k=5 and var-stream k=5 (lean runner, fused
@@ -71,7 +71,7 @@ def timed(work, min_cpu: float):
 
 def kernel_items(torch):
     """(name, work, CPU seconds to time it, outputs -> tensors) of the kernel items."""
-    from fairseq_stream.ops import output_layer as ol, prepacked_linear, quantized_linear
+    from fairseq_stream.ops import output_layer as ol, product, quantized_linear
 
     g = torch.Generator().manual_seed(0)
     items = []
@@ -85,10 +85,10 @@ def kernel_items(torch):
         b = torch.randn(out_f, generator=g) * 0.1
         x = torch.randn(rows, in_f, generator=g)
         shape = "{} x {}x{}".format(rows, out_f, in_f)
-        products = [("float32", prepacked_linear.linear(w, b))]
-        products += [(kind, quantized_linear.linear(w, b, kind)) for kind in ("int8", "int16")]
-        for kind, product in products:
-            items.append(("{} product {}".format(kind, shape), lambda f=product, x=x: f(x), 0.3, lambda r: (r,)))
+        products = [("float32", product.linear(w, b))]
+        products += [(kind, product.linear(w, b, kind)) for kind in ("int8", "int16")]
+        for kind, made in products:
+            items.append(("{} product {}".format(kind, shape), lambda f=made, x=x: f(x), 0.3, lambda r: (r,)))
     return items
 
 
@@ -112,13 +112,13 @@ def worker(toy: str) -> dict:
     import torch
 
     from fairseq_stream import cpu_info
-    from fairseq_stream.ops import output_layer as ol, prepacked_linear, quantized_linear
+    from fairseq_stream.ops import output_layer as ol, product, quantized_linear
 
     torch.set_num_threads(1)
     library = ol._library_path("fairseq_stream._ops_cpu")
     assert ol.compiled_module("cpu") is not None, ol.missing_reason("cpu")
     record = {"library": library, "needs": sorted(cpu_info.build_needs(library) or ()),
-              "simd_level": cpu_info.simd_level(), "skinny_kernel": prepacked_linear.skinny_kernel(),
+              "simd_level": cpu_info.simd_level(), "skinny_kernel": product.skinny_kernel(),
               "int8_kernel": quantized_linear.kernel("int8"), "int16_kernel": quantized_linear.kernel("int16"),
               "items": {}}
     for name, work, min_cpu, outputs in kernel_items(torch) + decode_items(toy):

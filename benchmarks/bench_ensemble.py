@@ -279,11 +279,11 @@ def report(rows, members):
 def machine():
     """The CPU, its SIMD level, torch, the load, the commit: recorded with the numbers."""
     from fairseq_stream import cpu_info
-    from fairseq_stream.ops import prepacked_linear
+    from fairseq_stream.ops import product
 
     commit = os.popen("git -C {} rev-parse --short HEAD 2>/dev/null".format(preamble.REPO)).read().strip()
     return dict(cpu=cpu_info.cpu_model() or platform.processor(), simd=cpu_info.simd_level(),
-                skinny=prepacked_linear.skinny_kernel(), torch=torch.__version__, threads=torch.get_num_threads(),
+                skinny=product.skinny_kernel(), torch=torch.__version__, threads=torch.get_num_threads(),
                 load=os.getloadavg(), commit=commit or None, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
 
 

@@ -6,10 +6,10 @@ layer; those products are bound by reading the weights. Per weight shape of
 the model (one of each) and per row count, the median over interleaved
 rounds of:
 
-* ``lean``: what the lean runner calls (``PrepackedLinear``): the skinny
+* ``lean``: what the lean runner calls (the float32 ``Product``): the skinny
   product (``csrc/cpu/skinny_linear_cpu.cpp``) at 1 to ``skinny_rows()``
   rows where the CPU has AVX2 and FMA (AVX-512 or AVX2 tiles), MKL's otherwise;
-* ``mkl``: MKL's product alone (``PrepackedLinear.mkl_product``: unpacked at
+* ``mkl``: MKL's product alone (``Product.mkl_product``: unpacked at
   2 and 3 rows, packed otherwise), what the runner called before;
 * ``F.linear``: torch's product on the weight.
 
@@ -58,13 +58,13 @@ def main():
     torch.set_num_threads(args.threads)
     from bench_output_layer import cpu_name
     from bench_search import load
-    from fairseq_stream.ops import prepacked_linear
+    from fairseq_stream.ops import product
     from fairseq_stream.runners.lean import LeanRunner
 
     models, _ = load(args.model_dir, args.checkpoints, "cpu")
     lean = LeanRunner(models).lean[0]
-    if isinstance(lean.output, prepacked_linear.TorchLinear):
-        sys.exit("no prepacked product here: " + prepacked_linear.missing_reason())
+    if isinstance(lean.output, product.TorchLinear):
+        sys.exit("no prepacked product here: " + product.missing_reason())
     layer = lean.layers[0]
     # One product of each shape, and how many of it a step runs.
     shapes = {"output": (lean.output, 1)}
@@ -76,7 +76,7 @@ def main():
         "F.linear": lambda p: (lambda x: F.linear(x, p.weight, p.bias)),
     }
     print("device: {}, threads: {}, {} {}; skinny product up to {} rows, median of {} rounds".format(
-        cpu_name(), args.threads, args.model_dir, args.checkpoints, prepacked_linear.skinny_rows(), args.rounds))
+        cpu_name(), args.threads, args.model_dir, args.checkpoints, product.skinny_rows(), args.rounds))
     g = torch.Generator().manual_seed(0)
     inputs = {(name, rows): torch.randn(rows, p.in_features, generator=g)
               for name, (p, _) in shapes.items() for rows in args.rows}
@@ -107,7 +107,7 @@ def main():
         print("  {} rows: {:.3f} / {:.3f} ({:.2f}x)".format(rows, step["lean"], step["mkl"], step["mkl"] / step["lean"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=cpu_name(), threads=args.threads, skinny_rows=prepacked_linear.skinny_rows(),
+            json.dump(dict(device=cpu_name(), threads=args.threads, skinny_rows=product.skinny_rows(),
                            results=results), f, indent=1)
 
 

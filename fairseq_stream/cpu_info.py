@@ -1,7 +1,7 @@
 """What CPU this is: its model name and the widest SIMD level it runs, for cost caches and benchmark records.
 
 Speed measured on one CPU says little about another: the skinny product
-(:mod:`fairseq_stream.ops.prepacked_linear`) has AVX-512 and AVX2 tiles, the int16
+(:mod:`fairseq_stream.ops.product`) has AVX-512 and AVX2 tiles, the int16
 kernels pick AVX-512 VNNI or AVX2 (:func:`fairseq_stream.ops.int16_linear.kernels`),
 and Jacobi's window calls pay on an AVX-512 Xeon but not on an AVX2-only EPYC.
 So anything timed is recorded, and cached, with :func:`cpu_model` and

@@ -16,7 +16,7 @@ import torch
 
 from fairseq_stream.ops import attention as A
 from fairseq_stream.ops import int16_linear as L
-from fairseq_stream.ops import prepacked_linear
+from fairseq_stream.ops import product as P
 from fairseq_stream.ops import quantized_linear as Q
 from fairseq_stream.ops import topk_log_softmax
 from fairseq_stream.ops.output_layer import compiled_module
@@ -24,7 +24,7 @@ from test_kernel_safety import same_bits_or_nan
 from test_output_layer import EOS, PAD, UNK, assert_matches, every_rule, random_logits
 
 EXT = compiled_module("cpu")
-pytestmark = pytest.mark.skipif(EXT is None or not hasattr(EXT, "QuantizedLinear"),
+pytestmark = pytest.mark.skipif(EXT is None or not hasattr(EXT, "Product"),
                                 reason="the compiled CPU extension is not built")
 SHAPES = int(os.environ.get("FAIRSEQ_STREAM_FUZZ_SHAPES", "25"))
 ATTENTION_TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-12}
@@ -73,7 +73,7 @@ def test_onednn_int8_products_on_random_shapes():
         rows, k, out = r.randint(1, 80), r.randint(1, 600), r.randint(1, 200)
         x = rows_with_specials(rows, k, r, g)
         w, b = torch.randn(out, k, generator=g), torch.randn(out, generator=g)
-        same_bits_or_nan(Q.linear(w, b, "int8w8", "onednn")(x), Q.reference_int8(x, Q.pack_int8(w, b)),
+        same_bits_or_nan(P.linear(w, b, "int8w8", "onednn")(x), Q.reference_int8(x, Q.pack_int8(w, b)),
                          (i, rows, k, out))
 
 
@@ -192,13 +192,13 @@ def test_sentence_attention_on_random_shapes():
 
 
 def test_prepacked_products_on_random_shapes():
-    if not prepacked_linear.available():
+    if not P.available():
         pytest.skip("MKL's packed sgemm is not in this torch build")
     for i, r, g in shapes(25):
         out, k = r.randint(1, 300), r.randint(1, 300)
         w = torch.randn(out, k, generator=g)
         b = torch.randn(out, generator=g) if r.random() < 0.5 else None
-        product = prepacked_linear.linear(w, b)
+        product = P.linear(w, b)
         x = torch.randn(r.choice((1, 2, 3, 4, 5, r.randint(6, 70))), k, generator=g)
         want = torch.nn.functional.linear(x.double(), w.double(), b.double() if b is not None else None)
         for got in (product(x), product.mkl_product(x)):

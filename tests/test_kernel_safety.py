@@ -15,11 +15,12 @@ import torch
 
 from fairseq_stream.ops import int16_linear as L
 from fairseq_stream.ops import quantized_linear as Q
+from fairseq_stream.ops.product import linear
 from fairseq_stream.ops import rnn_step
 from fairseq_stream.ops.output_layer import compiled_module
 
 EXT = compiled_module("cpu")
-pytestmark = pytest.mark.skipif(EXT is None or not hasattr(EXT, "QuantizedLinear"),
+pytestmark = pytest.mark.skipif(EXT is None or not hasattr(EXT, "Product"),
                                 reason="the compiled CPU extension is not built")
 INF, NAN = math.inf, math.nan
 
@@ -95,7 +96,7 @@ def test_onednn_rows_that_cannot_be_scaled_give_the_float32_product():
     g = torch.Generator().manual_seed(3)
     names, x = awkward_rows(512, g)
     w, b = weights(40, 512, g), torch.randn(40, generator=g)
-    y = Q.linear(w, b, "int8w8", "onednn")(x)
+    y = linear(w, b, "int8w8", "onednn")(x)
     p = Q.pack_int8(w, b)
     same_bits_or_nan(y, Q.reference_int8(x, p))
     agrees_with_float32(y, x, w, b, Q.int8_error_bound(x.nan_to_num(0.0, 0.0, 0.0), w, p))
@@ -222,7 +223,8 @@ def test_quantized_products_refuse_a_bias_or_scales_of_the_wrong_size():
         EXT.int16_linear(x, p16.packed, p16.weight_inv, p16.a_max, b[:7], "auto")
     if Q.onednn_exact():
         kn = Q.int8_weight(p).t().contiguous()
-        q = EXT.QuantizedLinear(8, packed, p.weight_inv, p.excess, 0, b[:7], 64, 20, "onednn", kn, 0, 127)
+        q = EXT.Product(None, b[:7], "int8", packed=packed, weight_inv=p.weight_inv, excess=p.excess, in_features=64,
+                        out_features=20, kernel="onednn", weight_kn=kn)
         with pytest.raises(RuntimeError, match="int8_linear: bias must be a \\(20,\\) float32"):
             q(x)
 
@@ -243,7 +245,7 @@ def tiny_decoder(heads=HEADS, head_dim=HEAD_DIM, positions=40):
     g = torch.Generator().manual_seed(7)
 
     def product(out, into=D):
-        return EXT.LeanProduct(torch.randn(out, into, generator=g) * 0.3, torch.randn(out, generator=g) * 0.1)
+        return EXT.Product(torch.randn(out, into, generator=g) * 0.3, torch.randn(out, generator=g) * 0.1)
 
     norm = (torch.ones(D), torch.zeros(D), 1e-5)
     layer = EXT.LeanLayer(True, [product(3 * D), product(D), product(D), product(D), product(16), product(D, 16)],
@@ -297,9 +299,9 @@ def test_the_compiled_loops_refuse_encoder_tables_of_fewer_sentences_or_layers()
 
 
 def test_lean_layers_refuse_encoder_tables_missing_a_layer_and_starts_out_of_order():
-    square = EXT.LeanProduct(torch.randn(D, D), None)
-    products = [EXT.LeanProduct(torch.randn(3 * D, D), None), square, square, square,
-                EXT.LeanProduct(torch.randn(16, D), None), EXT.LeanProduct(torch.randn(D, 16), None)]
+    square = EXT.Product(torch.randn(D, D), None)
+    products = [EXT.Product(torch.randn(3 * D, D), None), square, square, square,
+                EXT.Product(torch.randn(16, D), None), EXT.Product(torch.randn(D, 16), None)]
     layer = EXT.LeanLayer(True, products, [(torch.ones(D), torch.zeros(D), 1e-5)] * 3, 0.5, 0.5, 0)
     layers = [layer, layer]
     keys, values = encoder()  # one layer's

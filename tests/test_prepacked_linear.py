@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import run_tool
-from fairseq_stream.ops import prepacked_linear as P
+from fairseq_stream.ops import product as P
 
 needs_mkl = pytest.mark.skipif(not P.available(), reason="no prepacked product here: " + (P.missing_reason() or ""))
 
@@ -102,7 +102,7 @@ def test_few_rows_give_each_row_the_same_bits_whatever_shares_the_call(out_featu
 def test_avx2_tiles_pass_the_same_tests_under_aten_cpu_capability_avx2():
     """ATEN_CPU_CAPABILITY=avx2 gives an AVX-512 machine an AVX2-only CPU's tiles: float64 bounds, row independence."""
     env = {"ATEN_CPU_CAPABILITY": "avx2"}
-    probe = run_tool([sys.executable, "-c", "from fairseq_stream.ops import prepacked_linear as p; "
+    probe = run_tool([sys.executable, "-c", "from fairseq_stream.ops import product as p; "
                                             "print(p.skinny_kernel(), p.skinny_rows())"], env=env)
     assert probe.stdout.split() == ["avx2", str(P.skinny_rows())]
     proc = run_tool([sys.executable, "-m", "pytest", __file__, "-q", "-n", "0", "-k",
@@ -112,7 +112,7 @@ def test_avx2_tiles_pass_the_same_tests_under_aten_cpu_capability_avx2():
 
 def test_torch_where_it_does_not_apply():
     w, b = torch.randn(8, 4), torch.randn(8)
-    for f in (P.linear(w.double(), b.double()), P.linear(w, b, prepack=False), P.linear(w.half(), None)):
+    for f in (P.linear(w.double(), b.double()), P.linear(w, b, "plain"), P.linear(w.half(), None)):
         assert isinstance(f, P.TorchLinear)
     x = torch.randn(3, 4, dtype=torch.float64)
     assert torch.equal(P.linear(w.double(), b.double())(x), F.linear(x, w.double(), b.double()))

@@ -167,7 +167,7 @@ def test_aten_cpu_capability_avx2_runs_an_avx2_cpus_kernels_and_the_same_transla
     kernel = "avx2w7" if capped == "avx2" else "portable"
     assert "{} products ({}-bit weights): {} kernel".format(form, form[-1], kernel) in proc.stderr
     assert hypotheses(proc.stdout) == ours
-    probe = ("from fairseq_stream.ops import quantized_linear as q, prepacked_linear as p; "
+    probe = ("from fairseq_stream.ops import quantized_linear as q, product as p; "
              "print(q.kernels('int8w8'), q.kernels('int16'), repr(p.skinny_kernel()))")
     listed = run_tool([sys.executable, "-c", probe], env={"ATEN_CPU_CAPABILITY": "avx2"}).stdout.strip()
     assert "avx512" not in listed and listed.endswith(" 'avx2'" if capped == "avx2" else " ''"), listed

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from fairseq_stream.ops import quantized_linear as Q
+from fairseq_stream.ops.product import linear
 from fairseq_stream.ops.output_layer import compiled_module
 
 ALL_KERNELS = ("portable", "avx2", "avx512vnni")
@@ -51,14 +52,14 @@ def test_onednn_product_equals_the_reference(rows, in_features, out_features):
     w, b = torch.randn(out_features, in_features, generator=g), torch.randn(out_features, generator=g)
     x = torch.randn(rows, in_features, generator=g)
     x[0] = 0.0
-    assert torch.equal(Q.linear(w, b, "int8", "onednn")(x), Q.reference_int8(x, Q.pack_int8(w, b)))
+    assert torch.equal(linear(w, b, "int8", "onednn")(x), Q.reference_int8(x, Q.pack_int8(w, b)))
 
 
 def test_calls_of_many_rows_give_each_row_the_bits_of_a_call_of_one():
     """Where oneDNN takes the many-row calls (512 inputs, from 64 rows), a row's result is still its own."""
     g = torch.Generator().manual_seed(5)
     w, x = torch.randn(96, 512, generator=g), torch.randn(80, 512, generator=g)
-    q = Q.linear(w, None, "int8")
+    q = linear(w, None, "int8")
     together = q(x)
     assert all(torch.equal(q(x[r:r + 1]), together[r:r + 1]) for r in (0, 41, 79))
 
@@ -74,7 +75,7 @@ def test_every_kernel_equals_the_reference_on_the_toy_transformer(loaded):
         for kind, kernels in (("int8w8", KERNELS), ("int8w7", KERNELS7)):
             p = Q.pack_int8(w, None, Q.int8_weight_bits(kind))
             for kernel in kernels:
-                q = Q.linear(w, None, kind, kernel)
+                q = linear(w, None, kind, kernel)
                 assert torch.equal(q(x), Q.reference_int8(x, p)), (name, kind, kernel)
                 assert torch.equal(q(x.view(7, 1, -1)).view(7, -1), q(x)), "leading shapes are rows"
 
@@ -84,7 +85,7 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_the_call():
     g = torch.Generator().manual_seed(3)
     w, x = torch.randn(300, 96, generator=g), torch.randn(20, 96, generator=g)
     for kind, kernel in [("int8w8", k) for k in KERNELS] + [("int8w7", k) for k in KERNELS7]:
-        q = Q.linear(w, torch.randn(300, generator=g), kind, kernel)
+        q = linear(w, torch.randn(300, generator=g), kind, kernel)
         together = q(x)
         for row in (0, 5, 19):
             assert torch.equal(q(x[row:row + 1]), together[row:row + 1])
@@ -96,7 +97,7 @@ def test_int16_products_are_the_int16_kernels():
 
     g = torch.Generator().manual_seed(4)
     w, b, x = torch.randn(40, 24, generator=g), torch.randn(40, generator=g), torch.randn(5, 24, generator=g)
-    assert torch.equal(Q.linear(w, b, "int16")(x), int16_linear.reference(x, int16_linear.pack(w, b)))
+    assert torch.equal(linear(w, b, "int16")(x), int16_linear.reference(x, int16_linear.pack(w, b)))
 
 
 def test_the_scale_rule_cannot_overflow_int32():
@@ -147,8 +148,8 @@ def test_seven_bit_kernel_is_refused_on_eight_bit_weights():
     w, x = torch.randn(8, 8), torch.randn(2, 8)
     assert "avx2w7" not in KERNELS and Q.kernel("int8w8") != "avx2w7"
     with pytest.raises(RuntimeError, match="7 bits only"):
-        Q.linear(w, None, "int8w8", "avx2w7")(x)
-    assert torch.equal(Q.linear(w, None, "int8w7", "avx2w7")(x), Q.reference_int8(x, Q.pack_int8(w, None, 7)))
+        linear(w, None, "int8w8", "avx2w7")(x)
+    assert torch.equal(linear(w, None, "int8w7", "avx2w7")(x), Q.reference_int8(x, Q.pack_int8(w, None, 7)))
 
 
 def test_int8_takes_seven_bit_weights_where_avx2_is_the_best_int8_code():
@@ -163,9 +164,9 @@ def test_int8_takes_seven_bit_weights_where_avx2_is_the_best_int8_code():
 def test_unknown_kernel_and_kind_are_refused():
     w = torch.randn(4, 4)
     with pytest.raises(ValueError, match="int8, int8w8, int8w7, int16"):
-        Q.linear(w, None, "int4")
+        linear(w, None, "int4")
     with pytest.raises(RuntimeError, match="does not run on this CPU"):
-        Q.linear(w, None, "int8", "nosuch")(torch.randn(1, 4))
+        linear(w, None, "int8", "nosuch")(torch.randn(1, 4))
     p = Q.pack_int8(w)
     with pytest.raises(RuntimeError, match="weight_max must be 127"):
         compiled_module("cpu").int8_linear(torch.randn(1, 4), p.packed, p.weight_inv, p.excess, None, "auto", 100)

@@ -49,12 +49,12 @@ def test_every_item_runs_once_whatever_the_threads(kernel_threads, threads_, n, 
 @needs_kernels
 def test_a_small_product_stays_on_the_calling_thread_and_a_large_one_is_shared(kernel_threads):
     """The split: a call with less than a chunk's worth of work never wakes a thread."""
-    from fairseq_stream.ops import quantized_linear
+    from fairseq_stream.ops import product as P
 
     kernel_threads(2)
     torch.manual_seed(0)
     weight = torch.randn(512, 256)
-    product = quantized_linear.linear(weight, None, "int8w8")
+    product = P.linear(weight, None, "int8w8")
     _, shared_before, _ = module.parallel_counters()
     product(torch.randn(1, 256))
     _, shared_small, _ = module.parallel_counters()
@@ -68,13 +68,13 @@ def test_a_small_product_stays_on_the_calling_thread_and_a_large_one_is_shared(k
 @pytest.mark.parametrize("rows", [1, 5, 64, 65, 333])
 def test_mkl_rows_split_over_threads_give_the_same_bits(kernel_threads, rows):
     """The float32 product's rows spread over our threads: the same bits as on one thread."""
-    from fairseq_stream.ops import prepacked_linear
+    from fairseq_stream.ops import product as P
 
-    if not prepacked_linear.available():
-        pytest.skip("MKL's packed sgemm is not in this torch build: " + prepacked_linear.missing_reason())
+    if not P.available():
+        pytest.skip("MKL's packed sgemm is not in this torch build: " + P.missing_reason())
     torch.manual_seed(rows)
     weight, bias, x = torch.randn(1024, 512), torch.randn(1024), torch.randn(rows, 512)
-    product = module.PrepackedLinear(weight, bias)
+    product = module.Product(weight, bias, "float32")
     kernel_threads(1)
     alone = product.mkl_product(x)
     for threads_ in (2, 3):

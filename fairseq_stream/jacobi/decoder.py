@@ -79,7 +79,7 @@ PJ_DRAFT_SPAN = 8
 CALL_COST = {"cpu": 15.0, "cuda": 200.0}
 # The draft threshold from which a whole batch runs greedy's step (JacobiDecoder._greedy_pays), per
 # device: rows / (rows + call_cost) >= t, i.e. rows >= call_cost * t / (1 - t). CPU: from 3 rows at
-# the default cost. With the skinny product (ops/prepacked_linear.py) a call of up to 4 positions
+# the default cost. With the skinny product (ops/product.py) a call of up to 4 positions
 # reads the weights once, as greedy's step of up to 4 rows does; 2 sentences' windows of 2 fit,
 # 3 sentences' do not. Multi30k transformer, one Xeon thread (docs/HISTORY.md, Jacobi):
 # windows at 2 sentences a call 1.12x greedy, at 4 0.77x (at 3 0.87x in a same-run check).

@@ -21,7 +21,7 @@ from typing import List, Optional
 
 import torch.nn.functional as F
 
-from fairseq_stream.ops import prepacked_linear
+from fairseq_stream.ops import product
 from fairseq_stream.ops.loader import compiled_module
 
 
@@ -46,23 +46,12 @@ def activation_code(fn) -> Optional[int]:
     return None
 
 
-def product_of(module, linear):
-    """The compiled ``LeanProduct`` of a product callable (:mod:`prepacked_linear`, :mod:`quantized_linear`),
-    or None where it cannot be described (a weight off the CPU)."""
-    if isinstance(linear, prepacked_linear.TorchLinear):
-        if linear.weight.device.type != "cpu":
-            return None
-        return module.LeanProduct(linear.weight, linear.bias)
-    # A PrepackedLinear or a QuantizedLinear (the binding takes either).
-    return module.LeanProduct(linear)
-
-
 def _parts(module, activation_fn, norms, products):
     """(activation code, norm weights, compiled products) of one layer, or None where one cannot be described."""
     activation = activation_code(activation_fn)
     if activation is None or any(n is None or n[1] is None or n[2] is None for n in norms):
         return None
-    compiled = [product_of(module, p) for p in products]
+    compiled = [product.compiled(module, p) for p in products]
     if any(p is None for p in compiled):
         return None
     return activation, [(n[1], n[2], n[3]) for n in norms], compiled
@@ -89,7 +78,7 @@ def compile_encoder_layers(layers) -> Optional[List]:
     """The compiled description of encoder layers, or None where one cannot be described.
 
     ``layers``: dicts of ``pre_norm``, ``products`` (qkv, out, fc1, fc2:
-    :mod:`prepacked_linear` callables), ``norms`` (self-attention's, the
+    :func:`fairseq_stream.ops.product.linear`'s), ``norms`` (self-attention's, the
     feed-forward block's: ``(shape, weight, bias, eps)``), ``scaling``,
     ``activation`` (the fairseq function) and ``heads``
     (:class:`fairseq_stream.runners.lean_encoder.LeanEncoder`).

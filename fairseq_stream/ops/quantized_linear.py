@@ -1,4 +1,4 @@
-"""Quantized linear layers for the lean runner's ``--quantize int8|int16``: ``y = x W^T + b`` in integers.
+"""The int8 format of the product op for ``--quantize int8|int16``: ``y = x W^T + b`` in integers.
 
 The weight is quantized once, one scale per output row; each call quantizes
 each row of ``x`` with a scale of its own, sums the integer products exactly
@@ -48,10 +48,12 @@ weight instead, as the reference does
 (the int16 LSTM's), whose scale rule balances the two sides' precision under
 the same no-overflow bound.
 
-:func:`linear` returns the compiled ``QuantizedLinear`` callable that the
-lean runner's products are (from Python and from the compiled step alike);
-:func:`reference` is its arithmetic in torch (int64 sums, the same roundings):
-identical floats, which tests check on every kernel the CPU has.
+This module holds the int8 format (its scale rule, packing and kernels'
+list); :func:`fairseq_stream.ops.product.linear` makes the product on it (the
+one compiled ``Product`` of every precision, called from Python and from the
+compiled steps alike); :func:`reference_int8` is its arithmetic in torch
+(int64 sums, the same roundings): identical floats, which tests check on
+every kernel the CPU has.
 """
 
 from dataclasses import dataclass
@@ -142,12 +144,7 @@ def packed_for(p: Int8Packed, kernel_name: str = "auto") -> Tensor:
 
 def _extension():
     module = compiled_module("cpu")
-    return module if module is not None and hasattr(module, "QuantizedLinear") else None
-
-
-def missing_reason() -> str:
-    """Why quantized products cannot run in this process ("" where they can)."""
-    return "" if _extension() is not None else "the compiled CPU extension is not built"
+    return module if module is not None and hasattr(module, "int8_linear") else None
 
 
 def onednn_exact() -> bool:
@@ -217,39 +214,6 @@ def int8_kind(p: Int8Packed) -> str:
 def resolve(kind: str) -> str:
     """``kind`` with int8 resolved to the form this CPU runs (int8w8 or int8w7); others unchanged."""
     return "int8w{}".format(int8_weight_bits(kind)) if kind in INT8_KINDS else kind
-
-
-def linear(weight: Tensor, bias: Optional[Tensor], kind: str, kernel_name: str = "auto"):
-    """The compiled ``QuantizedLinear`` computing ``x W^T + b`` on ``weight`` quantized to ``kind``.
-
-    A callable on float32 CPU inputs of any leading shape. Raises
-    RuntimeError where the compiled extension is not built.
-    """
-    ext = _extension()
-    if ext is None:
-        raise RuntimeError("--quantize needs the compiled CPU kernels: {}".format(missing_reason()))
-    if kind in INT8_KINDS:
-        p = pack_int8(weight, bias, int8_weight_bits(kind))
-        # oneDNN's GEMM takes calls of many rows where it sums exactly (AMX or VNNI): it keeps the weight a
-        # second time, transposed (int8: half a float32 copy for both).
-        from_rows = onednn_from_rows(p.in_features)
-        onednn = onednn_exact() and (kernel_name == "onednn" or from_rows < NEVER)
-        weight_kn = int8_weight(p).t().contiguous() if onednn else None
-        return ext.QuantizedLinear(8, packed_for(p, kernel_name), p.weight_inv, p.excess, 0, p.bias, p.in_features,
-                                   p.out_features, kernel_name, weight_kn, from_rows, p.weight_max)
-    if kind == "int16":
-        return int16_product(int16_linear.pack(weight, bias), kernel_name)
-    raise ValueError("unknown quantization {!r} (choose from: {})".format(kind, ", ".join(CHOICES)))
-
-
-def int16_product(p: int16_linear.PackedLinear, kernel_name: str = "auto"):
-    """The compiled ``QuantizedLinear`` on the packed int16 weight ``p`` (its tensors, not a copy): the
-    transformer's --quantize int16 products and the LSTM's --rnn-int16 ones alike."""
-    ext = _extension()
-    if ext is None:
-        raise RuntimeError("int16 products need the compiled CPU kernels: {}".format(missing_reason()))
-    return ext.QuantizedLinear(16, p.packed, p.weight_inv, None, p.a_max, p.bias, p.in_features, p.out_features,
-                               kernel_name)
 
 
 def reference_int8(x: Tensor, p: Int8Packed) -> Tensor:

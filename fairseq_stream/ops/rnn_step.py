@@ -34,10 +34,8 @@ from typing import List, Optional, Sequence, Tuple
 
 from torch import Tensor
 
-from fairseq_stream.ops import lean_step, quantized_linear
-from fairseq_stream.ops.int16_linear import PackedLinear
+from fairseq_stream.ops import product as product_op
 from fairseq_stream.ops.loader import compiled_module
-from fairseq_stream.ops.prepacked_linear import TorchLinear
 
 
 def _extension():
@@ -51,13 +49,14 @@ def available() -> bool:
     return _extension() is not None
 
 
-def product(packed: Optional[PackedLinear] = None, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None):
-    """A product for :func:`rnn_step`, the lean runner's own (:func:`fairseq_stream.ops.lean_step.product_of`):
-    ``packed`` (int16) as its ``QuantizedLinear``, or a float ``weight`` (with ``bias``) as ``at::linear``."""
-    if packed is not None:
-        return lean_step.product_of(_extension(), quantized_linear.int16_product(packed))
+def product(int16=None, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None):
+    """A product for :func:`rnn_step`, the one op every compiled step takes (:mod:`fairseq_stream.ops.product`):
+    ``int16``, an int16 ``Product`` itself, or a float ``weight`` (with ``bias``) in float32, as ``at::linear``."""
+    if int16 is not None:
+        return product_op.compiled(_extension(), int16)
     float_bias = None if bias is None else bias.detach().float().contiguous()
-    return lean_step.product_of(_extension(), TorchLinear(weight.detach().float().contiguous(), float_bias))
+    return product_op.compiled(_extension(), product_op.linear(weight.detach().float().contiguous(), float_bias,
+                                                               "plain"))
 
 
 def rnn_step(x: Tensor, feed: Tensor, h: Tensor, c: Tensor, parent: Optional[Tensor], recurrent: Sequence,

@@ -39,7 +39,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_stream.ops import lean_step
+from fairseq_stream.ops import product
 from fairseq_stream.ops.loader import compiled_module
 
 
@@ -61,7 +61,7 @@ def describe(lean) -> Optional[object]:
     module = _extension()
     if module is None or lean.compiled is None or lean.embed.dtype != torch.float32 or not lean.embed.is_cpu:
         return None
-    products = [lean_step.product_of(module, p) if p is not None else None
+    products = [product.compiled(module, p) if p is not None else None
                 for p in (lean.project_in, lean.project_out, lean.output)]
     if any(p is None for p, wanted in zip(products, (lean.project_in, lean.project_out, lean.output)) if wanted):
         return None

@@ -14,7 +14,7 @@ reads a ``TransformerModel``'s weights once and runs the step itself:
   keys without a per-row copy;
 * query, key and value come from one fused projection; in float32 on the
   CPU every product runs on a weight packed once for MKL
-  (:mod:`fairseq_stream.ops.prepacked_linear`: skinny products 1.3-2.6x
+  (:mod:`fairseq_stream.ops.product`: skinny products 1.3-2.6x
   faster than ``F.linear``, which packs the weight again on every call);
 * each attention is one compiled call on the CPU
   (:mod:`fairseq_stream.ops.attention`: the cache write and the attention
@@ -222,7 +222,7 @@ class LeanRunner(OwnStepRunner):
             :func:`unsupported_reason` accepts.
         temperature: divides the decoder logits, as fairseq's ``--temperature``.
         prepack: float32 products on the CPU with weights packed once for MKL
-            (:mod:`fairseq_stream.ops.prepacked_linear`); False keeps
+            (:mod:`fairseq_stream.ops.product`); False keeps
             ``F.linear``'s arithmetic.
         compiled_attention: both attentions in one compiled call each on the
             CPU (:mod:`fairseq_stream.ops.attention`); False keeps their torch

@@ -22,7 +22,7 @@ from fairseq_stream.runners.lean_weights import apply_norm, joined_linear, norm_
 
 
 class DecoderLayer:
-    """One decoder layer's weights, arranged for the step; products are callables (:mod:`prepacked_linear`)."""
+    """One decoder layer's weights, arranged for the step; products are callables (:mod:`fairseq_stream.ops.product`)."""
 
     def __init__(self, layer, prepack: bool, quantize: Optional[str] = None):
         self_attn, cross = layer.self_attn, layer.encoder_attn
@@ -59,12 +59,12 @@ class LeanModel:
     """One fairseq transformer's decoder weights, arranged for the lean step.
 
     With ``prepack`` (and float32 weights on the CPU) the products hold
-    copies packed for MKL (:mod:`fairseq_stream.ops.prepacked_linear`), made
+    copies packed for MKL (:mod:`fairseq_stream.ops.product`), made
     here: build a new model after changing the parameters (products of 2 and
     3 rows read them, the others the copies). With ``quantize`` ("int8",
     "int16"; float32 CPU weights) every product of the decoder and the
     encoder runs on the weight quantized
-    (:mod:`fairseq_stream.ops.quantized_linear`), and no MKL copy is made.
+    (:func:`fairseq_stream.ops.product.linear`), and no MKL copy is made.
     """
 
     def __init__(self, model, prepack: bool = True, quantize: Optional[str] = None):

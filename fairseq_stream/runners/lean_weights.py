@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from fairseq_stream.ops import prepacked_linear, quantized_linear
+from fairseq_stream.ops import product
 
 
 def norm_of(module):
@@ -24,15 +24,13 @@ def apply_norm(x, norm):
     return F.layer_norm(x, shape, weight, bias, eps)
 
 
-def joined_linear(modules, prepack: bool, quantize: Optional[str] = None) -> prepacked_linear.Linear:
+def joined_linear(modules, prepack: bool, quantize: Optional[str] = None) -> product.Linear:
     """One product for the ``nn.Linear`` modules' outputs side by side (fused projections).
 
     ``quantize``: "int8" (int8w8, int8w7) or "int16" for a product on the weight quantized
-    (:mod:`fairseq_stream.ops.quantized_linear`), None for float.
+    (:mod:`fairseq_stream.ops.quantized_linear`), None for float: packed for MKL where ``prepack``.
     """
     weight = modules[0].weight if len(modules) == 1 else torch.cat([m.weight for m in modules])
     biases = [m.bias for m in modules]
     bias = None if biases[0] is None else (biases[0] if len(modules) == 1 else torch.cat(biases))
-    if quantize is not None:
-        return quantized_linear.linear(weight, bias, quantize)
-    return prepacked_linear.linear(weight, bias, prepack)
+    return product.linear(weight, bias, quantize or ("float32" if prepack else "plain"))

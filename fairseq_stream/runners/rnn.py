@@ -54,6 +54,7 @@ from fairseq.dataclass import FairseqDataclass
 
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import int16_linear as int16
+from fairseq_stream.ops import product
 from fairseq_stream.ops import rnn_step as compiled_step
 from fairseq_stream.runners.own_step import OwnStepRunner
 from fairseq_stream.ops.packing import pack_by_sentence
@@ -154,21 +155,26 @@ def unsupported_reason(model) -> Optional[str]:
 
 
 class _Product:
-    """``x W^T + b`` in float (torch) or in 16-bit fixed point (a packed weight)."""
+    """``x W^T + b`` in float (torch) or in 16-bit fixed point (a packed weight): the one product op's int16
+    precision (:func:`fairseq_stream.ops.product.of_int16`), the object the compiled step takes too; int16's
+    torch reference where the kernels are not built."""
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor], use_int16: bool):
         self.weight, self.bias = weight, bias
         self.packed = int16.pack(weight, bias) if use_int16 else None
+        self.int16 = product.of_int16(self.packed) if self.packed is not None and int16.kernels() else None
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        return int16.int16_linear(x, self.packed).to(x.dtype)
+        if self.int16 is None:
+            return int16.reference(x, self.packed).to(x.dtype)
+        return self.int16(x.float()).to(x.dtype)
 
     def compiled(self):
         """The same product for :func:`fairseq_stream.ops.rnn_step.rnn_step`."""
         if self.packed is not None:
-            return compiled_step.product(self.packed)
+            return compiled_step.product(self.int16)
         return compiled_step.product(weight=self.weight, bias=self.bias)
 
 

@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_stream.ops import attention, prepacked_linear
+from fairseq_stream.ops import attention
+from fairseq_stream.ops.product import TorchLinear
 from fairseq_stream.runners.lean_model import EncoderKeys, LeanModel
 
 
@@ -100,7 +101,7 @@ class StackedProduct:
     """
 
     def __init__(self, modules: List[List[torch.nn.Linear]], members: List, quantize: Optional[str]):
-        batched = quantize is None and all(isinstance(p, prepacked_linear.TorchLinear) for p in members)
+        batched = quantize is None and all(isinstance(p, TorchLinear) for p in members)
         self.members = None if batched else members
         self.weight = self.bias = None
         if batched:

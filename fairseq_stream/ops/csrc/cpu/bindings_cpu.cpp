@@ -19,9 +19,7 @@
 #include "lean_step_cpu.h"
 #include "output_layer_cpu.h"
 #include "parallel_cpu.h"
-#include "prepacked_linear_cpu.h"
 #include "product_cpu.h"
-#include "quantized_linear_cpu.h"
 #include "rnn_step_cpu.h"
 #include "search_loop_cpu.h"
 #include "skinny_linear_cpu.h"
@@ -39,55 +37,64 @@ void bind_output_layer(py::module& m) {
 #endif
 }
 
-// prepacked_linear_cpu.cpp, skinny_linear*_cpu.cpp: the float32 product.
-void bind_prepacked_linear(py::module& m) {
-  py::class_<PrepackedLinear>(m, "PrepackedLinear",
-                              "float32 x W^T + b on a weight packed once by MKL (cblas_sgemm_pack)")
-      .def(py::init(&prepack_linear), py::arg("weight"), py::arg("bias"))
-      .def_readonly("out_features", &PrepackedLinear::out_features)
-      .def_readonly("in_features", &PrepackedLinear::in_features)
-      .def_readonly("weight", &PrepackedLinear::weight)
-      .def_readonly("packed", &PrepackedLinear::packed, "MKL's packed copy of the weight (its memory)")
-      .def_readonly("bias", &PrepackedLinear::bias)
-      .def("__call__", &PrepackedLinear::operator())
-      .def("mkl_product", &PrepackedLinear::mkl_product,
-           "the product as MKL computes it at every row count (no skinny product): for benchmarks and tests");
+// product_cpu.cpp: the one product op, every precision (float32 packed for MKL, int8, int16, plain), for
+// Python and for every compiled step. Its call runs without the GIL: it touches no Python object, and the
+// encoder thread (schedule/read_ahead.py) runs its products while the decoder's Python runs.
+void bind_product(py::module& m) {
+  py::class_<Product>(m, "Product",
+                      "x W^T + b at a precision: 'float32' (the weight packed for MKL, the skinny tiles at few rows), "
+                      "'int8' or 'int16' (a quantized weight, see ops/quantized_linear.py and ops/int16_linear.py) "
+                      "or 'plain' (at::linear on the weight); ops/product.py makes them")
+      .def(py::init([](std::optional<Tensor> weight, std::optional<Tensor> bias, const std::string& precision,
+                       std::optional<Tensor> packed, std::optional<Tensor> weight_inv, std::optional<Tensor> excess,
+                       int64_t a_max, int64_t weight_max, int64_t in_features, int64_t out_features,
+                       const std::string& kernel, std::optional<Tensor> weight_kn, int64_t onednn_from_rows) {
+             return make_product(precision, weight, bias,
+                                 {packed, weight_inv, excess, a_max, weight_max, in_features, out_features, kernel,
+                                  weight_kn, onednn_from_rows});
+           }),
+           py::arg("weight") = py::none(), py::arg("bias") = py::none(), py::arg("precision") = "plain",
+           py::kw_only(), py::arg("packed") = py::none(), py::arg("weight_inv") = py::none(),
+           py::arg("excess") = py::none(), py::arg("a_max") = 0, py::arg("weight_max") = 127,
+           py::arg("in_features") = 0, py::arg("out_features") = 0, py::arg("kernel") = "auto",
+           py::arg("weight_kn") = py::none(), py::arg("onednn_from_rows") = 0)
+      .def_property_readonly("precision", &Product::precision)
+      .def_property_readonly("in_features", &Product::in_features)
+      .def_property_readonly("out_features", &Product::out_features)
+      .def_property_readonly("weight", [](const Product& p) -> std::optional<Tensor> {
+        if (p.packed) return p.packed->weight;
+        return p.weight.defined() ? std::optional<Tensor>(p.weight) : std::nullopt;
+      }, "the float weight it reads (float32, plain); None for int8 and int16")
+      .def_property_readonly("bias", [](const Product& p) {
+        return p.packed ? p.packed->bias : p.quantized ? p.quantized->bias : p.bias;
+      })
+      .def_property_readonly("packed", [](const Product& p) -> std::optional<Tensor> {
+        if (p.packed) return p.packed->packed;
+        if (p.quantized) return p.quantized->packed;
+        return std::nullopt;
+      }, "the arranged weight it holds (its memory): MKL's packed copy, or the packed integers; None for plain")
+      .def_property_readonly("weight_inv", [](const Product& p) {
+        return p.quantized ? std::optional<Tensor>(p.quantized->weight_inv) : std::nullopt;
+      }, "int8, int16: 1 / each output row's scale")
+      .def_property_readonly("weight_kn", [](const Product& p) {
+        return p.quantized ? p.quantized->weight_kn : std::nullopt;
+      }, "int8 with oneDNN: the quantized weight transposed")
+      .def_property_readonly("kernel", [](const Product& p) { return p.quantized ? p.quantized->kernel : ""; },
+                             "int8, int16: the kernel asked for ('auto', a kernel's name, 'onednn')")
+      .def("__call__", &Product::operator(), py::arg("x"), py::call_guard<py::gil_scoped_release>())
+      .def("mkl_product", [](const Product& p, const Tensor& x) {
+        TORCH_CHECK(p.packed, "mkl_product: a float32 product only");
+        return p.packed->mkl_product(x);
+      }, "float32: the product as MKL computes it at every row count (no skinny product), for benchmarks and tests");
   m.def("prepacked_linear_missing", &prepacked_linear_missing,
         "'' where MKL's packed sgemm is found in this process, else why not");
   m.def("skinny_linear_rows", [] { return skinny_linear_available() ? kSkinnyMaxRows : int64_t{0}; },
-        "up to how many rows the prepacked product reads W once in its own layout (0: never, no AVX2 and FMA)");
+        "up to how many rows the float32 product reads W once in its own layout (0: never, no AVX2 and FMA)");
   m.def("skinny_linear_kernel", &skinny_linear_kernel, "the skinny product's tiles here: avx512, avx2 or ''");
 }
 
-// quantized_linear_cpu.cpp, int8_linear_cpu.cpp: the quantized product and its int8 kernels.
-void bind_quantized_linear(py::module& m) {
-  py::class_<QuantizedLinear>(m, "QuantizedLinear",
-                              "x W^T + b on a weight quantized to int8 or int16 (see ops/quantized_linear.py)")
-      .def(py::init([](int64_t bits, Tensor packed, Tensor weight_inv, std::optional<Tensor> excess, int64_t a_max,
-                       std::optional<Tensor> bias, int64_t in_features, int64_t out_features, std::string kernel,
-                       std::optional<Tensor> weight_kn, int64_t onednn_from_rows, int64_t weight_max) {
-             TORCH_CHECK(bits == 8 || bits == 16, "QuantizedLinear: bits 8 or 16");
-             TORCH_CHECK(bits == 16 || excess, "QuantizedLinear: int8 needs its excess");
-             TORCH_CHECK(weight_inv.numel() == out_features, "QuantizedLinear: one scale per output row");
-             TORCH_CHECK(kernel != "onednn" || weight_kn, "QuantizedLinear: kernel onednn needs weight_kn");
-             return QuantizedLinear{bits, packed.contiguous(), weight_inv.contiguous(),
-                                    excess ? excess->contiguous() : Tensor(), a_max, weight_max,
-                                    bias ? std::optional<Tensor>(bias->contiguous()) : std::nullopt, in_features,
-                                    out_features, kernel,
-                                    weight_kn ? std::optional<Tensor>(weight_kn->contiguous()) : std::nullopt,
-                                    onednn_from_rows};
-           }),
-           py::arg("bits"), py::arg("packed"), py::arg("weight_inv"), py::arg("excess"), py::arg("a_max"),
-           py::arg("bias"), py::arg("in_features"), py::arg("out_features"), py::arg("kernel") = "auto",
-           py::arg("weight_kn") = py::none(), py::arg("onednn_from_rows") = 0, py::arg("weight_max") = 127)
-      .def_readonly("bits", &QuantizedLinear::bits)
-      .def_readonly("packed", &QuantizedLinear::packed)
-      .def_readonly("weight_inv", &QuantizedLinear::weight_inv)
-      .def_readonly("bias", &QuantizedLinear::bias)
-      .def_readonly("in_features", &QuantizedLinear::in_features)
-      .def_readonly("out_features", &QuantizedLinear::out_features)
-      .def_readonly("kernel", &QuantizedLinear::kernel)
-      .def("__call__", &QuantizedLinear::operator(), py::call_guard<py::gil_scoped_release>());
+// int8_linear_cpu.cpp: the int8 kernels (the product's int8 precision calls them).
+void bind_int8_linear(py::module& m) {
   m.def("int8_linear", &int8_linear,
         "(x float32 (rows, in), packed int8 (quantized_linear.packed_for), weight_inv float32 (out,), excess int32 (out,), bias or None, kernel, "
         "weight_max 127 or 63) "
@@ -101,7 +108,7 @@ void bind_quantized_linear(py::module& m) {
         "whether oneDNN's int8 GEMM (at::_int_mm) sums exactly on this CPU (AMX or VNNI, checked once)");
 }
 
-// int16_linear_cpu.cpp: the int16 kernels.
+// int16_linear_cpu.cpp: the int16 kernels (the product's int16 precision calls them).
 void bind_int16_linear(py::module& m) {
   m.def("int16_linear", &int16_linear,
         "(x float32 (rows, in), packed int16, weight_inv float32 (out,), a_max, bias or None, kernel) -> "
@@ -112,20 +119,11 @@ void bind_int16_linear(py::module& m) {
   m.def("int16_kernels", &int16_kernels, "the int16 kernels this CPU runs, the best (the 'auto' one) last");
 }
 
-// lean_step_cpu.cpp, product_cpu.h: the lean runner's layers and the product every compiled step takes.
+// lean_step_cpu.cpp: the lean runner's layers (their products are Product objects, bind_product).
 // The three calls run without the GIL (they touch no Python object): the encoder thread
 // (schedule/read_ahead.py) encodes while the decoder's layers run, and the other way round. Holding
 // it, a batch's whole encoder call would stall the decoder's Python for its duration.
 void bind_lean_step(py::module& m) {
-  py::class_<Product>(m, "LeanProduct",
-                      "x W^T + b for every compiled step (lean_layers, the search loops, rnn_step): a PrepackedLinear, "
-                      "a QuantizedLinear, or a weight and bias (at::linear)")
-      .def(py::init([](const PrepackedLinear& p) { return Product{p, std::nullopt, Tensor(), std::nullopt}; }),
-           py::arg("packed"))
-      .def(py::init([](const QuantizedLinear& q) { return Product{std::nullopt, q, Tensor(), std::nullopt}; }),
-           py::arg("quantized"))
-      .def(py::init([](Tensor w, std::optional<Tensor> b) { return Product{std::nullopt, std::nullopt, w, b}; }),
-           py::arg("weight"), py::arg("bias"));
   py::class_<LeanLayer>(m, "LeanLayer", "one decoder layer's weights for lean_layers (see ops/lean_step.py)")
       .def(py::init([](bool pre_norm, std::vector<Product> products, std::vector<NormWeights> norms, double scaling,
                        double cross_scaling, int64_t activation) {
@@ -277,7 +275,7 @@ void bind_search_loop(py::module& m) {
 void bind_rnn_step(py::module& m) {
   m.def("rnn_step", &rnn_step,
         "(x (rows, 4H), feed (P, F), h (L, P, H), c (L, P, H), parent (rows,) or None, recurrent [L products], "
-        "upper_input [L-1] (LeanProduct each), residuals, keys [groups], values, masks, row_sentences, "
+        "upper_input [L-1] (Product each), residuals, keys [groups], values, masks, row_sentences, "
         "out_hidden or None, "
         "additional_fc or None, output) -> [logits (rows, V), h (L, rows, H), c (L, rows, H), out (rows, H)]; "
         "see fairseq_stream/ops/rnn_step.py",
@@ -307,8 +305,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fairseq-stream's CPU kernels: the fused output layer, the products, the lean and LSTM steps, attention, "
             "the search step and loops";
   bind_output_layer(m);
-  bind_prepacked_linear(m);
-  bind_quantized_linear(m);
+  bind_product(m);
+  bind_int8_linear(m);
   bind_int16_linear(m);
   bind_lean_step(m);
   bind_attention(m);

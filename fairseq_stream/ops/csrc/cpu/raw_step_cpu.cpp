@@ -20,18 +20,6 @@
 
 namespace {
 
-int64_t out_features(const Product& p) {
-  if (p.packed) return p.packed->out_features;
-  if (p.quantized) return p.quantized->out_features;
-  return p.weight.size(0);
-}
-
-int64_t in_features(const Product& p) {
-  if (p.packed) return p.packed->in_features;
-  if (p.quantized) return p.quantized->in_features;
-  return p.weight.size(1);
-}
-
 // out (rows, n) = p(in (rows, k)), then relu, then + residual (rows, n), all contiguous: the skinny
 // product on the buffers where it runs; else the product's own call, its result finished here with the
 // same float operations.
@@ -43,7 +31,7 @@ void product_into(const Product& p, const float* in, int64_t rows, float* out, c
                   w.bias ? w.bias->data_ptr<float>() : nullptr, out, residual, relu);
     return;
   }
-  const Tensor x = at::from_blob(const_cast<float*>(in), {rows, in_features(p)}, at::kFloat);
+  const Tensor x = at::from_blob(const_cast<float*>(in), {rows, p.in_features()}, at::kFloat);
   const Tensor y = p(x).contiguous();
   const float* v = y.data_ptr<float>();
   for (int64_t i = 0, count = y.numel(); i < count; ++i)
@@ -68,7 +56,7 @@ bool norm_of_width(const Norm& n, int64_t D) {
 // A product from `in` features to `out` (out < 0: any).
 bool maps(const Product& p, int64_t in, int64_t out) {
   if (!p.packed && !p.quantized && p.weight.dim() != 2) return false;
-  return in_features(p) == in && (out < 0 || out_features(p) == out);
+  return p.in_features() == in && (out < 0 || p.out_features() == out);
 }
 
 // Every layer's products and norms of the model's width D (the feed-forward's own width in between).
@@ -76,7 +64,7 @@ bool layers_fit(const LeanDecoderModel& m, int64_t D) {
   for (const LeanLayer& layer : m.layers) {
     const bool attention = maps(layer.qkv, D, 3 * D) && maps(layer.self_out, D, D) && maps(layer.cross_q, D, D) &&
                            maps(layer.cross_out, D, D);
-    const bool feed_forward = maps(layer.fc1, D, -1) && maps(layer.fc2, out_features(layer.fc1), D);
+    const bool feed_forward = maps(layer.fc1, D, -1) && maps(layer.fc2, layer.fc1.out_features(), D);
     const bool norms = norm_of_width(layer.self_norm, D) && norm_of_width(layer.cross_norm, D) &&
                        norm_of_width(layer.final_norm, D);
     if (!attention || !feed_forward || !norms) return false;
@@ -130,11 +118,11 @@ RawStep::RawStep(const LeanDecoderModel& m, const std::vector<Tensor>& enc_keys,
   std::tie(first_, span_) = source_spans<float>(mask ? mask_.data_ptr<float>() : nullptr, S, T);
   const int64_t D = m.embed.size(1);
   int64_t widest = 0;  // the feed-forward's hidden width, the widest of the layers'
-  for (const LeanLayer& layer : m.layers) widest = std::max(widest, out_features(layer.fc1));
+  for (const LeanLayer& layer : m.layers) widest = std::max(widest, layer.fc1.out_features());
   const auto options = m.embed.options();
   x_ = at::empty({rows, D}, options), y_ = at::empty({rows, D}, options), h_ = at::empty({rows, D}, options);
   qkv_ = at::empty({rows, 3 * D}, options), attn_ = at::empty({rows, D}, options);
-  hidden_ = at::empty({rows, widest}, options), out_ = at::empty({rows, out_features(m.output)}, options);
+  hidden_ = at::empty({rows, widest}, options), out_ = at::empty({rows, m.output.out_features()}, options);
   bool plain = (!m.embed_norm || kernel_takes(*m.embed_norm)) && (!m.final_norm || kernel_takes(*m.final_norm));
   for (const LeanLayer& layer : m.layers)
     plain = plain && kernel_takes(layer.self_norm) && kernel_takes(layer.cross_norm) && kernel_takes(layer.final_norm);
