@@ -204,7 +204,7 @@ def _serve(index: int, inbox, results, decode, stats):
 
 
 # Counters the parent keeps itself (it times and counts the sentences of its own generate calls).
-_PARENT_COUNTERS = ("sentences", "wall_s")
+_PARENT_COUNTERS = ("sentences", "wall_s", "window_start", "window_end")
 
 
 class _Nested(dict):
