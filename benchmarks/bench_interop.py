@@ -6,14 +6,16 @@ with a process spinning on the first core beside the run:
 
 * ours: the real ``fairseq-generate --cpu`` with every layout of the cores
   (1 core: one worker, one thread; 2 cores: ``--cpu-workers 2 --cpu-threads
-  1`` and ``--cpu-workers 1 --cpu-threads 2``); decoding seconds: the wall
-  window from the first ``generate`` call's start to the last one's end, as
-  our closing counters log it (fairseq's ``Translated N sentences ... (R
-  sentences/s)`` counts only the time inside ``generate`` calls, and the CPU
-  workers decode ahead while fairseq-generate prints between calls: that
-  line made two workers look up to 4x faster than they are); the window
-  holds fairseq-generate's printing between batches, which CTranslate2's
-  time does not; the whole process from the start of the command to its end. Every run must print the
+  1`` and ``--cpu-workers 1 --cpu-threads 2``); decoding seconds: in one
+  process, the time inside fairseq-generate's ``generate`` calls (its
+  ``Translated N sentences ... (R sentences/s)`` line), which leaves out its
+  printing between batches as CTranslate2's time leaves out output; with CPU
+  workers, the wall window from the first ``generate`` call's start to the
+  last one's end, as our closing counters log it, since the workers decode
+  ahead while fairseq-generate prints between calls (the ``Translated`` line
+  made two workers look up to 4x faster than they are); the parent's
+  printing then shares the cores with the workers; the whole process from
+  the start of the command to its end. Every run must print the
   1-core run's translations, bit for bit (the layout changes when work is
   done, never what is produced), or the script stops;
 * CTranslate2 (the ``bench`` extra, ``benchmarks/ctranslate2_peer.py``) on the
@@ -94,10 +96,17 @@ def ours(model, options, cores, workers, threads, batch_size):
     if proc.returncode != 0 or not found:
         sys.exit("bench_interop: {} failed ({}):\n{}".format(" ".join(argv), proc.returncode, proc.stderr[-3000:]))
     hyps = [line for line in proc.stdout.splitlines() if line.startswith(("H-", "P-"))]
-    window = WINDOW.search(proc.stderr)
+    return decode_seconds(found, WINDOW.search(proc.stderr), workers, argv), whole, sorted(hyps)
+
+
+def decode_seconds(translated, window, workers: int, argv) -> float:
+    """One process: the time inside fairseq-generate's ``generate`` calls (its ``Translated`` line); CPU
+    workers: the decode's wall window, since they decode ahead while the parent prints between calls."""
+    if workers == 1:
+        return int(translated.group(1).replace(",", "")) / float(translated.group(4))
     if window is None:
         sys.exit("bench_interop: {} printed no decode window".format(" ".join(argv)))
-    return float(window.group(1)), whole, sorted(hyps)
+    return float(window.group(1))
 
 
 def ctranslate2(model, compute_type, beam, cores, inter, intra, batch_size):
