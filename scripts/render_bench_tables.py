@@ -589,7 +589,8 @@ def table_newstest_standin(results, doc):
 
 def table_interop(results, doc):
     """Our best CPU layout against CTranslate2's best on the same cores (bench_interop.py), per model."""
-    keys = [k for k in ("interop_toy", "interop_standin") if k in results.index["results"]]
+    keys = [k for k in ("interop_toy", "interop_standin", "interop_m30k_idle_free", "interop_m30k_idle_busy")
+            if k in results.index["results"]]
     rows = []
     for key in keys:
         for r in results.data(key)["summary"]:
