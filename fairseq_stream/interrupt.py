@@ -6,8 +6,9 @@ would end fairseq-generate with fairseq's traceback and status -2. The
 handler here, installed when our generator is built for a fairseq tool,
 prints one line and raises ``SystemExit(130)``, as the bulk tool ends: ``finally`` blocks still
 run on the way out (the encoder thread is stopped, exit joins the threads
-left: :mod:`fairseq_stream.exit_threads`). The CPU workers put their own
-handler in its place while they run (it stops them first) and put it back.
+left: :mod:`fairseq_stream.exit_threads`). The CPU workers hand it their
+stop (:func:`stop_first`) while they run, so the one handler stops them
+before it ends the process, and take it back when they close.
 
 Only in a fairseq tool's process, and only from its main thread: a program
 that builds a generator itself (the Python API, ``task.build_generator`` in
@@ -17,8 +18,13 @@ a notebook, the tests) keeps its own Ctrl-C.
 import os
 import signal
 import sys
+from typing import Callable, List, Tuple
 
 INTERRUPTED = "fairseq-stream: interrupted"
+
+# What must stop before the process ends (the CPU workers), newest first, with
+# the words it adds to the line and the SIGINT handler to put back after it.
+_stops: List[Tuple[Callable[[], None], str, object]] = []
 
 
 def in_fairseq_tool() -> bool:
@@ -43,9 +49,47 @@ def exit_on_ctrl_c() -> bool:
     return True
 
 
-def _interrupted(signum, frame):
-    print(INTERRUPTED, file=sys.stderr, flush=True)
+def stop_first(stop: Callable[[], None], words: str) -> Callable[[], None]:
+    """Have Ctrl-C call ``stop`` before the one line (``INTERRUPTED`` + ``words``) and status 130; returns
+    the function that withdraws it.
+
+    The handler is installed for as long as ``stop`` is registered, in any
+    program (a decode with CPU workers must stop them wherever Ctrl-C lands),
+    and the handler found before is put back when the last one is withdrawn.
+    From a thread other than the main one nothing is installed and the
+    caller's own ``KeyboardInterrupt`` catch stays the only way.
+    """
+    try:
+        before = signal.signal(signal.SIGINT, _interrupted)
+    except ValueError:  # not the main thread
+        return lambda: None
+    entry = (stop, words, before)
+    _stops.append(entry)
+
+    def withdraw():
+        if entry not in _stops:
+            return
+        _stops.remove(entry)
+        try:
+            signal.signal(signal.SIGINT, entry[2] if not _stops else _interrupted)
+        except ValueError:  # withdrawn from another thread (at exit): the process is ending anyway
+            pass
+    return withdraw
+
+
+def interrupted():
+    """End the process as Ctrl-C does here: each registered stop, the one line, ``SystemExit(130)``."""
+    words = ""
+    while _stops:
+        stop, words_of, _ = _stops.pop()
+        words = words or words_of
+        stop()
+    print(INTERRUPTED + words, file=sys.stderr, flush=True)
     sys.exit(130)
+
+
+def _interrupted(signum, frame):
+    interrupted()
 
 
 _interrupted._fairseq_stream = True

@@ -40,3 +40,28 @@ def test_a_program_building_the_generator_keeps_its_own_ctrl_c():
     assert not interrupt.in_fairseq_tool()
     assert interrupt.exit_on_ctrl_c() is False
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_registered_stops_run_before_the_line_and_their_handler_goes_back(capsys):
+    # The CPU workers' way in: their stop runs first, their words end the line, and withdrawing the last
+    # stop puts back the handler found before (pytest's here).
+    before = signal.getsignal(signal.SIGINT)
+    stopped = []
+    withdraw_outer = interrupt.stop_first(lambda: stopped.append("outer"), "; outer")
+    withdraw_inner = interrupt.stop_first(lambda: stopped.append("inner"), "; inner")
+    assert getattr(signal.getsignal(signal.SIGINT), "_fairseq_stream", False)
+    withdraw_inner()
+    assert getattr(signal.getsignal(signal.SIGINT), "_fairseq_stream", False)  # the outer stop still holds it
+    withdraw_outer()
+    withdraw_outer()  # twice is harmless (close after an error, then at exit)
+    assert signal.getsignal(signal.SIGINT) is before
+
+    interrupt.stop_first(lambda: stopped.append("workers"), "; the CPU workers are stopped")
+    try:
+        interrupt.interrupted()
+    except SystemExit as e:
+        assert e.code == 130
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert stopped == ["workers"]
+    assert capsys.readouterr().err == "fairseq-stream: interrupted; the CPU workers are stopped\n"

@@ -41,7 +41,6 @@ import multiprocessing
 import pickle
 import queue
 import signal
-import sys
 import time
 import weakref
 from collections import deque
@@ -49,6 +48,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
+from fairseq_stream import interrupt
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.schedule.wrapper import DecoderWrapper
@@ -61,7 +61,7 @@ STREAM_CHUNK = 4
 WINDOW_PER_WORKER = 2
 # Seconds between checks that every worker is still alive while the parent waits.
 _POLL_S = 0.2
-INTERRUPTED = "fairseq-stream: interrupted; the CPU workers are stopped"
+STOPPED = "; the CPU workers are stopped"  # what Ctrl-C's line adds while they run
 
 
 class Workers:
@@ -363,7 +363,7 @@ class WorkersGenerator(DecoderWrapper):
         self._ahead = None  # None: not decided; False: decode here; else the results of the look-ahead
         self._done = {}  # sentence id -> hypotheses, fairseq-generate's look-ahead
         self._expected = deque()  # fairseq-interactive: (sample, its results' iterator) announced
-        self._sigint = None  # the SIGINT handler before ours, while ours is installed
+        self._sigint = None  # withdraws our stop from Ctrl-C's handler (interrupt.stop_first), while installed
         _listening.add(self)
 
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
@@ -375,7 +375,8 @@ class WorkersGenerator(DecoderWrapper):
         try:
             results = self._from_workers(sample, bos_token)
         except KeyboardInterrupt:  # where our handler could not be set (not the main thread)
-            self._interrupted(signal.SIGINT, None)
+            self.close(wait=False)
+            interrupt.interrupted()
         except BaseException:
             self.close(wait=False)
             raise
@@ -408,15 +409,7 @@ class WorkersGenerator(DecoderWrapper):
         KeyboardInterrupt there left fairseq's traceback and status -2. Only the
         main thread may set a handler; elsewhere ``generate``'s own catch stays.
         """
-        try:
-            self._sigint = signal.signal(signal.SIGINT, self._interrupted)
-        except ValueError:
-            self._sigint = None
-
-    def _interrupted(self, signum, frame):
-        self.close(wait=False)
-        print(INTERRUPTED, file=sys.stderr, flush=True)
-        sys.exit(130)
+        self._sigint = interrupt.stop_first(lambda: self.close(wait=False), STOPPED)
 
     def _start_ahead(self, sample, bos_token) -> bool:
         itr = self._batches() if self._batches is not None else None
@@ -464,11 +457,8 @@ class WorkersGenerator(DecoderWrapper):
     def close(self, wait: bool = True):
         """Stop the workers (fairseq never calls it; the end of the look-ahead, an error or exit does)."""
         if self._sigint is not None:
-            try:
-                signal.signal(signal.SIGINT, self._sigint)
-            except ValueError:  # closed from another thread (at exit): the process is ending anyway
-                pass
-            self._sigint = None
+            withdraw, self._sigint = self._sigint, None
+            withdraw()
         if self._workers is not None:
             self._workers.close(wait=wait)
 
