@@ -27,7 +27,11 @@ fairseq-fixed 0.12.3.1 with Hydra 1.3.2 needs these adjustments (see
   stopped and joined at exit (:mod:`fairseq_stream.exit_threads`): left
   running into the interpreter's finalization inside a torch operator, it
   aborted fairseq-generate after an error ("terminate called without an
-  active exception").
+  active exception");
+* ``data.Dictionary.string`` reads a token tensor element by element through
+  tensor operators, three times a sentence in fairseq-generate: the same
+  rules over the tensor's ``tolist`` (:mod:`fairseq_stream.token_strings`),
+  the same strings, a tenth of the parent's CPU there.
 
 Each adjustment to a fairseq function, wrapped or replaced, is installed by :func:`_patch`;
 preset expansion is :mod:`fairseq_stream.presets.resolve`, maxi-batching
@@ -73,6 +77,7 @@ def install():
     _patch_checkpoint_loading()
     _patch_interactive_input()
     _patch_background_consumer()
+    _patch_dictionary_string()
     from fairseq_stream.errors import install_excepthook
 
     install_excepthook()
@@ -588,6 +593,17 @@ def _stop_consumer(stop: threading.Event, batches: queue.Queue):
             batches.get_nowait()
         except queue.Empty:
             return
+
+
+# --- token strings --------------------------------------------------------
+
+
+def _patch_dictionary_string():
+    from fairseq.data.dictionary import Dictionary
+
+    from fairseq_stream.token_strings import dictionary_string
+
+    _patch(Dictionary, "string", dictionary_string)
 
 
 # --- checkpoints ----------------------------------------------------------
