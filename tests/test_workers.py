@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from conftest import BIN, REPO, run_tool, tool_env
+from conftest import BIN, REPO, generate_in_process, run_tool, tool_env
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import threads
 
-GENERATE_LINES = ("S-", "T-", "H-", "D-", "P-")
+GENERATE_LINES = ("S-", "T-", "H-", "D-", "P-", "Generate ")  # every sentence's lines, then the BLEU line
 
 
 def generate(toy, options, workers, subset="valid", extra_env=None):
@@ -53,6 +53,21 @@ def test_two_workers_print_one_workers_lines_bit_for_bit(toy, options, tmp_path)
     # A stream split into chunks makes other calls (timesteps) of the same expansions.
     for key in ("sentences", "expansions") + (() if "var-stream" in options else ("timesteps",)):
         assert counts[1][key] == counts[0][key], key
+
+
+def test_two_workers_print_what_fairseq_prints_in_one_process(toy, capsys, monkeypatch):
+    # The parent's shortcuts (schedule/wire.py: results in columns; token_strings.py: fairseq's
+    # Dictionary.string over ints) against one process with fairseq's own Dictionary.string, line for line.
+    from fairseq.data.dictionary import Dictionary
+
+    options = ["--search", "fixed", "--beam", "5", "--runner", "lean", "--quantize", "int8"]
+    two, _ = generate(toy, options, 2)
+    monkeypatch.setattr(Dictionary, "string", Dictionary.string.__wrapped__)
+    generate_in_process([toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream", "--gen-subset",
+                         "valid", "--batch-size", "16", "--cpu", "--cpu-workers", "1"] + options)
+    one = [line for line in capsys.readouterr().out.splitlines() if line.startswith(GENERATE_LINES)]
+    assert len(one) == 5 * 200 + 1 and one[-1].startswith("Generate ")
+    assert two == one
 
 
 def test_a_float32_stream_split_among_workers_keeps_every_translation(toy):

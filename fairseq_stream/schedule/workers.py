@@ -51,6 +51,7 @@ import torch
 from fairseq_stream import interrupt
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
+from fairseq_stream.schedule.wire import from_wire, to_wire
 from fairseq_stream.schedule.wrapper import DecoderWrapper
 
 logger = logging.getLogger(__name__)
@@ -262,44 +263,6 @@ def add_counters(stats, counters: Optional[dict]):
             setattr(stats, key, max(old, value))
         elif old is not None:
             setattr(stats, key, old + value)
-
-
-class _Array:
-    """A tensor on its way between processes, as a numpy array: pickling a torch tensor costs about 0.5 ms
-    (a 64-sentence batch's hypotheses, 1,300 tensors: 0.7 s there and back), a numpy array microseconds."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, array):
-        self.array = array
-
-    def __getstate__(self):
-        return self.array
-
-    def __setstate__(self, array):
-        self.array = array
-
-
-def to_wire(obj):
-    """``obj`` with every CPU tensor in its dicts, lists and tuples as an :class:`_Array` (same dtype, same bits)."""
-    if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and obj.dtype != torch.bfloat16:
-        return _Array(obj.detach().numpy())
-    if isinstance(obj, dict):
-        return {k: to_wire(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_wire(v) for v in obj)
-    return obj
-
-
-def from_wire(obj):
-    """:func:`to_wire` undone: each :class:`_Array` a tensor again."""
-    if isinstance(obj, _Array):
-        return torch.from_numpy(obj.array)
-    if isinstance(obj, dict):
-        return {k: from_wire(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(from_wire(v) for v in obj)
-    return obj
 
 
 def chunks(items: Iterable, size: int) -> Iterator[list]:
