@@ -1,0 +1,115 @@
+"""fairseq-generate's parent process with ``--cpu-workers``: its CPU over the output loop, and the decode's window.
+
+With CPU workers the parent decodes nothing: it reads batches, hands them
+out, and runs fairseq-generate's own loop over each sentence (strings,
+scores, the BLEU scorer, printing), on the cores the workers decode on
+(issue 50). For each checkout given (``--tree``, default this one) and each
+search, this runs the real ``fairseq-generate --cpu --cpu-workers N`` on the
+Multi30k model (``--m30k DIR``, as bench_interop.py finds it), rounds
+interleaved, and records the parent's CPU (user + sys of every thread, from
+the first ``generate`` call to the end of the output loop), the window our
+closing counters write to ``--stats-file``, the machine's load before and
+after, and a digest of every output line but the log's; every checkout must
+print the same lines, or the script stops.
+
+    python benchmarks/bench_parent_cpu.py --tree ../main --tree . [--rounds 3] [--json out.json]
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+SEARCHES = {"int8 fixed k=5": ["--quantize", "int8", "--search", "fixed", "--beam", "5", "--runner", "lean"],
+            "int8 var-batch k=5": ["--quantize", "int8", "--search", "var-batch", "--beam", "5"]}
+BIN = os.path.dirname(sys.executable)
+
+
+def measured_main():
+    """In the child: fairseq-generate's main with the parent's CPU taken around its output loop."""
+    from fairseq.tasks.fairseq_task import FairseqTask
+    from fairseq_cli import generate
+
+    marks = {}
+    cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+    step, loop = FairseqTask.inference_step, generate._main
+
+    def inference_step(self, *args, **kwargs):
+        marks.setdefault("start", cpu())
+        return step(self, *args, **kwargs)
+
+    def _main(cfg, output_file):
+        try:
+            return loop(cfg, output_file)
+        finally:
+            marks["end"] = cpu()
+
+    FairseqTask.inference_step, generate._main = inference_step, _main
+    sys.argv = ["fairseq-generate"] + sys.argv[2:]
+    try:
+        generate.cli_main()
+    finally:
+        print("parent_loop_cpu_s {:.3f}".format(marks["end"] - marks["start"]), file=sys.stderr, flush=True)
+
+
+def run(tree, model_dir, options, workers):
+    """One fairseq-generate run of ``tree``: (parent loop CPU s, window s, output digest)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        stats = os.path.join(tmp, "stats.json")
+        argv = [sys.executable, os.path.abspath(__file__), "--child", os.path.join(model_dir, "data-bin"),
+                "--path", os.path.join(model_dir, "transformer", "checkpoint_best.pt"), "--user-dir",
+                os.path.join(tree, "fairseq_stream"), "--gen-subset", "test", "--batch-size", "64", "--cpu",
+                "--cpu-workers", str(workers), "--cpu-threads", "1", "--stats-file", stats] + options
+        env = dict(os.environ, PYTHONPATH=tree, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(workers))
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=tree)
+        if proc.returncode != 0:
+            sys.exit("bench_parent_cpu: {} failed:\n{}".format(" ".join(argv), proc.stderr[-3000:]))
+        cpu = float(proc.stderr.rsplit("parent_loop_cpu_s ", 1)[1].split()[0])
+        window = json.load(open(stats))["window_s"]
+    lines = [line for line in proc.stdout.splitlines() if not line[:4].isdigit()]  # log lines start with the date
+    return cpu, window, hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def main():
+    # Here, not at the top: the child must import fairseq_stream from the checkout it runs, not this one.
+    import preamble
+    from bench_threads import cpu_model
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tree", action="append", help="a checkout to run (default: this one)")
+    parser.add_argument("--m30k", default=os.path.join(preamble.REPO, "runs", "m30k"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--searches", nargs="+", default=list(SEARCHES), choices=list(SEARCHES))
+    parser.add_argument("--json", help="write every run here")
+    args = parser.parse_args()
+    trees = [os.path.abspath(t) for t in (args.tree or [preamble.REPO])]
+    rows, digests = [], {}
+    print("bench_parent_cpu: {}".format(cpu_model()), flush=True)
+    for _ in range(args.rounds):
+        for search in args.searches:
+            for tree in trees:
+                before = round(os.getloadavg()[0], 2)
+                cpu, window, digest = run(tree, args.m30k, SEARCHES[search], args.workers)
+                if digests.setdefault(search, digest) != digest:
+                    sys.exit("bench_parent_cpu: {} printed other lines with {}".format(tree, search))
+                rows.append({"tree": tree, "search": search, "parent_loop_cpu_s": cpu, "window_s": window,
+                             "load": [before, round(os.getloadavg()[0], 2)]})
+                print("  {search:<20} {tree:<40} parent CPU {parent_loop_cpu_s:6.3f} s  window {window_s:7.3f} s  "
+                      "load {load}".format(**rows[-1]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": cpu_model(), "argv": sys.argv, "date": time.strftime("%Y-%m-%d"), "runs": rows}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        measured_main()
+    else:
+        main()
