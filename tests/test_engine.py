@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 
 def recording(dec, log):
     """Wrap ``dec``'s three step parts so that each call is logged (name, cohort ids); the real methods run."""
-    call_model, select, update = dec.call_model, dec.select, dec.update
+    call_model, select, update = dec.call_model, dec.policy.select, dec.books.update
 
     def model(cohorts):
         log.append(("model", [id(c) for c in cohorts]))
@@ -35,7 +35,7 @@ def recording(dec, log):
         log.append(("update", id(c)))
         return update(c, chosen)
 
-    dec.call_model, dec.select, dec.update = model, policy, books
+    dec.call_model, dec.policy.select, dec.books.update = model, policy, books
 
 
 def plans(log):
