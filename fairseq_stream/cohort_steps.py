@@ -72,7 +72,7 @@ class BeamBookkeeping:
         dense: every slot is a runner row.
         runner: the runner whose rows follow the slots.
         finalizer: the finalization rule's (:func:`fairseq_stream.finalize.finalizer`).
-        scores: the hypotheses' scorer (``BeamDecoder.scores``).
+        scores: the hypotheses' scorer (``BeamDecoder.scores``, as a function that holds no decoder).
         stats: the decoder's counters (the late reader's clock).
         late: the late reader (:mod:`~fairseq_stream.late_reads`), or None: each summary read at once.
     """

@@ -33,17 +33,18 @@ bookkeeping (:attr:`BeamDecoder.books`,
 next beam); and the cohort interface. The loop that decides which cohorts step, for ``--generator
 batch`` and the streaming pool alike, and calls the three in turn is the
 engine's. What the search asks sits beside
-it: its runner and output backend come ready
+it: its runner, output backend and policy come ready
 (:mod:`~fairseq_stream.decoder_parts`; ``build.py`` assembles them); a
 step's candidates (:mod:`~fairseq_stream.candidates`),
-the selection (:mod:`~fairseq_stream.search.selection`), the finalization
-rule (:mod:`~fairseq_stream.finalize`), the cohort's move to the next beam
-(:mod:`~fairseq_stream.cohort_steps`), the length rules
+the selection (:mod:`~fairseq_stream.search.selection`, which the policy
+calls), the finalization rule (:mod:`~fairseq_stream.finalize`), the
+cohort's move to the next beam (:mod:`~fairseq_stream.cohort_steps`), the length rules
 (:mod:`~fairseq_stream.lengths`), and the whole search in one compiled call
 where that is exact (:mod:`~fairseq_stream.compiled_search`).
 """
 
 import copy
+import functools
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -85,6 +86,19 @@ def _since(stats: DecodeStats, t0: float, out) -> float:
     if stats.keep_steps and out.is_cuda:
         torch.cuda.synchronize(out.device)
     return time.perf_counter() - t0
+
+
+def hypothesis_scores(runner, score_dtype, normalize_scores: bool, len_penalty: float, finals: List[float],
+                      lens: List[int]) -> Tuple[List[float], List[Tensor]]:
+    """Hypothesis scores from cumulative ones: the values on the host (to rank by) and fairseq's 0-d score
+    tensors, both as fairseq makes them on ``runner``'s models' device
+    (:func:`fairseq_stream.hypotheses.normalized`, :func:`fairseq_stream.hypotheses.score_tensors`)."""
+    from fairseq_stream.runners.base import module_device
+
+    device = module_device(runner.model)
+    values = hyp.normalized(finals, lens, score_dtype, normalize_scores, len_penalty,
+                            reciprocal=device.type == "cuda")
+    return values, hyp.score_tensors(values, score_dtype, device)
 
 
 def check_call(prefix_tokens, constraints):
@@ -186,8 +200,10 @@ class BeamDecoder:
 
     def _bookkeeping(self) -> BeamBookkeeping:
         """The bookkeeping of this decoder's steps: its finalizer, runner, scorer, counters and late reader."""
-        return BeamBookkeeping(self.beam_size, self.dense, self.runner, self.finalizer, self.scores, self.stats,
-                               self.late)
+        # The scorer holds the runner and the rules, not the decoder: no reference cycle keeps a decoder alive.
+        scorer = functools.partial(hypothesis_scores, self.runner, self.score_dtype, self.normalize_scores,
+                                   self.len_penalty)
+        return BeamBookkeeping(self.beam_size, self.dense, self.runner, self.finalizer, scorer, self.stats, self.late)
 
     def cuda(self):
         self.runner.cuda()
@@ -348,15 +364,8 @@ class BeamDecoder:
     # -- scoring (the finalizer's scorer; Jacobi's too) ---------------------
 
     def scores(self, finals: List[float], lens: List[int]) -> Tuple[List[float], List[Tensor]]:
-        """This search's hypothesis scores from cumulative ones: the values on the host (to rank by) and
-        fairseq's 0-d score tensors, both as fairseq makes them on the models' device
-        (:func:`fairseq_stream.hypotheses.normalized`, :func:`fairseq_stream.hypotheses.score_tensors`)."""
-        from fairseq_stream.runners.base import module_device
-
-        device = module_device(self.runner.model)
-        values = hyp.normalized(finals, lens, self.score_dtype, self.normalize_scores, self.len_penalty,
-                                reciprocal=device.type == "cuda")
-        return values, hyp.score_tensors(values, self.score_dtype, device)
+        """This search's hypothesis scores from cumulative ones: :func:`hypothesis_scores` by its rules."""
+        return hypothesis_scores(self.runner, self.score_dtype, self.normalize_scores, self.len_penalty, finals, lens)
 
     def empty_hypothesis(self, device) -> Dict[str, Tensor]:
         """The hypothesis of an empty source."""

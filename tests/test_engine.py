@@ -56,6 +56,27 @@ def test_the_beam_decoder_assembles_the_three_parts(loaded):
         assert isinstance(dec, interface), interface.__name__
 
 
+@pytest.mark.parametrize("search", ["greedy", "fixed", "fixed-stay"])
+def test_the_policy_and_bookkeeping_are_objects_of_their_own_that_keep_no_decoder_alive(loaded, search):
+    """The engine is handed the decoder's policy and bookkeeping, each with its own interface; neither holds
+    the decoder, so a decoder and its runner are freed when the last reference goes (no reference cycle)."""
+    import gc
+    import weakref
+
+    models, task = loaded("transformer")
+    dec = BeamDecoder(models, task.target_dictionary, **decoder_options(search))
+    assert dec.policy is not dec and isinstance(dec.policy, SearchPolicy)
+    assert dec.books is not dec and isinstance(dec.books, Bookkeeping)
+    decode(dec, models, sorted_batches(task, 4, 8, subset="valid"), None)
+    decoder, runner = weakref.ref(dec), weakref.ref(dec.runner)
+    gc.disable()
+    try:
+        del dec
+        assert decoder() is None and runner() is None
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("search", ["greedy", "fixed", "var-batch"])
 def test_each_plan_is_one_model_call_then_each_cohorts_search_step_and_bookkeeping(loaded, search):
     models, task = loaded("transformer")
