@@ -235,11 +235,10 @@ def main():
         try:
             # The output layer as fairseq-generate picks it (--output-layer auto): greedy does not keep
             # the reference path (GreedySearch.build), the dense fixed search does.
+            # A lean variant is handed ready: the decoder's bookkeeping moves the rows of the runner it was given.
             dec = BeamDecoder(models, d, beam_size=beam, finalize=finalize, pruning=pruning,
-                              runner="lean" if runner in LEAN_VARIANTS else runner,
+                              runner=LeanRunner(models, **LEAN_VARIANTS[runner]) if runner in LEAN_VARIANTS else runner,
                               output_layer=args.output_layer, keep_reference=False if beam == 1 else None)
-            if runner in LEAN_VARIANTS:
-                dec.runner = LeanRunner(models, **LEAN_VARIANTS[runner])
         except ImportError as e:
             sys.exit("bench_step: runner {!r} is not available ({}); run with --runners fairseq".format(runner, e))
         # build_runner falls back to the fairseq runner for models the lean one

@@ -186,12 +186,12 @@ def build_decoder(spec: DecoderSpec, task, models, workers_by_default: bool = Fa
     batch on its own, so the default layout may take worker processes.
     """
     from fairseq_stream.decoder import BeamDecoder
-    from fairseq_stream.decoder_parts import parts
+    from fairseq_stream.decoder_parts import parts, policy
     from fairseq_stream.stats import DecodeStats, StatsReporter
 
     stats = DecodeStats(keep_steps=spec.stats_steps)
     s, rules = spec.settings, spec.rules
-    # The decoder is handed its runner and output backend ready.
+    # The decoder is handed its runner, output backend and search policy ready.
     runner, backend = parts(models, task.target_dictionary, s.beam, s.finalize, s.pruning, rules.temperature,
                             rules.no_repeat_ngram_size, spec.runner, spec.output_layer, s.keep_reference, spec.rnn,
                             spec.quantize, spec.stack_members)
@@ -201,7 +201,7 @@ def build_decoder(spec: DecoderSpec, task, models, workers_by_default: bool = Fa
         normalize_scores=rules.normalize_scores, len_penalty=rules.len_penalty, unk_penalty=rules.unk_penalty,
         temperature=rules.temperature, no_repeat_ngram_size=rules.no_repeat_ngram_size,
         runner=runner, output_layer=spec.output_layer, keep_reference=s.keep_reference, output_backend=backend,
-        host_lag=spec.host_lag,
+        host_lag=spec.host_lag, policy=policy(task.target_dictionary, s.beam, s.finalize, s.pruning),
     )
     if spec.quantize != "none":
         _release_float_weights(decoder.runner, spec.quantize)

@@ -28,7 +28,6 @@ from torch import Tensor
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.ops import topk_log_softmax
 from fairseq_stream.ops.output_layer import OutputLayerResult, apply_step_rules
-from fairseq_stream.search.selection import forced_eos_ranks
 
 
 def per_row(k: int, vocab_size: int, finalize: str, pruning_active: bool) -> int:
@@ -159,11 +158,3 @@ def top_candidates(d, logits, n: int, ban_eos=None, force_eos: Optional[Tensor] 
                             temperature=d.temperature, ban_eos=ban_eos, force_eos=force_eos,
                             backend=d.output_backend, check=check)
 
-
-def ignore_ranks(d, c: Cohort) -> Optional[Tensor]:
-    """fairseq's ranks to ignore this step (:func:`~fairseq_stream.search.selection.forced_eos_ranks`), or
-    None: only a dense beam of V - 1 slots can have been forced to take an EOS."""
-    if not (d.dense and d.beam_size >= d.vocab_size - 1 and c.step > 0):
-        return None
-    S, k = c.size, d.beam_size
-    return forced_eos_ranks(c.tokens[:, c.step].view(S, k), c.scores[:, c.step - 1].view(S, k), d.eos)

@@ -1,22 +1,26 @@
 """How a cohort opens and moves from one step to the next: the bookkeeping around the search's choice.
 
-:func:`open_cohort` encodes a batch into a cohort at step 0;
-:func:`next_beam` moves a cohort past a search step (slots follow their
-parents, ended sentences leave, the runner's rows follow). Functions of the
-decoder (:class:`~fairseq_stream.decoder.BeamDecoder`), which reads the
-step's summary and calls them; what they read of it: ``beam_size``,
-``dense``, ``pad``, ``eos``, ``score_dtype``, ``max_lengths`` and its
-``runner`` (``start``, ``reorder``, ``sync_free``, ``reserve_positions``
-where it has one).
+:func:`open_cohort` encodes a batch into a cohort at step 0 (a function of
+the decoder, :class:`~fairseq_stream.decoder.BeamDecoder`: it reads its
+``beam_size``, ``dense``, ``pad``, ``eos``, ``score_dtype``,
+``max_lengths``, ``host_lag`` and its ``runner``'s ``start`` and
+``reserve_positions``). :class:`BeamBookkeeping` is the engine's
+:class:`~fairseq_stream.engine.Bookkeeping` for beam search: after a
+search step it reads the step's summary, has the finalizer keep and collect
+hypotheses, and moves the cohort to its next beam (:func:`next_beam`: slots
+follow their parents, ended sentences leave, the runner's rows follow).
+:func:`next_beam` reads ``beam_size``, ``dense`` and the ``runner``
+(``reorder``, ``sync_free``) of what it is handed: the bookkeeping.
 """
 
 import math
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 from torch import Tensor
 
 from fairseq_stream.cohort import Cohort
+from fairseq_stream.finalize import Finalizer, read_host
 from fairseq_stream.ops.beam_step import reorder_beam_
 from fairseq_stream.ops.packing import compact
 
@@ -57,6 +61,58 @@ def open_cohort(d, net_input, ids: Optional[Tensor] = None, bos_token=None) -> C
     )
     cohort.run_rows = rows_to_run(d.dense, live)
     return cohort
+
+
+class BeamBookkeeping:
+    """What follows a beam search step (:class:`~fairseq_stream.engine.Bookkeeping`): the finished sentences'
+    hypotheses, and the cohort moved to its next beam.
+
+    Args:
+        k: the beam width.
+        dense: every slot is a runner row.
+        runner: the runner whose rows follow the slots.
+        finalizer: the finalization rule's (:func:`fairseq_stream.finalize.finalizer`).
+        scores: the hypotheses' scorer (``BeamDecoder.scores``, as a function that holds no decoder).
+        stats: the decoder's counters (the late reader's clock).
+        late: the late reader (:mod:`~fairseq_stream.late_reads`), or None: each summary read at once.
+    """
+
+    def __init__(self, k: int, dense: bool, runner, finalizer: Finalizer, scores: Callable, stats, late=None):
+        self.beam_size, self.dense, self.runner = k, dense, runner
+        self.finalizer, self.scores, self.stats, self.late = finalizer, scores, stats, late
+
+    def update(self, c: Cohort, step_out) -> Dict[int, List[Dict[str, Tensor]]]:
+        """Carry ``c``'s search step ``step_out`` out, in place: the finalizer's part, then the next beam.
+
+        Returns the sentences that finished (id -> hypotheses, best first);
+        they leave the cohort. The step is tensor operations but for one
+        read of a small summary (which sentences end, their ids, how many
+        rows stay live and, under ``--finalize fairseq``, how many hypotheses
+        each finalized): the only host synchronization of a step in which no
+        sentence ends. A step in which some end also reads their hypotheses.
+        """
+        if self.late is not None:
+            # The summary of a step made host_lag calls before is read instead (late_reads.py).
+            return self.late.update(self, c, step_out)
+        S = c.size
+        # The step's one host read (the summary): per sentence, 1 if it ends
+        # (+2 for an empty source) and its id, under fairseq's rule the
+        # hypotheses each finalized, and the live rows left; for a runner
+        # that moves rows without reading the device, each sentence's live
+        # rows after them.
+        per_sentence = not self.dense and getattr(self.runner, "sync_free", False)
+        summary = step_out.summary
+        if per_sentence:
+            summary = torch.cat([summary, step_out.sel.live.sum(dim=1)])
+        summary = read_host(summary)
+        ids = summary[S: 2 * S]
+        ending = [s for s in range(S) if summary[s] & 1] if any(summary[:S]) else []
+        # fairseq's rule stores its EOS hypotheses now (the stay rule keeps them on the beam: nothing to store).
+        self.finalizer.after_step(step_out.sel, c, ids, summary[2 * S: 3 * S])
+        results = self.finalizer.finished(c, step_out, ending, ids, summary, self.scores) if ending else {}
+        rows = summary[-S:] if per_sentence else None
+        next_beam(self, c, step_out, ending, summary[-S - 1] if per_sentence else summary[-1], rows)
+        return results
 
 
 def next_beam(d, c: Cohort, step_out, ending: List[int], n_live: int, live_rows: Optional[List[int]] = None):

@@ -23,25 +23,28 @@ Finalization rules (``--finalize``):
 
 This module assembles a step's three parts for beam search, each of which
 the engine (:mod:`~fairseq_stream.engine`) calls through its own interface:
-the model call (:meth:`BeamDecoder.call_model`: the runner's step, then the
-output layer's candidates), the search policy (:meth:`BeamDecoder.select`:
-fairseq's or the stay rule's selection; fixed, var and greedy are this
-policy at their k and pruning) and the bookkeeping
-(:meth:`BeamDecoder.update`: finalization, the next beam); and the cohort
-interface. The loop that decides which cohorts step, for ``--generator
+the model call (:meth:`BeamDecoder.call_model`, the decoder's own: the
+runner's step, then the output layer's candidates), the search policy
+(:attr:`BeamDecoder.policy`, an object of its own:
+:mod:`~fairseq_stream.search.policies`, fairseq's or the stay rule's
+selection; fixed, var and greedy are these at their k and pruning) and the
+bookkeeping (:attr:`BeamDecoder.books`,
+:class:`~fairseq_stream.cohort_steps.BeamBookkeeping`: finalization, the
+next beam); and the cohort interface. The loop that decides which cohorts step, for ``--generator
 batch`` and the streaming pool alike, and calls the three in turn is the
 engine's. What the search asks sits beside
-it: its runner and output backend come ready
+it: its runner, output backend and policy come ready
 (:mod:`~fairseq_stream.decoder_parts`; ``build.py`` assembles them); a
 step's candidates (:mod:`~fairseq_stream.candidates`),
-the selection (:mod:`~fairseq_stream.search.selection`), the finalization
-rule (:mod:`~fairseq_stream.finalize`), the cohort's move to the next beam
-(:mod:`~fairseq_stream.cohort_steps`), the length rules
+the selection (:mod:`~fairseq_stream.search.selection`, which the policy
+calls), the finalization rule (:mod:`~fairseq_stream.finalize`), the
+cohort's move to the next beam (:mod:`~fairseq_stream.cohort_steps`), the length rules
 (:mod:`~fairseq_stream.lengths`), and the whole search in one compiled call
 where that is exact (:mod:`~fairseq_stream.compiled_search`).
 """
 
 import copy
+import functools
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -51,18 +54,18 @@ from torch import Tensor
 from fairseq_stream import compiled_search, decoder_parts, late_reads
 from fairseq_stream import hypotheses as hyp
 from fairseq_stream import lengths
-from fairseq_stream.candidates import candidates, ignore_ranks, per_row, top_candidates
+from fairseq_stream.candidates import candidates, per_row, top_candidates
 from fairseq_stream.cohort import Cohort
-from fairseq_stream.cohort_steps import next_beam, open_cohort
+from fairseq_stream.cohort_steps import BeamBookkeeping, open_cohort
 from fairseq_stream.engine import Engine
 from fairseq_stream.errors import FairseqStreamError
-from fairseq_stream.finalize import finalizer, read_host
+from fairseq_stream.finalize import finalizer
 from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.ops.output_layer import OutputLayerResult
 from fairseq_stream.output_choice import check_output_layer
 from fairseq_stream.schedule.plan import BatchPlanner
+from fairseq_stream.search.policies import search_policy
 from fairseq_stream.search.pruning import Pruning
-from fairseq_stream.search.selection import fairseq_step, stay_step
 from fairseq_stream.stats import DecodeStats
 
 def _ngram_blocker(size: int):
@@ -85,6 +88,19 @@ def _since(stats: DecodeStats, t0: float, out) -> float:
     return time.perf_counter() - t0
 
 
+def hypothesis_scores(runner, score_dtype, normalize_scores: bool, len_penalty: float, finals: List[float],
+                      lens: List[int]) -> Tuple[List[float], List[Tensor]]:
+    """Hypothesis scores from cumulative ones: the values on the host (to rank by) and fairseq's 0-d score
+    tensors, both as fairseq makes them on ``runner``'s models' device
+    (:func:`fairseq_stream.hypotheses.normalized`, :func:`fairseq_stream.hypotheses.score_tensors`)."""
+    from fairseq_stream.runners.base import module_device
+
+    device = module_device(runner.model)
+    values = hyp.normalized(finals, lens, score_dtype, normalize_scores, len_penalty,
+                            reciprocal=device.type == "cuda")
+    return values, hyp.score_tensors(values, score_dtype, device)
+
+
 def check_call(prefix_tokens, constraints):
     """Refuse fairseq ``generate`` arguments our loop does not implement."""
     if prefix_tokens is not None:
@@ -99,7 +115,7 @@ class BeamDecoder:
     Schedulers drive it a step at a time through its stepping interface
     (:class:`~fairseq_stream.engine.CohortDecoder`): :meth:`open` a
     batch into a cohort, step cohorts by one decoder call (:meth:`call_model`, then each cohort's
-    :meth:`select` and :meth:`update`),
+    search step by its :attr:`policy` and bookkeeping by its :attr:`books`, two objects of their own),
     :meth:`split` and :meth:`join` them (:meth:`can_join`,
     :attr:`joins_lengths`, :attr:`first_step_rows`).
 
@@ -119,6 +135,9 @@ class BeamDecoder:
             ``output_layer``, ``keep_reference``, ``rnn_options``,
             ``quantize``, ``stack_members``): see :mod:`fairseq_stream.decoder_parts`.
         host_lag: read each step's summary this many decoder calls late (:mod:`.late_reads`); 0: at once.
+        policy: the ready search policy of ``beam_size``, ``finalize`` and
+            ``pruning`` (``build.py`` hands one: :func:`.decoder_parts.policy`),
+            or None: made from them the same way.
     """
 
     def __init__(self, models, tgt_dict, beam_size: int = 5, finalize: str = "fairseq",
@@ -127,7 +146,7 @@ class BeamDecoder:
                  unk_penalty: float = 0.0, temperature: float = 1.0, no_repeat_ngram_size: int = 0,
                  runner="fairseq", output_layer: str = "torch", keep_reference: Optional[bool] = None,
                  rnn_options=None, quantize: str = "none", stack_members: Optional[bool] = None,
-                 output_backend: Optional[str] = None, host_lag: int = 0):
+                 output_backend: Optional[str] = None, host_lag: int = 0, policy=None):
         decoder_parts.check_rules(finalize, temperature)
         self.dense = decoder_parts.is_dense(finalize, pruning)
         self.keep_reference = decoder_parts.keeps_reference(finalize, pruning, keep_reference)
@@ -146,6 +165,7 @@ class BeamDecoder:
         self.finalize = finalize
         self.finalizer = finalizer(finalize, self.beam_size, self.eos)
         self.pruning = pruning or Pruning()
+        self.policy = policy if policy is not None else decoder_parts.policy(tgt_dict, beam_size, finalize, pruning)
         self.stats = stats if stats is not None else DecodeStats()
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.min_len = min_len
@@ -166,6 +186,7 @@ class BeamDecoder:
         self.compiled_loop = True
         self.host_lag = host_lag
         self.late = late_reads.reader(host_lag, self.dense, getattr(self.runner, "name", None))
+        self.books = self._bookkeeping()
 
     def with_lengths(self, max_len_a: float, max_len_b: int, min_len: int) -> "BeamDecoder":
         """A copy sharing the runner and its weights, with other length rules and counters of its own
@@ -174,7 +195,15 @@ class BeamDecoder:
         probe.max_len_a, probe.max_len_b, probe.min_len = max_len_a, max_len_b, min_len
         probe.shortest_max_len = probe._shortest_max_len()
         probe.stats = DecodeStats()
+        probe.books = probe._bookkeeping()  # its counters are the late reader's clock
         return probe
+
+    def _bookkeeping(self) -> BeamBookkeeping:
+        """The bookkeeping of this decoder's steps: its finalizer, runner, scorer, counters and late reader."""
+        # The scorer holds the runner and the rules, not the decoder: no reference cycle keeps a decoder alive.
+        scorer = functools.partial(hypothesis_scores, self.runner, self.score_dtype, self.normalize_scores,
+                                   self.len_penalty)
+        return BeamBookkeeping(self.beam_size, self.dense, self.runner, self.finalizer, scorer, self.stats, self.late)
 
     def cuda(self):
         self.runner.cuda()
@@ -309,61 +338,18 @@ class BeamDecoder:
         return self.output_backend != "torch"
 
     def select(self, c: Cohort, found: tuple):
-        """``c``'s search step over its candidates ``found`` (:class:`~fairseq_stream.engine.SearchPolicy`): the
-        finalization rule's selection, as :meth:`_select`."""
-        return self._select(c, *found)
+        """``c``'s search step over its candidates ``found``: its :attr:`policy`'s (the engine calls the policy
+        itself; the decoder as a whole is still a :class:`~fairseq_stream.engine.SearchPolicy`)."""
+        return self.policy.select(c, found)
 
     def update(self, c: Cohort, step_out) -> Dict[int, List[Dict[str, Tensor]]]:
-        """The bookkeeping of ``c``'s search step ``step_out`` (:class:`~fairseq_stream.engine.Bookkeeping`), in
-        place: the finalizer's, then the move to the next beam.
-
-        Returns the sentences that finished (id -> hypotheses, best first);
-        they leave the cohort. The step is tensor operations but for one
-        read of a small summary (which sentences end, their ids, how many
-        rows stay live and, under ``--finalize fairseq``, how many hypotheses
-        each finalized): the only host synchronization of a step in which no
-        sentence ends. A step in which some end also reads their hypotheses.
-        """
-        if self.late is not None:
-            # The summary of a step made host_lag calls before is read instead (late_reads.py).
-            return self.late.update(self, c, step_out)
-        S = c.size
-        # The step's one host read (the summary): per sentence, 1 if it ends
-        # (+2 for an empty source) and its id, under fairseq's rule the
-        # hypotheses each finalized, and the live rows left; for a runner
-        # that moves rows without reading the device, each sentence's live
-        # rows after them.
-        per_sentence = not self.dense and getattr(self.runner, "sync_free", False)
-        summary = step_out.summary
-        if per_sentence:
-            summary = torch.cat([summary, step_out.sel.live.sum(dim=1)])
-        summary = read_host(summary)
-        ids = summary[S: 2 * S]
-        ending = [s for s in range(S) if summary[s] & 1] if any(summary[:S]) else []
-        if self.finalize == "fairseq":
-            self.finalizer.after_step(step_out.sel, c, ids, summary[2 * S: 3 * S])
-        results = self.finalizer.finished(c, step_out, ending, ids, summary, self.scores) if ending else {}
-        rows = summary[-S:] if per_sentence else None
-        next_beam(self, c, step_out, ending, summary[-S - 1] if per_sentence else summary[-1], rows)
-        return results
+        """The bookkeeping of ``c``'s search step ``step_out``, in place: its :attr:`books`' (the engine calls
+        them itself; the decoder as a whole is still a :class:`~fairseq_stream.engine.Bookkeeping`)."""
+        return self.books.update(c, step_out)
 
     def _candidates(self, c: Cohort, lprobs):
         """(cand, local, word_of, per_slot) of ``c``'s step: :func:`fairseq_stream.candidates.candidates`."""
         return candidates(self, c, lprobs)
-
-    def _select(self, c: Cohort, cand, local, word_of, per_slot):
-        """The finalization rule's selection over the candidates (``stay_step`` or ``fairseq_step``)."""
-        k = self.beam_size
-        if self.finalize == "stay":
-            return stay_step(cand, local, k, per_slot, self.eos, self.pad, self.pruning, c.step, c.done_len,
-                             c.scores, c.empty, c.ids, word_of)
-        # No finished hypothesis stays on the beam here, so done_len
-        # counts the finalized ones instead (see fairseq_step): the count
-        # travels with the sentence when cohorts split or join.
-        step_out = fairseq_step(cand, local, k, per_slot, self.eos, self.pruning, c.step, c.done_len,
-                                c.best_finished, c.max_lens, c.empty, c.ids, word_of, ignore=ignore_ranks(self, c))
-        c.best_finished = step_out.best_finished
-        return step_out
 
     def top_candidates(self, logits, n: int, ban_eos=None, force_eos: Optional[Tensor] = None,
                        check: bool = True) -> OutputLayerResult:
@@ -378,15 +364,8 @@ class BeamDecoder:
     # -- scoring (the finalizer's scorer; Jacobi's too) ---------------------
 
     def scores(self, finals: List[float], lens: List[int]) -> Tuple[List[float], List[Tensor]]:
-        """This search's hypothesis scores from cumulative ones: the values on the host (to rank by) and
-        fairseq's 0-d score tensors, both as fairseq makes them on the models' device
-        (:func:`fairseq_stream.hypotheses.normalized`, :func:`fairseq_stream.hypotheses.score_tensors`)."""
-        from fairseq_stream.runners.base import module_device
-
-        device = module_device(self.runner.model)
-        values = hyp.normalized(finals, lens, self.score_dtype, self.normalize_scores, self.len_penalty,
-                                reciprocal=device.type == "cuda")
-        return values, hyp.score_tensors(values, self.score_dtype, device)
+        """This search's hypothesis scores from cumulative ones: :func:`hypothesis_scores` by its rules."""
+        return hypothesis_scores(self.runner, self.score_dtype, self.normalize_scores, self.len_penalty, finals, lens)
 
     def empty_hypothesis(self, device) -> Dict[str, Tensor]:
         """The hypothesis of an empty source."""

@@ -1,9 +1,10 @@
-"""The parts a :class:`~fairseq_stream.decoder.BeamDecoder` is handed: its runner and its output backend.
+"""The parts a :class:`~fairseq_stream.decoder.BeamDecoder` is handed: its runner, its output backend and its
+search policy.
 
-``build.py`` assembles them from the parsed options (:func:`parts`) and
-hands them to the decoder ready; a decoder given names instead (tests,
-benchmarks: ``BeamDecoder(models, d, runner="lean")``) asks :func:`parts`
-the same. The decoder asks :func:`output_backend` again only when it moves
+``build.py`` assembles them from the parsed options (:func:`parts`,
+:func:`policy`) and hands them to the decoder ready; a decoder given names
+instead (tests, benchmarks: ``BeamDecoder(models, d, runner="lean")``) asks
+:func:`parts` and :func:`policy` the same. The decoder asks :func:`output_backend` again only when it moves
 to CUDA (the kernel follows the models' device).
 
 The names:
@@ -34,6 +35,8 @@ from fairseq_stream.candidates import per_row
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.output_choice import check_output_layer, choose_backend
 from fairseq_stream.runners import build_runner
+from fairseq_stream.search.policies import search_policy
+from fairseq_stream.search.pruning import Pruning
 
 
 FINALIZE_MODES = ("fairseq", "stay")
@@ -84,3 +87,11 @@ def output_backend(runner, output_layer: str, keep_reference: bool, candidates_p
     bitwise = keep_reference and isinstance(runner, ModelRunner)
     return choose_backend(output_layer, runner, module_device(runner.model), candidates_per_row,
                           keep_reference=bitwise, no_repeat_ngram_size=no_repeat_ngram_size)
+
+
+def policy(tgt_dict, beam_size: int = 5, finalize: str = "fairseq", pruning=None):
+    """The search policy of a decoder with these settings (:func:`fairseq_stream.search.policies.search_policy`):
+    its beam as wide as the decoder's, at most the words but one."""
+    V = len(tgt_dict)
+    return search_policy(finalize, min(beam_size, V - 1), V, tgt_dict.eos(), tgt_dict.pad(), pruning or Pruning(),
+                         is_dense(finalize, pruning))

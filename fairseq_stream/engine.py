@@ -21,14 +21,20 @@ A plan's step calls three parts, each through its own declared interface:
   (``fairseq/search.py``), CTranslate2's ``SearchStrategy::search``
   (``include/ctranslate2/decoding.h``) with the model behind
   ``decoder(step, ids, state)``; fixed, var and greedy (fixed at k = 1) are
-  this policy under either finalization rule;
+  the two rules' policies (:mod:`fairseq_stream.search.policies`) at their
+  k and pruning;
 * the bookkeeping (:class:`Bookkeeping`): the finished sentences'
   hypotheses, and the cohort moved to its next beam.
 
-:class:`~fairseq_stream.decoder.BeamDecoder` is the assembly of the three
-for beam search; Jacobi's window steps
-(:class:`~fairseq_stream.jacobi.decoder.JacobiDecoder`'s) are the three for
-its windows, the window call being its model call.
+The engine is handed them by a :class:`CohortSteps`: the model call is its
+own, the policy and the bookkeeping are objects of their own
+(``policy``, ``books``). :class:`~fairseq_stream.decoder.BeamDecoder` is
+the assembly for beam search (its policy from
+:mod:`~fairseq_stream.search.policies`, its bookkeeping
+:class:`~fairseq_stream.cohort_steps.BeamBookkeeping`); Jacobi's window
+steps (:class:`~fairseq_stream.jacobi.decoder.JacobiDecoder`'s) are the
+assembly for its windows: the window call its model call, greedy's
+acceptance of the verified tokens its policy.
 
 Two planners drive it, so the search loop is written once:
 
@@ -83,8 +89,13 @@ class Bookkeeping(Protocol):
 
 
 @runtime_checkable
-class CohortSteps(StepModel, SearchPolicy, Bookkeeping, Protocol):
-    """The three parts of a step, all that the engine needs under a planner that never splits or joins."""
+class CohortSteps(StepModel, Protocol):
+    """The three parts of a step, all that the engine needs under a planner that never splits or joins: the
+    model call (this object's :meth:`call_model`), and the search policy and the bookkeeping, each an object of
+    its own."""
+
+    policy: SearchPolicy
+    books: Bookkeeping
 
 
 @runtime_checkable
@@ -93,7 +104,7 @@ class CohortDecoder(CohortSteps, Protocol):
 
     :class:`~fairseq_stream.decoder.BeamDecoder` is the one implementation.
     The decoder opens a fairseq batch into a cohort at step 0, splits and
-    joins cohorts, and is the three parts of a step (:class:`CohortSteps`);
+    joins cohorts, and hands the engine the three parts of a step (:class:`CohortSteps`);
     the caller decides which cohorts run and when, and never reaches the
     decoder's runner. ``generate``, ``eos``, ``symbols_to_strip_from_output``,
     ``cuda`` and ``check_call`` are fairseq's generator interface, which a
@@ -101,6 +112,8 @@ class CohortDecoder(CohortSteps, Protocol):
     """
 
     stats: DecodeStats  # the run's counters; the pool adds its refills and lags
+    policy: SearchPolicy  # as CohortSteps declares: named here, where the schedulers' reads are checked
+    books: Bookkeeping
     beam_size: int  # k: the most slots a sentence holds
     eos: int
     symbols_to_strip_from_output: set
@@ -176,12 +189,11 @@ class Engine:
 
     def __init__(self, decoder: CohortSteps, planner: Planner):
         self.decoder, self.planner = decoder, planner
-        # A step's three parts, each reached through its own interface only:
-        # the decoder is their assembly (the policy's rule and the model call
-        # share the decoder's settings, which with_lengths copies).
+        # A step's three parts, each reached through its own interface only. The model call is the decoder's
+        # own: its candidates read the decoder's length rules, which with_lengths copies.
         self.model: StepModel = decoder
-        self.policy: SearchPolicy = decoder
-        self.books: Bookkeeping = decoder
+        self.policy: SearchPolicy = decoder.policy
+        self.books: Bookkeeping = decoder.books
         self.peak_sentences = 0  # most sentences held at once, encoded ones waiting included
 
     def run(self, batches: Iterable[Cohort], may_read: Optional[Callable[[], bool]] = None

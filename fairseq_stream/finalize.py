@@ -1,6 +1,6 @@
 """Finalization: how a beam's finished hypotheses are kept, and collected when their sentence ends.
 
-The decoder's loop (:class:`~fairseq_stream.decoder.BeamDecoder`) asks its
+The decoder's bookkeeping (:class:`~fairseq_stream.cohort_steps.BeamBookkeeping`) asks its
 finalizer two things, after each step's one host read (as fairseq's
 ``search.py`` keeps each search's rule behind ``Search.step``):
 

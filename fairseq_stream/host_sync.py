@@ -262,7 +262,7 @@ def _caller() -> str:
 
 @dataclass
 class UpdateSyncs:
-    """Host synchronizations of one cohort's search step (up to its ``BeamDecoder.update`` call), and of the
+    """Host synchronizations of one cohort's search step (up to its bookkeeping's ``update`` call), and of the
     runner calls before and in it."""
 
     step: int  # the cohort's step when it was called
@@ -291,17 +291,17 @@ RUNNER_METHODS = STEP_METHODS + ("start", "take", "concat")
 def count_update_syncs(decoder):
     """Count the host synchronizations of each cohort's search step made inside the block.
 
-    Yields a list that receives one :class:`UpdateSyncs` per ``decoder.update`` call: the syncs since the
-    previous one in ``call_model`` (the output layer), ``select`` and ``update``. The calls to
-    ``decoder.runner`` are counted apart: each record holds those since the previous record (the decoder
-    call, its reorder, and any start, split or join of groups between them).
+    Yields a list that receives one :class:`UpdateSyncs` per bookkeeping's update: the syncs since the previous
+    one in what the engine calls (``decoder.call_model``: the output layer; ``decoder.policy.select``;
+    ``decoder.books.update``). The calls to ``decoder.runner`` are counted apart: each record holds those since
+    the previous record (the decoder call, its reorder, and any start, split or join of groups between them).
     """
     records: List[UpdateSyncs] = []
     counter, runner_counter = HostSyncCounter(), HostSyncCounter()
     calls: List[str] = []
     inside: List[bool] = []  # a runner method calling another one (fairseq's take reorders) counts once
     recorded = [0]  # the counter's events already in a record
-    update, runner = decoder.update, decoder.runner
+    update, runner = decoder.books.update, decoder.runner
 
     def counted(method):
         def call(*args, **kwargs):
@@ -336,15 +336,15 @@ def count_update_syncs(decoder):
         return call
 
     wrapped = [name for name in RUNNER_METHODS if callable(getattr(runner, name, None))]
-    phases = {"call_model": counted(decoder.call_model), "select": counted(decoder.select), "update": counted_update}
-    for name, method in phases.items():
-        setattr(decoder, name, method)
-    for name in wrapped:
-        setattr(runner, name, counted_apart(name, getattr(runner, name)))
+    phases = [(decoder, "call_model", counted(decoder.call_model)),
+              (decoder.policy, "select", counted(decoder.policy.select)), (decoder.books, "update", counted_update)]
+    for owner, name, method in phases + [(runner, name, counted_apart(name, getattr(runner, name)))
+                                         for name in wrapped]:
+        setattr(owner, name, method)
     try:
         yield records
     finally:
-        for name in phases:
-            delattr(decoder, name)
+        for owner, name, _ in phases:
+            delattr(owner, name)
         for name in wrapped:
             delattr(runner, name)

@@ -1,7 +1,7 @@
 """Reading a step's summary N decoder calls late (``--host-lag N``): on a GPU the host never waits on the step it
 just launched.
 
-The decoder's update (:meth:`~fairseq_stream.decoder.BeamDecoder.update`)
+The bookkeeping's update (:meth:`~fairseq_stream.cohort_steps.BeamBookkeeping.update`)
 reads one small summary a step: which sentences end, their ids, how many
 hypotheses each finalized. Read at once, the host waits for the step it has
 just queued, so on a GPU the device idles while the host decides what comes
@@ -136,7 +136,10 @@ class LateReads:
 
     def update(self, d, c: Cohort, step_out) -> Dict[int, List[Dict[str, Tensor]]]:
         """``c``'s search step ``step_out`` kept for later; the steps now due read (their sentences that ended,
-        id -> hypotheses, best first); ``c`` moved to its next beam without the sentences read as ended."""
+        id -> hypotheses, best first); ``c`` moved to its next beam without the sentences read as ended.
+
+        ``d``: the bookkeeping (:class:`~fairseq_stream.cohort_steps.BeamBookkeeping`): its counters (the
+        clock), finalizer and scorer, and what :func:`~fairseq_stream.cohort_steps.next_beam` reads."""
         ids, now = self._host_ids(c), d.stats.timesteps
         self.pending.append(_Pending(now, step_out, _Snapshot(c, self.finalized)))
         results: Dict[int, List[Dict[str, Tensor]]] = {}

@@ -15,10 +15,9 @@ import pytest
 import torch
 
 from conftest import decode, decoder_options, differences, sorted_batches
-from fairseq_stream import decoder as decoder_module
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.ops import beam_step, loader
-from fairseq_stream.search import selection
+from fairseq_stream.search import policies, selection
 from fairseq_stream.search.pruning import Pruning
 
 torch.set_num_threads(1)
@@ -52,8 +51,8 @@ def checked_steps(monkeypatch):
 
         return run
 
-    monkeypatch.setattr(decoder_module, "fairseq_step", both(selection.fairseq_step))
-    monkeypatch.setattr(decoder_module, "stay_step", both(selection.stay_step))
+    monkeypatch.setattr(policies, "fairseq_step", both(selection.fairseq_step))
+    monkeypatch.setattr(policies, "stay_step", both(selection.stay_step))
     return count
 
 

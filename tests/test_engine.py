@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 
 def recording(dec, log):
     """Wrap ``dec``'s three step parts so that each call is logged (name, cohort ids); the real methods run."""
-    call_model, select, update = dec.call_model, dec.select, dec.update
+    call_model, select, update = dec.call_model, dec.policy.select, dec.books.update
 
     def model(cohorts):
         log.append(("model", [id(c) for c in cohorts]))
@@ -35,7 +35,7 @@ def recording(dec, log):
         log.append(("update", id(c)))
         return update(c, chosen)
 
-    dec.call_model, dec.select, dec.update = model, policy, books
+    dec.call_model, dec.policy.select, dec.books.update = model, policy, books
 
 
 def plans(log):
@@ -54,6 +54,27 @@ def test_the_beam_decoder_assembles_the_three_parts(loaded):
     dec = BeamDecoder(models, task.target_dictionary, beam_size=2)
     for interface in (StepModel, SearchPolicy, Bookkeeping, CohortSteps, CohortDecoder):
         assert isinstance(dec, interface), interface.__name__
+
+
+@pytest.mark.parametrize("search", ["greedy", "fixed", "fixed-stay"])
+def test_the_policy_and_bookkeeping_are_objects_of_their_own_that_keep_no_decoder_alive(loaded, search):
+    """The engine is handed the decoder's policy and bookkeeping, each with its own interface; neither holds
+    the decoder, so a decoder and its runner are freed when the last reference goes (no reference cycle)."""
+    import gc
+    import weakref
+
+    models, task = loaded("transformer")
+    dec = BeamDecoder(models, task.target_dictionary, **decoder_options(search))
+    assert dec.policy is not dec and isinstance(dec.policy, SearchPolicy)
+    assert dec.books is not dec and isinstance(dec.books, Bookkeeping)
+    decode(dec, models, sorted_batches(task, 4, 8, subset="valid"), None)
+    decoder, runner = weakref.ref(dec), weakref.ref(dec.runner)
+    gc.disable()
+    try:
+        del dec
+        assert decoder() is None and runner() is None
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("search", ["greedy", "fixed", "var-batch"])

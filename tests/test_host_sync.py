@@ -184,7 +184,7 @@ def watched(decoder, records, around, log, names=("step", "step_mixed", "step_ow
     """Run the runner's ``names`` (and the decoder's search step: ``SEARCH_STEP``) inside ``around()``; ``log``
     receives (the index of the update record the call belongs to, the call's name, what ``around`` yielded)."""
     targets = [(decoder.runner, name) for name in names if hasattr(decoder.runner, name)] + \
-        [(decoder, name) for name in SEARCH_STEP]
+        list(zip((decoder, decoder.policy, decoder.books), SEARCH_STEP))
     before = [dict(vars(obj)) for obj, _ in targets]  # the counter's wrappers, put back afterwards
 
     def wrap(name, method):

@@ -91,7 +91,7 @@ def test_a_quiet_steps_one_read_is_of_an_older_step(loaded, lag):
     late = dec.late
     reads_by_update = []
 
-    update = dec.update
+    update = dec.books.update
 
     def tracked(c, lprobs):
         before = len(late.log)
@@ -99,7 +99,7 @@ def test_a_quiet_steps_one_read_is_of_an_older_step(loaded, lag):
         reads_by_update.append(late.log[before:])
         return out
 
-    dec.update = tracked
+    dec.books.update = tracked
     with torch.no_grad(), count_update_syncs(dec) as records:
         for s in sorted_batches(task, 8, 16):
             dec.generate(models, s)

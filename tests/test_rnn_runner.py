@@ -187,6 +187,8 @@ class TracingDecoder(BeamDecoder):
         self.compiled_loop = False  # the Python loop's steps, which the compiled loop matches bit for bit
         self.trace = {}
         self._ids = []
+        self._policy_select = self.policy.select
+        self.policy.select = lambda c, found: self._select(c, *found)
 
     def generate(self, models, sample, *args, **kwargs):
         self._ids = sample["id"].tolist()
@@ -198,7 +200,7 @@ class TracingDecoder(BeamDecoder):
         keys = torch.div(idx, per_slot, rounding_mode="floor") * self.vocab_size + words
         for row, position in enumerate(c.ids.tolist()):
             self.trace[(self._ids[position], c.step)] = list(zip(keys[row].tolist(), scores[row].tolist()))
-        return super()._select(c, cand, local, word_of, per_slot)
+        return self._policy_select(c, (cand, local, word_of, per_slot))
 
 
 def decisive(candidates, k, vocab, eos):

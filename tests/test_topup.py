@@ -104,13 +104,13 @@ def test_topup_joins_cohorts_of_different_lengths_exactly(exact, model, runner, 
     ref = decode(decoder(), models, samples, None)
     dec = decoder()
     starts = []
-    update = dec.update
+    update = dec.books.update
 
     def recording(c, out):
         starts.append(len(set(c.start_host)) if c.mixed else 1)
         return update(c, out)
 
-    dec.update = recording  # records how many starts each updated cohort holds; the real update runs
+    dec.books.update = recording  # records how many starts each updated cohort holds; the real update runs
     ours = decode(dec, models, samples, dict(pool_size=8, eps=1 / 2, order="fifo"))
     assert not differences(ref, ours)
     assert max(starts) > 1, "no cohort joined sentences of different lengths"
@@ -124,13 +124,13 @@ def test_topup_keeps_cohorts_apart_when_asked(exact):
                       **JOINED_SEARCHES["fixed"])
     ref = decode(dec, models, samples, None)
     mixed = []
-    update = dec.update
+    update = dec.books.update
 
     def recording(c, out):
         mixed.append(c.mixed)
         return update(c, out)
 
-    dec.update = recording  # records whether each updated cohort was joined; the real update runs
+    dec.books.update = recording  # records whether each updated cohort was joined; the real update runs
     ours = decode(dec, models, samples, dict(pool_size=8, eps=1 / 2, order="fifo", join_lengths=False))
     assert not differences(ref, ours)
     assert mixed and not any(mixed)

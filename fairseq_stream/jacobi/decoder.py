@@ -44,7 +44,8 @@ is the engine's (:class:`~fairseq_stream.engine.Engine` with the batch
 planner, as greedy's batch): a batch's rows are its one cohort, and an
 iteration is the step it asks for (:class:`_WindowSteps`), through the
 engine's three interfaces: the window call is the model call, greedy's
-acceptance of the verified tokens the search step.
+acceptance of the verified tokens the search policy (:class:`_GreedyAcceptance`),
+the rows' caches and next drafts the bookkeeping (:class:`_WindowBooks`).
 """
 
 import collections
@@ -486,7 +487,7 @@ class JacobiDecoder:
         steps = _WindowSteps(self, ids, device)
         for index, hyps in Engine(steps, BatchPlanner()).run([_Windows(rows, state)]):
             results[index] = hyps
-        self.stats.greedy_calls += steps.longest_output
+        self.stats.greedy_calls += steps.books.longest_output
         return results
 
     def _learn(self):
@@ -566,16 +567,16 @@ class _Acceptance:
 
 class _WindowSteps:
     """What the engine steps for Jacobi (:class:`~fairseq_stream.engine.Engine` with
-    :class:`~fairseq_stream.schedule.plan.BatchPlanner`, which neither splits nor joins), through the engine's
-    three interfaces (:class:`~fairseq_stream.engine.CohortSteps`): the model call is one window call over a
-    batch's rows with greedy's output layer at every position (:meth:`call_model`), the search step greedy's
-    acceptance of each row's verified tokens (:meth:`select`), the bookkeeping the rows' caches, next drafts and
-    finished rows (:meth:`update`: each one's hypothesis keyed by its index in the batch, its output learnt by
-    the n-gram pool and its trace kept)."""
+    :class:`~fairseq_stream.schedule.plan.BatchPlanner`, which neither splits nor joins), as the engine's three
+    parts (:class:`~fairseq_stream.engine.CohortSteps`): the model call is its own, one window call over a
+    batch's rows with greedy's output layer at every position (:meth:`call_model`); the search policy greedy's
+    acceptance of each row's verified tokens (:class:`_GreedyAcceptance`); the bookkeeping the rows' caches,
+    next drafts and finished rows (:class:`_WindowBooks`)."""
 
     def __init__(self, jacobi: "JacobiDecoder", ids: List[int], device):
-        self.jacobi, self.ids, self.device = jacobi, ids, device
-        self.longest_output = 0  # the longest output's tokens: greedy's calls for the batch
+        self.jacobi = jacobi
+        self.policy = _GreedyAcceptance(jacobi.eos, jacobi.rates, jacobi.stats)
+        self.books = _WindowBooks(jacobi, ids, device)
 
     def call_model(self, cohorts: List[_Windows]) -> List[_WindowCall]:
         """One window call over the one cohort's rows, and greedy's output layer at every position."""
@@ -600,26 +601,43 @@ class _WindowSteps:
         words, values = _read_back(out.indices.view(-1), out.values.view(-1))
         return layout, words, values
 
+
+class _GreedyAcceptance:
+    """Jacobi's search policy (:class:`~fairseq_stream.engine.SearchPolicy`): greedy's choice at every window
+    position, each row keeping the tokens its window verified; a row ends at its first accepted EOS."""
+
+    def __init__(self, eos: int, rates: AcceptanceRates, stats):
+        self.eos, self.rates, self.stats = eos, rates, stats
+
     def select(self, c: _Windows, call: _WindowCall) -> _Acceptance:
         """Each row's tokens that its window verified (added to the row), and the rows still decoding."""
-        jacobi = self.jacobi
         accepted, keep, done, guesses = [], [], [], []
         paths = [None] * len(c.rows) if any(t is not None for t in call.trees) else None
         offset = 0
         for i, r in enumerate(c.rows):
             width = len(call.windows[i])
             m, path, guess = r.accept(call.windows[i], call.trees[i], call.words[offset: offset + width],
-                                      call.values[offset: offset + width], jacobi.eos, jacobi.rates, jacobi.stats)
+                                      call.values[offset: offset + width], self.eos, self.rates, self.stats)
             offset += width
             accepted.append(m)
             if paths is not None:
                 paths[i] = path
-            if r.tokens[-1] == jacobi.eos:
+            if r.tokens[-1] == self.eos:
                 done.append(r)
                 continue
             keep.append(i)
             guesses.append(guess)
         return _Acceptance(call, accepted, paths, keep, guesses, done)
+
+
+class _WindowBooks:
+    """Jacobi's bookkeeping (:class:`~fairseq_stream.engine.Bookkeeping`): the step's counters, the verified
+    tokens committed to the rows' caches, the survivors' next drafts; each finished row's hypothesis keyed by
+    its index in the batch, its output learnt by the n-gram pool and its trace kept."""
+
+    def __init__(self, jacobi: "JacobiDecoder", ids: List[int], device):
+        self.jacobi, self.ids, self.device = jacobi, ids, device
+        self.longest_output = 0  # the longest output's tokens: greedy's calls for the batch
 
     def update(self, c: _Windows, chosen: _Acceptance) -> Dict[int, List[Dict[str, Tensor]]]:
         """The step's counters, the rows' caches and next drafts; the rows that finished leave ``c``."""
