@@ -116,6 +116,44 @@ def test_a_quiet_steps_one_read_is_of_an_older_step(loaded, lag):
     assert all(r.syncs == 0 for r in unread if r.step > 0)
 
 
+@pytest.mark.parametrize("lag", [1, 2])
+@pytest.mark.parametrize("search", ["greedy", "fixed"])
+def test_an_update_in_which_sentences_end_reads_only_older_steps(loaded, search, lag):
+    """Where sentences end, the host reads only the host copies made with steps ``lag`` calls before (their
+    summary and finalized scores: ``_Pending.read`` and ``finals``), nothing of the device behind the step just
+    launched: no scores read when the hypotheses are scored, no runner sync when their rows leave."""
+    import inspect
+
+    from fairseq_stream import late_reads
+
+    models, task = loaded("transformer")
+    dec = lagged_decoder(models, task, search, lag)
+    late, update, reads_by_update = dec.late, dec.update, []
+
+    def tracked(c, step_out):
+        before = len(late.log)
+        out = update(c, step_out)
+        reads_by_update.append(late.log[before:])
+        return out
+
+    dec.update = tracked
+    with torch.no_grad(), count_update_syncs(dec) as records:
+        for s in sorted_batches(task, 8, 16):
+            dec.generate(models, s)
+    ending = [(r, reads) for r, reads in zip(records, reads_by_update) if r.finished]
+    assert sum(r.finished for r, _ in ending) == 16
+    lines, first = inspect.getsourcelines(late_reads._Pending)
+    pending_lines = range(first, first + len(lines))
+    for record, reads in ending:
+        assert reads and [read - made for made, read in reads] == [lag] * len(reads), reads
+        for name, caller in record.events:
+            path, line = caller.rsplit(":", 1)
+            assert name == "tolist" and path == late_reads.__file__ and int(line) in pending_lines, record.events
+        # At most the summary and the finalized scores of each step read.
+        assert record.syncs <= 2 * len(reads), record.events
+        assert record.runner_syncs == 0, record.runner_events
+
+
 @pytest.mark.parametrize("search,runner,message", [
     ("var-batch", "static", "rows per sentence are fixed"),
     ("fixed-stay", "static", "rows per sentence are fixed"),
