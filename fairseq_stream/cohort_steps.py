@@ -59,6 +59,19 @@ def open_cohort(d, net_input, ids: Optional[Tensor] = None, bos_token=None) -> C
     return cohort
 
 
+def reserve_pool(d, first: Cohort, sentences: int, copies: int):
+    """Size the runner's memory once for a decode, at its first batch ``first``, where the runner has a
+    ``reserve`` (the static-slot runner's pool) and the search is dense (every slot a row): ``sentences`` held
+    at once and ``copies`` more copied at once (the scheduler's :meth:`~fairseq_stream.engine.Planner.held`),
+    ``beam_size`` rows each, of the prefix length ``first`` was opened with (the max length rule; with
+    ``--max-len-a`` 0 every sentence's, else a batch of longer sources still grows it)."""
+    reserve = getattr(d.runner, "reserve", None)
+    if reserve is None or not d.dense:
+        return
+    # open_cohort's columns: the longest maximum length + 2 + the lag; its rows hold one fewer position.
+    reserve(d.beam_size * (sentences + copies), sentences, first.tokens.size(1) - 1)
+
+
 def next_beam(d, c: Cohort, step_out, ending: List[int], n_live: int, live_rows: Optional[List[int]] = None):
     """Move ``c`` to the next step: slot j of sentence s continues slot ``flat_parent``; ended sentences
     leave; the runner's rows follow (``live_rows``: each sentence's live rows, where the runner takes

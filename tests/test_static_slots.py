@@ -135,6 +135,33 @@ def test_slots_are_given_back_and_reused(exact):
     assert len(pool.slots.free) == pool.slots.capacity - 1 and len(pool.sentences.free) == pool.sentences.capacity - 1
 
 
+@pytest.mark.parametrize("lag", [0, 2])
+@pytest.mark.parametrize("scheduler", ["stream", "fifo", "topup"])
+@pytest.mark.parametrize("search", ["greedy", "fixed"])
+def test_a_stream_decode_sizes_its_pool_once(loaded, search, scheduler, lag):
+    """The pool is sized at the decode's first batch from what the scheduler holds at once (issue 53): past
+    the decode's first step it never grows (a growth would make a captured step be captured again), whatever
+    joins, splits, refills and late reads happen; the source length aside (a longer batch grows the encoder
+    keys: not the case here, see docs/GPU.md)."""
+    models, task = loaded("transformer")
+    dec = BeamDecoder(models, task.target_dictionary, runner="static", keep_reference=False, host_lag=lag,
+                      **decoder_options(search))
+    pool, growths_at_first_step = dec.runner.pool, []
+    call_model = dec.call_model
+
+    def first_call(cohorts):
+        if not growths_at_first_step:
+            growths_at_first_step.append(list(pool.growths))
+        return call_model(cohorts)
+
+    dec.call_model = first_call
+    batches = sorted_batches(task, 6, 40)
+    out = decode(dec, models, batches, SCHEDULERS[scheduler])
+    assert len(out) == sum(b["id"].numel() for b in batches) > 30
+    assert [g for g in pool.growths if g[0] != "source"] == [g for g in growths_at_first_step[0] if g[0] != "source"]
+    assert pool.slots.capacity > 8 * 5
+
+
 def test_buckets():
     assert [bucket(n, (8, 16, 32)) for n in (1, 8, 9, 32, 33, 65)] == [8, 8, 16, 32, 64, 96]
 

@@ -211,7 +211,10 @@ class StreamGenerator(DecoderWrapper):
         limit = self.max_cached if self.max_cached is not None else CACHED_PER_POOL_SENTENCE * pool.pool_size
         # Reading ahead only pays while the pool has room; past the limit the
         # pool decodes what it holds, so memory follows the pool, not the input.
-        self._encoded = read_ahead(cohorts(), encoder_queue_for(self.encoder_queue, device), device)
+        queue = encoder_queue_for(self.encoder_queue, device)
+        # The encoder thread holds the batches queued and the one it encoded next (waiting for room).
+        pool.encoded_ahead = queue + 1 if queue else 0
+        self._encoded = read_ahead(cohorts(), queue, device)
         self._stream = pool.run(self._encoded, may_read=lambda: len(self._results) < limit)
         return True
 
