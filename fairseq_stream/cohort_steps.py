@@ -16,6 +16,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
+from fairseq_stream import lengths
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.ops.beam_step import reorder_beam_
 from fairseq_stream.ops.packing import compact
@@ -59,17 +60,21 @@ def open_cohort(d, net_input, ids: Optional[Tensor] = None, bos_token=None) -> C
     return cohort
 
 
-def reserve_pool(d, first: Cohort, sentences: int, copies: int):
+def reserve_pool(d, first: Cohort, sentences: int, copies: int, longest_source: Optional[int] = None):
     """Size the runner's memory once for a decode, at its first batch ``first``, where the runner has a
     ``reserve`` (the static-slot runner's pool) and the search is dense (every slot a row): ``sentences`` held
     at once and ``copies`` more copied at once (the scheduler's :meth:`~fairseq_stream.engine.Planner.held`),
-    ``beam_size`` rows each, of the prefix length ``first`` was opened with (the max length rule; with
-    ``--max-len-a`` 0 every sentence's, else a batch of longer sources still grows it)."""
+    ``beam_size`` rows each, of the positions the max length rule gives the input's ``longest_source`` (None:
+    unknown, ``first``'s; with ``--max-len-a`` 0 the same), and encoder keys of that source length."""
     reserve = getattr(d.runner, "reserve", None)
     if reserve is None or not d.dense:
         return
     # open_cohort's columns: the longest maximum length + 2 + the lag; its rows hold one fewer position.
-    reserve(d.beam_size * (sentences + copies), sentences, first.tokens.size(1) - 1)
+    positions = first.tokens.size(1) - 1
+    if longest_source:
+        longest = lengths.longest_max_len(longest_source, d.max_len_a, d.max_len_b, d.max_len)
+        positions = max(positions, longest + 1 + getattr(d, "host_lag", 0))
+    reserve(d.beam_size * (sentences + copies), sentences, positions, longest_source or 0)
 
 
 def next_beam(d, c: Cohort, step_out, ending: List[int], n_live: int, live_rows: Optional[List[int]] = None):

@@ -188,6 +188,7 @@ class Engine:
         self.books: Bookkeeping = decoder
         self.peak_sentences = 0  # most sentences held at once, encoded ones waiting included
         self.encoded_ahead = 0  # batches the input encodes ahead of the pool (its read-ahead queue)
+        self.longest_source: Optional[int] = None  # the input's longest source, where known (fairseq-generate's)
 
     def run(self, batches: Iterable[Cohort], may_read: Optional[Callable[[], bool]] = None
             ) -> Iterator[Tuple[int, List[dict]]]:
@@ -285,7 +286,7 @@ class Engine:
         self._reserved = True
         reserve = getattr(self.decoder, "reserve_pool", None)
         if reserve is not None:
-            reserve(first, *self.planner.held(first.size, self.encoded_ahead))
+            reserve(first, *self.planner.held(first.size, self.encoded_ahead), self.longest_source)
 
     def _split(self, cohorts: List[Cohort], plan: StepPlan) -> List[Cohort]:
         """The cohorts ``plan`` runs: where it splits one, its first part (the rest takes its place after it)."""

@@ -139,27 +139,29 @@ def test_slots_are_given_back_and_reused(exact):
 @pytest.mark.parametrize("scheduler", ["stream", "fifo", "topup"])
 @pytest.mark.parametrize("search", ["greedy", "fixed"])
 def test_a_stream_decode_sizes_its_pool_once(loaded, search, scheduler, lag):
-    """The pool is sized at the decode's first batch from what the scheduler holds at once (issue 53): past
-    the decode's first step it never grows (a growth would make a captured step be captured again), whatever
-    joins, splits, refills and late reads happen; the source length aside (a longer batch grows the encoder
-    keys: not the case here, see docs/GPU.md)."""
+    """The pool is sized at the decode's first batch from what the scheduler holds at once and the input's
+    longest source (fairseq-generate's look-ahead sets it from the data set's sizes; issue 53): it never grows
+    after (a growth would make a captured step be captured again), whatever joins, splits, refills and late
+    reads happen. Without the longest source, the encoder keys grow with the sources (the batches come
+    shortest first) and nothing else does."""
+    from fairseq_stream.schedule.pool import StreamPool
+
     models, task = loaded("transformer")
-    dec = BeamDecoder(models, task.target_dictionary, runner="static", keep_reference=False, host_lag=lag,
-                      **decoder_options(search))
-    pool, growths_at_first_step = dec.runner.pool, []
-    call_model = dec.call_model
-
-    def first_call(cohorts):
-        if not growths_at_first_step:
-            growths_at_first_step.append(list(pool.growths))
-        return call_model(cohorts)
-
-    dec.call_model = first_call
     batches = sorted_batches(task, 6, 40)
-    out = decode(dec, models, batches, SCHEDULERS[scheduler])
-    assert len(out) == sum(b["id"].numel() for b in batches) > 30
-    assert [g for g in pool.growths if g[0] != "source"] == [g for g in growths_at_first_step[0] if g[0] != "source"]
-    assert pool.slots.capacity > 8 * 5
+    for longest in (max(b["net_input"]["src_tokens"].size(1) for b in batches), None):
+        dec = BeamDecoder(models, task.target_dictionary, runner="static", keep_reference=False, host_lag=lag,
+                          **decoder_options(search))
+        pool = dec.runner.pool
+        engine = StreamPool(dec, **SCHEDULERS[scheduler])
+        engine.longest_source = longest
+        with torch.no_grad():
+            out = dict(engine.run(dec.open(b["net_input"], ids=b["id"]) for b in batches))
+        assert len(out) == sum(b["id"].numel() for b in batches) > 30
+        assert pool.slots.capacity > 8 * dec.beam_size
+        if longest is not None:
+            assert pool.growths == []
+        else:
+            assert pool.growths and {what for what, _, _ in pool.growths} == {"source"}, pool.growths
 
 
 def test_buckets():

@@ -101,20 +101,24 @@ class SlotPool:
         self.keys = self.values = self.masks = None  # per model: per layer (sentence slots, H, T, hd); masks
         # (what, size before, size after) of each growth past the sizes reserved (tests count them).
         self.growths: List[tuple] = []
+        self.reserved_source = 0  # the source length the encoder keys are made with, at least
 
-    def reserve(self, slots: int, sentences: int, positions: int):
-        """Room for ``slots`` key/value slots, ``sentences`` sentence slots (pad slots not counted) and rows of
-        ``positions`` positions, allocated now, before the decode's first step, not recorded as growths."""
+    def reserve(self, slots: int, sentences: int, positions: int, source: int = 0):
+        """Room for ``slots`` key/value slots, ``sentences`` sentence slots (pad slots not counted), rows of
+        ``positions`` positions and sources of ``source`` tokens, allocated now, before the decode's first
+        step, not recorded as growths."""
         with self.lock:
             if slots + 1 > self.slots.capacity:
                 self._grow_slots(slots + 1)
             self._grow_positions(positions)
+            self.reserved_source = max(self.reserved_source, source)
+            if self.keys is None:
+                # The encoder keys are made at the first batch (their sizes: these at least).
+                self.sentences.grow(max(sentences + 1, self.sentences.capacity))
+                return
             if sentences + 1 > self.sentences.capacity:
-                if self.keys is None:
-                    self.sentences.grow(sentences + 1)  # the encoder keys are made at the first batch's length
-                else:
-                    self._resize(lambda t: _grown(t, 0, sentences + 1), lambda t: _grown(t, 0, sentences + 1))
-                    self.sentences.grow(sentences + 1)
+                self._grow_sentences(sentences + 1)
+            self._grow_source(source)
 
     @property
     def shape(self) -> tuple:
@@ -169,6 +173,7 @@ class SlotPool:
             capacity = max(FIRST_SENTENCES, 2 * S, self.sentences.capacity)
             self.sentences.grow(capacity)
             self.keys, self.values, self.masks = [], [], []
+            T = max(T, self.reserved_source)
             for m in self.models:
                 shape = (capacity, m.heads, T, m.head_dim)
                 self.keys.append([torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in m.layers])
@@ -178,12 +183,20 @@ class SlotPool:
         capacity = self.sentences.needed(S)
         if capacity > self.sentences.capacity:
             self.growths.append(("sentences", self.sentences.capacity, capacity))
-            self._resize(lambda t: _grown(t, 0, capacity), lambda t: _grown(t, 0, capacity))
-            self.sentences.grow(capacity)
+            self._grow_sentences(capacity)
         source = self.masks[0].size(3)
         if T > source:
             size = max(T, 2 * source)
             self.growths.append(("source", source, size))
+            self._grow_source(size)
+
+    def _grow_sentences(self, capacity: int):
+        self._resize(lambda t: _grown(t, 0, capacity), lambda t: _grown(t, 0, capacity))
+        self.sentences.grow(capacity)
+
+    def _grow_source(self, size: int):
+        source = self.masks[0].size(3)
+        if size > source:
             # The pad slot's new positions stay 0 (it must not mask everything); the others' are masked.
             self._resize(lambda t: _grown(t, 2, size), lambda t: _masked_tail(_grown(t, 3, size, -math.inf), source))
 
