@@ -164,6 +164,18 @@ def test_a_stream_decode_sizes_its_pool_once(loaded, search, scheduler, lag):
             assert pool.growths and {what for what, _, _ in pool.growths} == {"source"}, pool.growths
 
 
+def test_fairseq_generate_knows_the_longest_source(loaded):
+    """The look-ahead's batches carry the generation subset's longest source, which the pool is sized for."""
+    from types import SimpleNamespace
+
+    from fairseq_stream.schedule.stream import fairseq_generate_batches
+
+    models, task = loaded("transformer")
+    build = fairseq_generate_batches(task, models, SimpleNamespace(dataset=SimpleNamespace(gen_subset="test")))
+    widths = [b["net_input"]["src_tokens"].size(1) for b in sorted_batches(task, 8, 10 ** 6)]
+    assert build.longest_source == max(widths)
+
+
 def test_buckets():
     assert [bucket(n, (8, 16, 32)) for n in (1, 8, 9, 32, 33, 65)] == [8, 8, 16, 32, 64, 96]
 
