@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import Tensor
 
+from fairseq_stream import lengths
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.finalize import Finalizer, read_host
 from fairseq_stream.ops.beam_step import reorder_beam_
@@ -113,6 +114,23 @@ class BeamBookkeeping:
         rows = summary[-S:] if per_sentence else None
         next_beam(self, c, step_out, ending, summary[-S - 1] if per_sentence else summary[-1], rows)
         return results
+
+
+def reserve_pool(d, first: Cohort, sentences: int, copies: int, longest_source: Optional[int] = None):
+    """Size the runner's memory once for a decode, at its first batch ``first``, where the runner has a
+    ``reserve`` (the static-slot runner's pool) and the search is dense (every slot a row): ``sentences`` held
+    at once and ``copies`` more copied at once (the scheduler's :meth:`~fairseq_stream.engine.Planner.held`),
+    ``beam_size`` rows each, of the positions the max length rule gives the input's ``longest_source`` (None:
+    unknown, ``first``'s; with ``--max-len-a`` 0 the same), and encoder keys of that source length."""
+    reserve = getattr(d.runner, "reserve", None)
+    if reserve is None or not d.dense:
+        return
+    # open_cohort's columns: the longest maximum length + 2 + the lag; its rows hold one fewer position.
+    positions = first.tokens.size(1) - 1
+    if longest_source:
+        longest = lengths.longest_max_len(longest_source, d.max_len_a, d.max_len_b, d.max_len)
+        positions = max(positions, longest + 1 + getattr(d, "host_lag", 0))
+    reserve(d.beam_size * (sentences + copies), sentences, positions, longest_source or 0)
 
 
 def next_beam(d, c: Cohort, step_out, ending: List[int], n_live: int, live_rows: Optional[List[int]] = None):

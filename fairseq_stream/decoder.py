@@ -56,7 +56,7 @@ from fairseq_stream import hypotheses as hyp
 from fairseq_stream import lengths
 from fairseq_stream.candidates import candidates, per_row, top_candidates
 from fairseq_stream.cohort import Cohort
-from fairseq_stream.cohort_steps import BeamBookkeeping, open_cohort
+from fairseq_stream.cohort_steps import BeamBookkeeping, open_cohort, reserve_pool
 from fairseq_stream.engine import Engine
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.finalize import finalizer
@@ -254,6 +254,8 @@ class BeamDecoder:
     def open(self, net_input, ids: Optional[Tensor] = None, bos_token=None) -> Cohort:
         """Encode a fairseq batch into a cohort at step 0; ``ids`` name its sentences (default 0..S-1)."""
         return open_cohort(self, net_input, ids, bos_token)
+
+    reserve_pool = reserve_pool  # the runner's memory sized at a decode's first batch (Engine._reserve)
 
     @property
     def joins_lengths(self) -> bool:

@@ -175,6 +175,10 @@ class Planner(Protocol):
     def update_from_output(self, plan: StepPlan):
         """The call of ``plan`` ran."""
 
+    def held(self, batch: int, ahead: int) -> Tuple[int, int]:
+        """The most sentences held at once (admitted, staged, encoded ``ahead`` batches of ``batch``), and the
+        most copied at once beside them (a split copies both parts before the whole is collected)."""
+
 
 class Engine:
     """The decoding loop: ``planner`` decides, the engine executes through ``decoder`` and feeds results back.
@@ -195,6 +199,8 @@ class Engine:
         self.policy: SearchPolicy = decoder.policy
         self.books: Bookkeeping = decoder.books
         self.peak_sentences = 0  # most sentences held at once, encoded ones waiting included
+        self.encoded_ahead = 0  # batches the input encodes ahead of the pool (its read-ahead queue)
+        self.longest_source: Optional[int] = None  # the input's longest source, where known (fairseq-generate's)
 
     def run(self, batches: Iterable[Cohort], may_read: Optional[Callable[[], bool]] = None
             ) -> Iterator[Tuple[int, List[dict]]]:
@@ -207,6 +213,7 @@ class Engine:
                 while the engine still has sentences to decode.
         """
         source = iter(batches)
+        self._reserved = False
         staging: List[Cohort] = []
         cohorts: List[Cohort] = []
         exhausted = False
@@ -266,6 +273,8 @@ class Engine:
                     break
                 if batch.size == 0:
                     continue
+                if not self._reserved:
+                    self._reserve(batch)
                 staging.append(batch)
             head = staging[0]
             if head.size <= need:
@@ -282,6 +291,14 @@ class Engine:
             cohorts.extend(admitted)
             cohorts[:] = self._join(cohorts)
         return exhausted and not staging, sum(c.size for c in admitted)
+
+    def _reserve(self, first: Cohort):
+        """The decoder's memory sized once for this run, from its first batch and what the planner holds at
+        once (the static-slot runner's pool: it must not grow under a captured step)."""
+        self._reserved = True
+        reserve = getattr(self.decoder, "reserve_pool", None)
+        if reserve is not None:
+            reserve(first, *self.planner.held(first.size, self.encoded_ahead), self.longest_source)
 
     def _split(self, cohorts: List[Cohort], plan: StepPlan) -> List[Cohort]:
         """The cohorts ``plan`` runs: where it splits one, its first part (the rest takes its place after it)."""

@@ -47,8 +47,9 @@ class Finalizer:
     def __init__(self, k: int, eos: int):
         self.k, self.eos = k, eos
 
-    def after_step(self, sel, c: Cohort, ids: List[int], n_final: List[int]):
-        """Keep what ``c``'s step finalized (``ids``, ``n_final``: the host's copy from the step's read)."""
+    def after_step(self, sel, c: Cohort, ids: List[int], n_final: List[int], finals: Optional[List[float]] = None):
+        """Keep what ``c``'s step finalized (``ids``, ``n_final``: the host's copy from the step's read;
+        ``finals``: their cumulative scores where the host already has them, else read when they are scored)."""
 
     def collect(self, c: Cohort, step_out, ending_rows: Tensor, ending: List[int], ids: List[int],
                 scores: Scorer):
@@ -69,11 +70,16 @@ class Finalizer:
         return results
 
     def score_finalized(self, per_sentence, scores: Scorer):
-        """Score the stored hypotheses of sentences that end (one read for all); [(hyps, scores)]."""
+        """Score the stored hypotheses of sentences that end (one read for those whose cumulative score is still
+        on the device; none where the host copied them with their step: late reads); [(hyps, scores)]."""
         pending = [h for hyps in per_sentence for h in hyps]
         if not pending:
             return [(hyps, []) for hyps in per_sentence]
-        finals = read_host(torch.stack([h.pop("_final") for h in pending]))
+        finals = [h.pop("_final") for h in pending]
+        on_device = [i for i, f in enumerate(finals) if isinstance(f, Tensor)]
+        if on_device:
+            for i, value in zip(on_device, read_host(torch.stack([finals[i] for i in on_device]))):
+                finals[i] = value
         values, score_tensors = scores(finals, [h["tokens"].numel() for h in pending])
         for h, score in zip(pending, score_tensors):
             h["score"] = score
@@ -124,13 +130,15 @@ class FairseqFinalizer(Finalizer):
     """fairseq's rule: a candidate ending in EOS among the best k of 2k is finalized at once and stored in the
     cohort (``c.finalized``), at most k per sentence, scored when its sentence ends."""
 
-    def after_step(self, sel, c: Cohort, ids: List[int], n_final: List[int]):
+    def after_step(self, sel, c: Cohort, ids: List[int], n_final: List[int], finals: Optional[List[float]] = None):
         """Store the EOS hypotheses ``fairseq_step`` finalized in ``c``'s step, at most k per sentence.
 
         ``ids`` and ``n_final`` (how many each sentence finalized) are the
         host's copy from the step's read. Nothing is read back here: each
-        hypothesis keeps its cumulative score on the device (``_final``) and
-        is scored when its sentence ends (:meth:`score_finalized`).
+        hypothesis keeps its cumulative score (``_final``) on the device, or
+        on the host where ``finals`` gives them (the late reader copied them
+        with the step), and is scored when its sentence ends
+        (:meth:`score_finalized`).
         """
         total = sum(n_final)
         if not total:
@@ -154,7 +162,7 @@ class FairseqFinalizer(Finalizer):
                 kept = finalized.setdefault(ids[s], [])
                 for q in range(p, p + n):
                     if len(kept) < k:
-                        hyps[q]["_final"] = final[q]
+                        hyps[q]["_final"] = final[q] if finals is None else finals[q]
                         kept.append(hyps[q])
                 p += n
 

@@ -86,26 +86,51 @@ class _Snapshot:
         return self.start is not None
 
 
+def _host_copy(t: Tensor) -> Tensor:
+    """``t`` copied to the host as it is now: on CUDA into pinned memory without waiting (the read waits for the
+    step's event), on the CPU the same copy."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
 class _Pending:
-    """A step not read yet: its summary (on the device, or its pinned copy and the event after it), its
-    selection and its snapshot, and the decoder call that made it."""
+    """A step not read yet: its summary and what its finalization reads, copied to the host in one buffer (with
+    an event after the copy on CUDA), its selection and its snapshot, and the decoder call that made it.
+
+    The buffer holds, after the summary, the step's EOS flags and cumulative scores of the best k candidates
+    (``sel.eos_mask``, ``sel.top_score``: fairseq's rule), all in float64 (the summary's integers and float32
+    scores are exact there), so that scoring a sentence that ends reads this step's copy, not the device behind
+    the step just launched, and a step stays one read.
+    """
 
     def __init__(self, call: int, step_out, snapshot: _Snapshot):
         self.call, self.step_out, self.snapshot = call, step_out, snapshot
-        summary, self.ready = step_out.summary, None
+        summary, sel = step_out.summary, step_out.sel
+        self.size = summary.numel()
+        parts = [summary]
+        if getattr(sel, "eos_mask", None) is not None:
+            parts += [sel.eos_mask.reshape(-1), sel.top_score.reshape(-1)]
+        self.host = _host_copy(torch.cat([p.to(torch.float64) for p in parts]))
+        self.ready = None
         if summary.is_cuda:
-            host = torch.empty(summary.shape, dtype=summary.dtype, pin_memory=True)
-            host.copy_(summary, non_blocking=True)
             self.ready = torch.cuda.Event()
             self.ready.record(torch.cuda.current_stream(summary.device))
-            summary = host
-        self.summary = summary
+        self.candidates: List[float] = []
 
     def read(self) -> List[int]:
         """The summary on the host: waits for its own step only (CUDA), not for the steps queued since."""
         if self.ready is not None:
             self.ready.synchronize()
-        return self.summary.tolist()
+        values = self.host.tolist()
+        self.candidates = values[self.size:]
+        return [int(v) for v in values[: self.size]]
+
+    def finals(self) -> List[float]:
+        """The cumulative scores of the hypotheses the step finalized, by sentence then rank (the order of
+        ``compact(sel.eos_mask)``), from what :meth:`read` read."""
+        half = len(self.candidates) // 2
+        return [v for flag, v in zip(self.candidates[:half], self.candidates[half:]) if flag]
 
 
 def _mask(positions: List[int], size: int, device) -> Tensor:
@@ -173,7 +198,7 @@ class LateReads:
         S = (len(summary) - 1) // 3
         ids, n_final = summary[S: 2 * S], summary[2 * S: 3 * S]
         if any(n_final):
-            d.finalizer.after_step(p.step_out.sel, p.snapshot, ids, n_final)
+            d.finalizer.after_step(p.step_out.sel, p.snapshot, ids, n_final, p.finals())
             for i, n in zip(ids, n_final):
                 if n and i in self.ended:  # finalized after its sentence ended: nothing reads it
                     self.finalized.pop(i, None)

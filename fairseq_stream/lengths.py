@@ -9,6 +9,7 @@ import logging
 import struct
 from typing import Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -35,6 +36,13 @@ def max_lengths(src_tokens: Tensor, max_len_a: float, max_len_b: int, min_len: i
     if (max_lens < min_len).any():
         raise FairseqStreamError("--min-len is larger than the maximum length; adjust --max-len-a/-b")
     return max_lens, warned
+
+
+def longest_max_len(source: int, max_len_a: float, max_len_b: int, max_len: int) -> int:
+    """The maximum length :func:`max_lengths` gives a batch whose padded source is ``source`` tokens wide, on
+    the host (its float32 arithmetic: ``source * a + b``, truncated, capped by the model's positions)."""
+    value = np.float32(source) * np.float32(max_len_a) + np.float32(max_len_b)
+    return int(min(max(int(value), 0), max_len - 1))
 
 
 def shortest_max_len(max_len_a: float, max_len_b: int, max_len: int) -> int:

@@ -83,19 +83,16 @@ def test_late_reads_on_the_lean_runner_float64(exact, search):
     assert differences(ref, nbest(models, task, search, "batch", 2, runner="lean"), tolerance=1e-12) == []
 
 
-@pytest.mark.parametrize("lag", [1, 2])
-def test_a_quiet_steps_one_read_is_of_an_older_step(loaded, lag):
-    """host_sync counts one read in each quiet update, and the summary it reads was made ``lag`` calls before."""
+def counted_decode(loaded, search, lag):
+    """The toy's first 16 test sentences decoded by batches of 8 at ``lag``: host_sync's record of each update
+    and the late reads each made ((call that made the step, call that read it))."""
     models, task = loaded("transformer")
-    dec = lagged_decoder(models, task, "fixed", lag)
-    late = dec.late
-    reads_by_update = []
+    dec = lagged_decoder(models, task, search, lag)
+    late, update, reads_by_update = dec.late, dec.books.update, []
 
-    update = dec.books.update
-
-    def tracked(c, lprobs):
+    def tracked(c, step_out):
         before = len(late.log)
-        out = update(c, lprobs)
+        out = update(c, step_out)
         reads_by_update.append(late.log[before:])
         return out
 
@@ -103,6 +100,13 @@ def test_a_quiet_steps_one_read_is_of_an_older_step(loaded, lag):
     with torch.no_grad(), count_update_syncs(dec) as records:
         for s in sorted_batches(task, 8, 16):
             dec.generate(models, s)
+    return records, reads_by_update
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_a_quiet_steps_one_read_is_of_an_older_step(loaded, lag):
+    """host_sync counts one read in each quiet update, and the summary it reads was made ``lag`` calls before."""
+    records, reads_by_update = counted_decode(loaded, "fixed", lag)
     quiet = [(r, reads) for r, reads in zip(records, reads_by_update) if r.quiet and reads]
     assert quiet
     for record, reads in quiet:
@@ -114,6 +118,31 @@ def test_a_quiet_steps_one_read_is_of_an_older_step(loaded, lag):
     unread = [r for r, reads in zip(records, reads_by_update) if not reads]
     assert unread and all(r.step < lag for r in unread)
     assert all(r.syncs == 0 for r in unread if r.step > 0)
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+@pytest.mark.parametrize("search", ["greedy", "fixed"])
+def test_an_update_in_which_sentences_end_reads_only_older_steps(loaded, search, lag):
+    """Where sentences end, the host reads only the host copies made with steps ``lag`` calls before (their
+    summary and finalized scores: ``_Pending.read`` and ``finals``), nothing of the device behind the step just
+    launched: no scores read when the hypotheses are scored, no runner sync when their rows leave."""
+    import inspect
+
+    from fairseq_stream import late_reads
+
+    records, reads_by_update = counted_decode(loaded, search, lag)
+    ending = [(r, reads) for r, reads in zip(records, reads_by_update) if r.finished]
+    assert sum(r.finished for r, _ in ending) == 16
+    lines, first = inspect.getsourcelines(late_reads._Pending)
+    pending_lines = range(first, first + len(lines))
+    for record, reads in ending:
+        assert reads and [read - made for made, read in reads] == [lag] * len(reads), reads
+        for name, caller in record.events:
+            path, line = caller.rsplit(":", 1)
+            assert name == "tolist" and path == late_reads.__file__ and int(line) in pending_lines, record.events
+        # One read a step read: its summary and its finalized scores in one host buffer.
+        assert record.syncs == len(reads), record.events
+        assert record.runner_syncs == 0, record.runner_events
 
 
 @pytest.mark.parametrize("search,runner,message", [

@@ -135,6 +135,47 @@ def test_slots_are_given_back_and_reused(exact):
     assert len(pool.slots.free) == pool.slots.capacity - 1 and len(pool.sentences.free) == pool.sentences.capacity - 1
 
 
+@pytest.mark.parametrize("lag", [0, 2])
+@pytest.mark.parametrize("scheduler", ["stream", "fifo", "topup"])
+@pytest.mark.parametrize("search", ["greedy", "fixed"])
+def test_a_stream_decode_sizes_its_pool_once(loaded, search, scheduler, lag):
+    """The pool is sized at the decode's first batch from what the scheduler holds at once and the input's
+    longest source (fairseq-generate's look-ahead sets it from the data set's sizes; issue 53): it never grows
+    after (a growth would make a captured step be captured again), whatever joins, splits, refills and late
+    reads happen. Without the longest source, the encoder keys grow with the sources (the batches come
+    shortest first) and nothing else does."""
+    from fairseq_stream.schedule.pool import StreamPool
+
+    models, task = loaded("transformer")
+    batches = sorted_batches(task, 6, 40)
+    for longest in (max(b["net_input"]["src_tokens"].size(1) for b in batches), None):
+        dec = BeamDecoder(models, task.target_dictionary, runner="static", keep_reference=False, host_lag=lag,
+                          **decoder_options(search))
+        pool = dec.runner.pool
+        engine = StreamPool(dec, **SCHEDULERS[scheduler])
+        engine.longest_source = longest
+        with torch.no_grad():
+            out = dict(engine.run(dec.open(b["net_input"], ids=b["id"]) for b in batches))
+        assert len(out) == sum(b["id"].numel() for b in batches) > 30
+        assert pool.slots.capacity > 8 * dec.beam_size
+        if longest is not None:
+            assert pool.growths == []
+        else:
+            assert pool.growths and {what for what, _, _ in pool.growths} == {"source"}, pool.growths
+
+
+def test_fairseq_generate_knows_the_longest_source(loaded):
+    """The look-ahead's batches carry the generation subset's longest source, which the pool is sized for."""
+    from types import SimpleNamespace
+
+    from fairseq_stream.schedule.stream import fairseq_generate_batches
+
+    models, task = loaded("transformer")
+    build = fairseq_generate_batches(task, models, SimpleNamespace(dataset=SimpleNamespace(gen_subset="test")))
+    widths = [b["net_input"]["src_tokens"].size(1) for b in sorted_batches(task, 8, 10 ** 6)]
+    assert build.longest_source == max(widths)
+
+
 def test_buckets():
     assert [bucket(n, (8, 16, 32)) for n in (1, 8, 9, 32, 33, 65)] == [8, 8, 16, 32, 64, 96]
 

@@ -12,8 +12,11 @@ has something finite to weigh.
 
 Slot numbers are handed out on the host (:class:`SlotNumbers`: a free list
 with reference counts, since joined groups share slots until the parts are
-collected). A pool that runs out doubles: a new tensor, the old slots copied
-(numbers keep their meaning), rarely, at the first batches of a decode.
+collected). A decode sizes its pool once at its start (:meth:`SlotPool.reserve`,
+from what its scheduler can admit): a captured step holds the pool's tensors,
+so a pool that grows later makes the graphs be captured again. A pool that
+runs out all the same doubles: a new tensor, the old slots copied (numbers
+keep their meaning), recorded in ``growths``.
 Everything starts zeroed: a slot's positions past what its row wrote hold
 finite values, which the attention masks.
 """
@@ -96,6 +99,26 @@ class SlotPool:
         self.positions = FIRST_POSITIONS
         self.caches = [m.new_cache(FIRST_SLOTS, FIRST_POSITIONS, device, zeroed=True) for m in models]
         self.keys = self.values = self.masks = None  # per model: per layer (sentence slots, H, T, hd); masks
+        # (what, size before, size after) of each growth past the sizes reserved (tests count them).
+        self.growths: List[tuple] = []
+        self.reserved_source = 0  # the source length the encoder keys are made with, at least
+
+    def reserve(self, slots: int, sentences: int, positions: int, source: int = 0):
+        """Room for ``slots`` key/value slots, ``sentences`` sentence slots (pad slots not counted), rows of
+        ``positions`` positions and sources of ``source`` tokens, allocated now, before the decode's first
+        step, not recorded as growths."""
+        with self.lock:
+            if slots + 1 > self.slots.capacity:
+                self._grow_slots(slots + 1)
+            self._grow_positions(positions)
+            self.reserved_source = max(self.reserved_source, source)
+            if self.keys is None:
+                # The encoder keys are made at the first batch (their sizes: these at least).
+                self.sentences.grow(max(sentences + 1, self.sentences.capacity))
+                return
+            if sentences + 1 > self.sentences.capacity:
+                self._grow_sentences(sentences + 1)
+            self._grow_source(source)
 
     @property
     def shape(self) -> tuple:
@@ -109,17 +132,26 @@ class SlotPool:
         with self.lock:
             capacity = self.slots.needed(n)
             if capacity > self.slots.capacity:
-                self.caches = [_grown(c, 1, capacity) for c in self.caches]
-                self.slots.grow(capacity)
+                self.growths.append(("slots", self.slots.capacity, capacity))
+                self._grow_slots(capacity)
             return self.slots.take(n)
+
+    def _grow_slots(self, capacity: int):
+        self.caches = [_grown(c, 1, capacity) for c in self.caches]
+        self.slots.grow(capacity)
 
     def fit_positions(self, positions: int):
         """Caches of at least ``positions`` positions (doubling)."""
         with self.lock:
             if positions > self.positions:
                 size = max(positions, 2 * self.positions)
-                self.caches = [_grown(c, 3, size) for c in self.caches]
-                self.positions = size
+                self.growths.append(("positions", self.positions, size))
+                self._grow_positions(size)
+
+    def _grow_positions(self, size: int):
+        if size > self.positions:
+            self.caches = [_grown(c, 3, size) for c in self.caches]
+            self.positions = size
 
     def add_sentences(self, encoders) -> List[int]:
         """Sentence slots holding ``encoders`` (one :class:`EncoderKeys` per model, same sentences)."""
@@ -138,9 +170,10 @@ class SlotPool:
 
     def _fit_sentences(self, S: int, T: int):
         if self.keys is None:
-            capacity = max(FIRST_SENTENCES, 2 * S)
+            capacity = max(FIRST_SENTENCES, 2 * S, self.sentences.capacity)
             self.sentences.grow(capacity)
             self.keys, self.values, self.masks = [], [], []
+            T = max(T, self.reserved_source)
             for m in self.models:
                 shape = (capacity, m.heads, T, m.head_dim)
                 self.keys.append([torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in m.layers])
@@ -149,11 +182,21 @@ class SlotPool:
             return
         capacity = self.sentences.needed(S)
         if capacity > self.sentences.capacity:
-            self._resize(lambda t: _grown(t, 0, capacity), lambda t: _grown(t, 0, capacity))
-            self.sentences.grow(capacity)
+            self.growths.append(("sentences", self.sentences.capacity, capacity))
+            self._grow_sentences(capacity)
         source = self.masks[0].size(3)
         if T > source:
             size = max(T, 2 * source)
+            self.growths.append(("source", source, size))
+            self._grow_source(size)
+
+    def _grow_sentences(self, capacity: int):
+        self._resize(lambda t: _grown(t, 0, capacity), lambda t: _grown(t, 0, capacity))
+        self.sentences.grow(capacity)
+
+    def _grow_source(self, size: int):
+        source = self.masks[0].size(3)
+        if size > source:
             # The pad slot's new positions stay 0 (it must not mask everything); the others' are masked.
             self._resize(lambda t: _grown(t, 2, size), lambda t: _masked_tail(_grown(t, 3, size, -math.inf), source))
 

@@ -138,6 +138,16 @@ class StaticSlotRunner(OwnStepRunner):
             with self.pool.lock:
                 self.pool.fit_positions(self._positions(n))
 
+    def reserve(self, rows: int, sentences: int, positions: int, source: int = 0):
+        """The pool sized once for a decode, at its start: ``rows`` rows in ``sentences`` sentences, of up to
+        ``positions`` positions (rounded up to the length bucket), sources up to ``source`` tokens (0: the
+        first batch's, doubling past it), so that it does not grow while it steps
+        (a growth drops the captured graphs). A group gives back the slots its ended rows freed only once it
+        holds more than twice its rows and at least ``COMPACT_ABOVE_SLOTS`` (:meth:`_compact`): so twice the
+        rows, and that many more for groups below the threshold (a bound the toy streams' tests check; past it
+        the pool still doubles, recorded in its ``growths``)."""
+        self.pool.reserve(2 * rows + COMPACT_ABOVE_SLOTS, sentences, self._positions(positions), source)
+
     def _build(self):
         from fairseq_stream.runners.base import module_device
 

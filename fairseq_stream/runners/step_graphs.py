@@ -11,9 +11,10 @@ captures it per such key with ``torch.cuda.CUDAGraph`` on the step's
 inputs copied into static buffers, and replays it: one launch a step. Keys
 and values are written into the pool in place by the graph, as by the eager
 step; the pool must not move, so a pool that grows (another shape) or is
-rebuilt drops the graphs it had and captures again; the decoder reserves the
-positions a decode needs at its start (``StaticSlotRunner.reserve_positions``)
-so that only slots and sentence slots can grow, at a stream's first batches.
+rebuilt drops the graphs it had and captures again; a decode sizes the pool at
+its start (``StaticSlotRunner.reserve_positions`` and, for the dense searches,
+``StaticSlotRunner.reserve`` from what the scheduler holds), so that only a
+longer source than the first batch's can grow it (docs/GPU.md).
 
 Before a capture the step runs eagerly on a side stream (``WARMUP_RUNS``:
 cuBLAS and the allocator set up there what the graph then uses); those runs

@@ -29,7 +29,7 @@ module docstring's of :mod:`fairseq_stream.schedule.pool`.
 
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -114,6 +114,12 @@ class PoolPlanner:
         need = self.limit() - self.active(cohorts)
         per_sentence = self.first_step_rows if self.refill_unit == "rows" else 1
         return -(-need // per_sentence)
+
+    def held(self, batch: int, ahead: int) -> Tuple[int, int]:
+        """The most sentences held at once: the pool's (dense searches: ``limit`` in either unit is
+        ``pool_size`` sentences), an encoded batch being admitted and ``ahead`` more; and a batch copied at a
+        split."""
+        return self.pool_size + batch * (1 + ahead), batch
 
     def admit(self, cohorts: List[Cohort]):
         """Record that ``cohorts`` enter the pool now (their lag counts from here; a refill where any do)."""
@@ -252,6 +258,10 @@ class BatchPlanner:
     def refill_need(self, cohorts: List[Cohort]) -> int:
         """A whole batch, whatever its size (never split)."""
         return sys.maxsize
+
+    def held(self, batch: int, ahead: int) -> Tuple[int, int]:
+        """One batch at a time, never split (nothing is encoded ahead)."""
+        return batch, 0
 
     def admit(self, cohorts: List[Cohort]):
         """Nothing to record: no clock, no refills counted (a batch is not a refill)."""

@@ -211,7 +211,11 @@ class StreamGenerator(DecoderWrapper):
         limit = self.max_cached if self.max_cached is not None else CACHED_PER_POOL_SENTENCE * pool.pool_size
         # Reading ahead only pays while the pool has room; past the limit the
         # pool decodes what it holds, so memory follows the pool, not the input.
-        self._encoded = read_ahead(cohorts(), encoder_queue_for(self.encoder_queue, device), device)
+        queue = encoder_queue_for(self.encoder_queue, device)
+        # The encoder thread holds the batches queued and the one it encoded next (waiting for room).
+        pool.encoded_ahead = queue + 1 if queue else 0
+        pool.longest_source = getattr(self._batches, "longest_source", None)
+        self._encoded = read_ahead(cohorts(), queue, device)
         self._stream = pool.run(self._encoded, may_read=lambda: len(self._results) < limit)
         return True
 
@@ -244,7 +248,9 @@ def fairseq_generate_batches(task, models, cfg):
     Same arguments as ``fairseq_cli/generate.py``, with the iterator cache
     disabled so that fairseq's own iterator is untouched, and with no worker
     process (see below). None where the generation subset is not loaded
-    (fairseq-interactive, the Python API).
+    (fairseq-interactive, the Python API). Its ``longest_source`` is the
+    subset's longest source (tokens, from the data set's sizes), which the
+    pool's memory is sized for at the decode's start.
     """
     from fairseq import utils
 
@@ -281,6 +287,8 @@ def fairseq_generate_batches(task, models, cfg):
             disable_iterator_cache=True,
         ).next_epoch_itr(shuffle=False)
 
+    sizes = getattr(task.dataset(subset), "src_sizes", None)
+    build.longest_source = int(sizes.max()) if sizes is not None and len(sizes) else None
     return build
 
 
