@@ -26,6 +26,17 @@ def load_setup():
     return load_script("fairseq_stream_setup", REPO / "setup.py")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` are skipped unless asked for (``-m slow``, or FAIRSEQ_STREAM_SLOW=1 for all):
+    the default suite is CI's, which must stay under its time on a fresh 2-core machine."""
+    if "slow" in (config.getoption("markexpr") or "") or os.environ.get("FAIRSEQ_STREAM_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow, or FAIRSEQ_STREAM_SLOW=1 for the whole suite")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 # scripts/toy_cache.py: the one place that decides where the toy is cached (shared with the quickstart).
 toy_cache = load_script("toy_cache", REPO / "scripts" / "toy_cache.py")
 

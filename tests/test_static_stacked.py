@@ -67,8 +67,11 @@ def test_one_stacked_pool_and_the_fallback(exact, caplog, monkeypatch):
                in r.getMessage() for r in caplog.records)
 
 
+# Each case is five traced decodes; fixed's (batch and top-up) stay in the default suite, greedy's and
+# var-batch's trace the same stacked step and are slow.
 @pytest.mark.parametrize("stream", [False, True], ids=["batch", "topup"])
-@pytest.mark.parametrize("search", ["fixed", "var-batch", "greedy"])
+@pytest.mark.parametrize("search", [
+    "fixed", pytest.param("var-batch", marks=pytest.mark.slow), pytest.param("greedy", marks=pytest.mark.slow)])
 def test_stacked_steps_trace_as_one_model(exact, search, stream):
     """What a CUDA graph needs, as for one model; stacked, the step's ATen calls do not grow with the members."""
     runs = (("transformer", None), ("ensemble", False), ("ensemble4", False), ("ensemble", True),
