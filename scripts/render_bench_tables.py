@@ -589,18 +589,20 @@ def table_newstest_standin(results, doc):
 
 def table_interop(results, doc):
     """Our best CPU layout against CTranslate2's best on the same cores (bench_interop.py), per model."""
-    keys = [k for k in ("interop_toy", "interop_standin", "interop_m30k_idle_free", "interop_m30k_idle_busy")
+    keys = [k for k in ("interop_toy", "interop_standin", "interop_m30k_idle_free", "interop_m30k_idle_busy",
+                        "interop_m30k_parent_int8", "interop_m30k_parent_free")
             if k in results.index["results"]]
     rows = []
     for key in keys:
+        commit = results.index["results"][key]["commit"]
         for r in results.data(key)["summary"]:
-            rows.append([r["model"], r["precision"], r["search"], str(r["cores"]), "yes" if r["busy_core"] else "no",
+            rows.append([r["model"], commit, r["precision"], r["search"], str(r["cores"]), "yes" if r["busy_core"] else "no",
                          "{} ({})".format(s(r["ours_decode_s"]), r["ours_layout"]),
                          "{} ({})".format(s(r["ct2_decode_s"]), r["ct2_layout"]), x(r["decode_over_ct2"]),
                          "{} / {}".format(s(r["ours_process_s"]), s(r["ct2_process_s"])),
                          x(r["ours_speedup_over_1_core"]) if "ours_speedup_over_1_core" in r else "",
                          "{:.1f}-{:.1f}".format(*r["load"]) if "load" in r else ""])
-    out = table(["model", "precision", "search", "cores", "busy core", "ours: decode s (best layout)",
+    out = table(["model", "commit", "precision", "search", "cores", "busy core", "ours: decode s (best layout)",
                  "CTranslate2: decode s (best layout)", "ours / CT2", "whole process s (ours / CT2)",
                  "ours over 1 core", "load (1 min)"], rows)
     return out + [""] + provenance(results, doc, *keys)
