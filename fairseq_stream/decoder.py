@@ -161,7 +161,7 @@ class BeamDecoder:
         self.tgt_dict = tgt_dict
         self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
         self.vocab_size = len(tgt_dict)
-        self.beam_size = min(beam_size, self.vocab_size - 1)
+        self.beam_size = decoder_parts.beam_width(beam_size, self.vocab_size)
         self.finalize = finalize
         self.finalizer = finalizer(finalize, self.beam_size, self.eos)
         self.pruning = pruning or Pruning()

@@ -73,8 +73,13 @@ def parts(models, tgt_dict, beam_size: int = 5, finalize: str = "fairseq", pruni
     built = build_runner(runner, models, temperature=temperature, keep_fairseq=keep, rnn_options=rnn_options,
                          quantize=quantize, stack_members=stack_members)
     V = len(tgt_dict)
-    n = per_row(min(beam_size, V - 1), V, finalize, pruning is not None and pruning.active)
+    n = per_row(beam_width(beam_size, V), V, finalize, pruning is not None and pruning.active)
     return built, output_backend(built, check_output_layer(output_layer), keep, n, no_repeat_ngram_size)
+
+
+def beam_width(beam_size: int, vocab_size: int) -> int:
+    """A decoder's beam: ``beam_size`` slots, at most the words but one (fairseq's ``min(beam, V - 1)``)."""
+    return min(beam_size, vocab_size - 1)
 
 
 def output_backend(runner, output_layer: str, keep_reference: bool, candidates_per_row: int,
@@ -93,5 +98,5 @@ def policy(tgt_dict, beam_size: int = 5, finalize: str = "fairseq", pruning=None
     """The search policy of a decoder with these settings (:func:`fairseq_stream.search.policies.search_policy`):
     its beam as wide as the decoder's, at most the words but one."""
     V = len(tgt_dict)
-    return search_policy(finalize, min(beam_size, V - 1), V, tgt_dict.eos(), tgt_dict.pad(), pruning or Pruning(),
+    return search_policy(finalize, beam_width(beam_size, V), V, tgt_dict.eos(), tgt_dict.pad(), pruning or Pruning(),
                          is_dense(finalize, pruning))
