@@ -28,6 +28,10 @@ fairseq-fixed 0.12.3.1 with Hydra 1.3.2 needs these adjustments (see
   running into the interpreter's finalization inside a torch operator, it
   aborted fairseq-generate after an error ("terminate called without an
   active exception");
+* after ``task.build_generator`` the tools' output loops read the
+  configuration about 22 times a sentence, each read through omegaconf's
+  node machinery: the configuration remembers its reads until anything
+  writes it (:mod:`fairseq_stream.config_reads`);
 * ``data.Dictionary.string`` reads a token tensor element by element through
   tensor operators, three times a sentence in fairseq-generate: the same
   rules over the tensor's ``tolist`` (:mod:`fairseq_stream.token_strings`),
@@ -414,22 +418,29 @@ def _patch_build_generator():
     from fairseq.tasks.fairseq_task import FairseqTask
 
     def build_generator(original, self, models, args, *rest, **kwargs):
-        fairseq_build = functools.partial(original, self, models, args, *rest, **kwargs)
-        chosen = selection_of(args)
-        if chosen.search is None:
-            return fairseq_build()
-        from fairseq_stream.errors import FairseqStreamError
-        from fairseq_stream.registry import SEARCH_REGISTRY
+        generator = _build_chosen_generator(original, self, models, args, *rest, **kwargs)
+        # The tools' output loops come next and read the configuration ~22 times a sentence.
+        from fairseq_stream.config_reads import remember_reads
 
-        error = check_selection(chosen.search, chosen.generator)
-        if error:
-            raise FairseqStreamError(error)
-        search_cls = SEARCH_REGISTRY[chosen.search]
-        return search_cls.build(
-            self, models, args, chosen.search_cfg, chosen.generator_cfg, fairseq_build
-        )
+        remember_reads(args)
+        return generator
 
     _patch(FairseqTask, "build_generator", build_generator)
+
+
+def _build_chosen_generator(original, task, models, args, *rest, **kwargs):
+    """The chosen search's generator, or fairseq's own where no ``--search`` of ours is chosen."""
+    fairseq_build = functools.partial(original, task, models, args, *rest, **kwargs)
+    chosen = selection_of(args)
+    if chosen.search is None:
+        return fairseq_build()
+    from fairseq_stream.registry import SEARCH_REGISTRY
+
+    error = check_selection(chosen.search, chosen.generator)
+    if error:
+        raise FairseqStreamError(error)
+    search_cls = SEARCH_REGISTRY[chosen.search]
+    return search_cls.build(task, models, args, chosen.search_cfg, chosen.generator_cfg, fairseq_build)
 
 
 # --- data -----------------------------------------------------------------
