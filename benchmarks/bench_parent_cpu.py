@@ -26,7 +26,8 @@ import tempfile
 import time
 
 SEARCHES = {"int8 fixed k=5": ["--quantize", "int8", "--search", "fixed", "--beam", "5", "--runner", "lean"],
-            "int8 var-batch k=5": ["--quantize", "int8", "--search", "var-batch", "--beam", "5"]}
+            "int8 var-batch k=5": ["--quantize", "int8", "--search", "var-batch", "--beam", "5"],
+            "int8 greedy": ["--quantize", "int8", "--search", "greedy"]}
 BIN = os.path.dirname(sys.executable)
 
 
