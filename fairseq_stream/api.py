@@ -269,8 +269,9 @@ class Translator:
         dataset = self.task.build_dataset_for_inference(tokens, lengths)
         sample = dataset.collater([dataset[i] for i in range(len(tokens))])
         net_input = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in sample["net_input"].items()}
-        # The collater sorts by source length; its "id" maps rows back to the chunk.
-        ids = torch.tensor([chunk[i][0] for i in sample["id"].tolist()], device=self.device)
+        # The collater sorts by source length; its "id" maps rows back to the chunk. On the host: the decoder
+        # keeps a cohort's ids there too, and moves them to the device itself.
+        ids = torch.tensor([chunk[i][0] for i in sample["id"].tolist()])
         return net_input, ids
 
 

@@ -114,30 +114,48 @@ class Cohort:
         self.start, self.start_host = start + shift, [s + shift for s in start_host]
         return self
 
-    def select(self, runner, keep: Tensor) -> "Cohort":
-        """A new cohort with the sentences at positions ``keep`` (sorted), state included."""
+    def select(self, runner, keep: Tensor, keep_host: Optional[List[int]] = None) -> "Cohort":
+        """A new cohort with the sentences at positions ``keep`` (sorted), state included; ``keep_host``: the
+        same positions on the host, where the caller knows them (nothing is read back then)."""
         k = self.k
         slots = (keep.unsqueeze(1) * k + torch.arange(k, device=keep.device)).view(-1)
-        slot_pos = torch.full((self.size * k,), -1, dtype=torch.long, device=keep.device)
-        slot_pos[slots] = torch.arange(slots.numel(), device=keep.device)
-        run_kept = slot_pos[self.run_rows].ge(0)
-        runner_rows = run_kept.nonzero().flatten()
+        if self.run_rows.numel() == self.size * k:
+            # Every slot runs: the run rows are the slots in order (rows_to_run, concat), so the kept slots are
+            # the runner rows to take, with no data-dependent count to read.
+            runner_rows, run_rows = slots, torch.arange(slots.numel(), device=keep.device)
+        else:
+            slot_pos = torch.full((self.size * k,), -1, dtype=torch.long, device=keep.device)
+            slot_pos[slots] = torch.arange(slots.numel(), device=keep.device)
+            run_kept = slot_pos[self.run_rows].ge(0)
+            runner_rows = run_kept.nonzero().flatten()
+            run_rows = slot_pos[self.run_rows[run_kept]]
         state = runner.take(self.state, runner_rows)
         ids = self.ids[keep]
+        if keep_host is None and (self.mixed or self.ids_host is not None):
+            keep_host = keep.tolist()
+        ids_host = [self.ids_host[i] for i in keep_host] if self.ids_host is not None else None
         start = start_host = None
         if self.mixed:
             start = self.start[keep]
-            start_host = [self.start_host[i] for i in keep.tolist()]
+            start_host = [self.start_host[i] for i in keep_host]
         return Cohort(
             k=k, pad=self.pad, step=self.step, ids=ids,
             tokens=self.tokens[slots], scores=self.scores[slots],
             live=self.live[keep], done_len=self.done_len[keep], max_lens=self.max_lens[keep],
             empty=self.empty[keep], best_finished=self.best_finished[keep],
-            run_rows=slot_pos[self.run_rows[run_kept]],
+            run_rows=run_rows,
             state=state,
-            finalized={i: self.finalized[i] for i in ids.tolist() if i in self.finalized},
-            admitted=self.admitted, start=start, start_host=start_host,
+            finalized=self._finalized_of(ids, ids_host),
+            admitted=self.admitted, start=start, start_host=start_host, ids_host=ids_host,
         )
+
+    def _finalized_of(self, ids: Tensor, ids_host: Optional[List[int]]) -> Dict[int, List[dict]]:
+        """The finalized hypotheses (fairseq's rule) of the sentences ``ids`` (read only where some are held and
+        their ids are not on the host)."""
+        if not self.finalized:
+            return {}
+        return {i: self.finalized[i] for i in (ids_host if ids_host is not None else ids.tolist())
+                if i in self.finalized}
 
     @staticmethod
     def merge(runner, cohorts: List["Cohort"]) -> "Cohort":
@@ -191,4 +209,6 @@ class Cohort:
             finalized=finalized,
             admitted=min(c.admitted for c in cohorts),
             start=start, start_host=start_host,
+            ids_host=[i for c in cohorts for i in c.ids_host] if all(c.ids_host is not None for c in cohorts)
+            else None,
         )

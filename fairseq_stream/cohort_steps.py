@@ -33,7 +33,10 @@ def open_cohort(d, net_input, ids: Optional[Tensor] = None, bos_token=None) -> C
     k = d.beam_size
     S0 = src_tokens.size(0)
     if ids is None:
-        ids = torch.arange(S0, device=device)
+        ids = torch.arange(S0)
+    # Ids handed on the host (fairseq-generate's look-ahead, the API's batches) stay known there through
+    # splits and joins (Cohort.ids_host): no step reads them back from the device.
+    ids_host = ids.tolist() if ids.device.type == "cpu" else None
     src_lengths = (src_tokens.ne(d.eos) & src_tokens.ne(d.pad)).long().sum(dim=1)
     max_lens = d.max_lengths(src_tokens)
     max_steps = int(max_lens.max().item()) if S0 else 0
@@ -49,7 +52,7 @@ def open_cohort(d, net_input, ids: Optional[Tensor] = None, bos_token=None) -> C
     live = torch.zeros(S0, k, dtype=torch.bool, device=device)
     live[:, 0] = True
     cohort = Cohort(
-        k=k, pad=d.pad, step=0, ids=ids.to(device),
+        k=k, pad=d.pad, step=0, ids=_to_device(ids, device), ids_host=ids_host,
         tokens=tokens,
         scores=torch.zeros(S0 * k, max_steps + 1 + lag, dtype=d.score_dtype, device=device),
         live=live,
@@ -62,6 +65,13 @@ def open_cohort(d, net_input, ids: Optional[Tensor] = None, bos_token=None) -> C
     )
     cohort.run_rows = rows_to_run(d.dense, live)
     return cohort
+
+
+def _to_device(t: Tensor, device) -> Tensor:
+    """``t`` on ``device``; a CPU tensor goes to CUDA from pinned memory without waiting for the queued steps."""
+    if t.device == device or device.type == "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 class BeamBookkeeping:
@@ -156,8 +166,10 @@ def next_beam(d, c: Cohort, step_out, ending: List[int], n_live: int, live_rows:
         live, done_len = live.index_select(0, keep), done_len.index_select(0, keep)
         c.ids, c.max_lens = c.ids.index_select(0, keep), c.max_lens.index_select(0, keep)
         c.empty, c.best_finished = c.empty.index_select(0, keep), c.best_finished.index_select(0, keep)
+        gone = set(ending)
+        if c.ids_host is not None:
+            c.ids_host = [i for s, i in enumerate(c.ids_host) if s not in gone]
         if c.mixed:
-            gone = set(ending)
             c.start = c.start.index_select(0, keep)
             c.start_host = [a for s, a in enumerate(c.start_host) if s not in gone]
         tokens[:, step + 1] = torch.where(extended, new_token, tokens[:, step + 1])

@@ -284,8 +284,8 @@ class BeamDecoder:
     def split(self, c: Cohort, n: int) -> Tuple[Cohort, Cohort]:
         """``c``'s first ``n`` sentences and the rest, as two cohorts with their decoder states."""
         idx = torch.arange(c.size, device=c.ids.device)
-        first = c.select(self.runner, idx[:n])
-        return first, c.select(self.runner, idx[n:])
+        first = c.select(self.runner, idx[:n], list(range(n)))
+        return first, c.select(self.runner, idx[n:], list(range(n, c.size)))
 
     def join(self, cohorts: List[Cohort], any_length: bool = False) -> Cohort:
         """One cohort of ``cohorts``, sentences in order: all at one step, or (``any_length``) at any step.

@@ -173,21 +173,20 @@ class LateReads:
         leaving = [s for s, i in enumerate(ids) if i in self.ended and self.ended[i] is None]
         if leaving:
             step_out = replace(step_out, finished_now=_mask(leaving, c.size, c.tokens.device))
-            gone = set(leaving)
             for s in leaving:
                 self.ended[ids[s]] = now
                 self.holding.discard(ids[s])
-            c.ids_host = [i for s, i in enumerate(ids) if s not in gone]
         # Dense: every slot runs, so neither the live count nor each sentence's rows are read.
         next_beam(d, c, step_out, leaving, c.rows)
         self._forget(now)
         return results
 
     def _host_ids(self, c: Cohort) -> List[int]:
-        """``c``'s sentence ids on the host: read once per cohort (a new one, a split, a join), then kept."""
+        """``c``'s sentence ids on the host: known from its opening where they were handed on the host (and
+        kept through splits, joins and departures), else read once for the cohort."""
         if c.ids_host is None:
             c.ids_host = c.ids.tolist()
-            self.holding.update(c.ids_host)
+        self.holding.update(c.ids_host)
         return c.ids_host
 
     def _read(self, d, p: _Pending, now: int) -> Dict[int, List[Dict[str, Tensor]]]:

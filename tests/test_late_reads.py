@@ -11,7 +11,9 @@ the products' shapes change with them, which moves even float64 results in
 the last bit (greedy, measured); in one bucket the shapes are lag 0's. On
 the lean runner (no buckets) the tokens are lag 0's and the scores within
 1e-12. The host's one read of a quiet step is of the step made N calls
-before. Searches whose rows per sentence change are refused with one line.
+before. A cohort's ids, handed on the host, are never read back through the
+stream pool's splits and joins. Searches whose rows per sentence change are
+refused with one line.
 """
 
 import pytest
@@ -113,11 +115,11 @@ def test_a_quiet_steps_one_read_is_of_an_older_step(loaded, lag):
         assert record.syncs == 1 and record.events[0][0] == "tolist", record.events
         assert record.runner_syncs == 0, record.runner_events
         assert [read - made for made, read in reads] == [lag], reads
-    # Only a batch's first lag updates read no summary (no step is lag calls old yet); past its first step
-    # (the ids read once), nothing at all.
+    # Only a batch's first lag updates read no summary (no step is lag calls old yet), and they read nothing at
+    # all (the batch's ids came on the host).
     unread = [r for r, reads in zip(records, reads_by_update) if not reads]
     assert unread and all(r.step < lag for r in unread)
-    assert all(r.syncs == 0 for r in unread if r.step > 0)
+    assert all(r.syncs == 0 for r in unread)
 
 
 @pytest.mark.parametrize("lag", [1, 2])
@@ -191,3 +193,41 @@ def test_the_python_api_takes_host_lag(toy):
     with pytest.raises(FairseqStreamError, match="rows per sentence"):
         Translator([str(toy.transformer)], data=str(toy.data_bin), search="var-batch", cpu=True, runner="static",
                    host_lag=1)
+
+
+@pytest.mark.parametrize("scheduler", ["stream", "topup"])
+def test_a_cohorts_ids_are_never_read_back(loaded, scheduler):
+    """Ids handed on the host (as fairseq-generate's look-ahead and the API hand them) stay on the host through
+    every split, join and departure of the stream pool: the late reader never reads a cohort's ids from the
+    device, and a split or join of the pool's cohorts reads nothing at all (every slot a row: fixed k=5)."""
+    from fairseq_stream.host_sync import HostSyncCounter
+    from fairseq_stream.schedule.pool import StreamPool
+
+    models, task = loaded("transformer")
+    dec = lagged_decoder(models, task, "fixed", 2, buckets=ONE_BUCKET)
+    late, host_ids = dec.late, dec.late._host_ids
+    unknown, moves = [], HostSyncCounter()
+
+    def tracked_ids(c):
+        unknown.append(c.ids_host is None)
+        ids = host_ids(c)
+        assert ids == c.ids.tolist()
+        return ids
+
+    def counted(method):
+        def call(*args, **kwargs):
+            with moves:
+                return method(*args, **kwargs)
+        return call
+
+    late._host_ids = tracked_ids
+    dec.split, dec.join = counted(dec.split), counted(dec.join)
+    out = {}
+    with torch.no_grad():
+        pool = StreamPool(dec, **SCHEDULERS[scheduler])
+        for sid, hyps in pool.run(dec.open(s["net_input"], ids=s["id"]) for s in sorted_batches(task, 4, SENTENCES)):
+            out[sid] = hyps
+    assert sorted(out) == list(range(SENTENCES))
+    assert unknown and not any(unknown)
+    assert moves.count == 0, moves.events
+    assert_bitwise(reference(loaded, "transformer", "fixed", scheduler, buckets=ONE_BUCKET), out)

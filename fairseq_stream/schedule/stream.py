@@ -200,12 +200,14 @@ class StreamGenerator(DecoderWrapper):
 
         def cohorts():
             # With --encoder-queue this runs in the encoder thread.
-            yield self.decoder.open(sample["net_input"], ids=sample["id"], bos_token=bos_token)
+            # The ids from the look-ahead's own batches, on the host (the first's equal fairseq's): a
+            # cohort's ids are then never read back from the device.
+            yield self.decoder.open(sample["net_input"], ids=first["id"], bos_token=bos_token)
             for batch in itr:
                 if "net_input" not in batch:
                     continue
                 net_input = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["net_input"].items()}
-                yield self.decoder.open(net_input, ids=batch["id"].to(device), bos_token=bos_token)
+                yield self.decoder.open(net_input, ids=batch["id"], bos_token=bos_token)
 
         pool = self.pool(first["id"].numel())
         limit = self.max_cached if self.max_cached is not None else CACHED_PER_POOL_SENTENCE * pool.pool_size
