@@ -72,7 +72,8 @@ class Cohort:
     # the host; None: 0 for every sentence (one length)
     start: Optional[Tensor] = None
     start_host: Optional[List[int]] = None
-    # ids on the host where a late reader keeps them (late_reads.py; None: not read yet)
+    # ids on the host: as handed to open_cohort on the host, kept through splits, joins and departures; None:
+    # handed on the device, read once by a late reader (late_reads.py) where one needs them
     ids_host: Optional[List[int]] = None
 
     @property
