@@ -1,6 +1,6 @@
 // One search step in one call: the selection of fairseq_stream/search/selection.py
 // (select_fairseq or select_stay, with the pruning of search/pruning.py) and the bookkeeping
-// BeamDecoder.update does after it (finalized counts and lengths, which sentences end, the best
+// cohort_steps.py:BeamBookkeeping.update does after it (finalized counts and lengths, which sentences end, the best
 // finished score, the step's summary for the host). The Python functions (fairseq_step,
 // stay_step) are the reference; fairseq_stream/ops/beam_step.py documents the ops and
 // tests/test_beam_step.py compares the two on every step of real decoding.

@@ -8,9 +8,9 @@
 //                                                         each model's layers, LeanModel.logits)
 //   output layer  output_layer                            candidates.top_candidates (the fused bias +
 //                                                         log-softmax + rules + top-k)
-//   search        SearchPolicy::select                    BeamDecoder._select (search/selection.py:
-//                                                         fairseq_step; greedy: the argmax) and the
-//                                                         finalizer's after_step (finalize.py)
+//   search        SearchPolicy::select                    search/policies.py:FairseqPolicy.select
+//                                                         (search/selection.py:fairseq_step; greedy: the
+//                                                         argmax) and the finalizer's after_step (finalize.py)
 //   next beam     SearchPolicy::next_beam + follow_rows   cohort_steps.next_beam: the histories, then the
 //                                                         runner's reorder (runners/lean.py:_reorder_segment)
 //   drop ended    run's loop condition                    Engine.run: a cohort without sentences leaves

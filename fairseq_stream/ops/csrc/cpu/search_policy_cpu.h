@@ -1,6 +1,6 @@
 // The search policies of the compiled loop (search_policy_cpu.cpp): what search_loop_cpu.cpp's one driver
-// asks of a search at each step, as the Python engine asks the decoder's search step (decoder.py:
-// BeamDecoder.update: the selection, the finalizer, the next beam). fairseq's Search.step and
+// asks of a search at each step, as the Python engine asks the decoder's policy and bookkeeping
+// (search/policies.py: the selection; cohort_steps.py:BeamBookkeeping.update: the finalizer, the next beam). fairseq's Search.step and
 // CTranslate2's SearchStrategy have this shape: the loop owns the model and the rows, the policy the choice.
 #pragma once
 
