@@ -591,7 +591,8 @@ def table_interop(results, doc):
     """Our best CPU layout against CTranslate2's best on the same cores (bench_interop.py), per model."""
     keys = [k for k in ("interop_toy", "interop_standin", "interop_m30k_idle_free", "interop_m30k_idle_busy",
                         "interop_m30k_parent_int8", "interop_m30k_parent_free", "interop_standin_idle",
-                        "interop_m30k_config_reads_int8", "interop_m30k_config_reads_free")
+                        "interop_m30k_config_reads_int8", "interop_m30k_config_reads_free",
+                        "interop_standin_float32_32")
             if k in results.index["results"]]
     rows = []
     for key in keys:
