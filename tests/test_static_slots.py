@@ -164,6 +164,42 @@ def test_a_stream_decode_sizes_its_pool_once(loaded, search, scheduler, lag):
             assert pool.growths and {what for what, _, _ in pool.growths} == {"source"}, pool.growths
 
 
+def test_a_reservation_the_device_has_no_room_for_is_cut(loaded, monkeypatch, caplog):
+    """Where the device's free memory (CUDA's, here set by hand on the CPU) cannot hold what the scheduler may
+    hold, the pool reserves what half of it holds, says so in one line, and grows as the decode needs; the
+    output is the uncut pool's, bit for bit."""
+    import logging
+
+    from fairseq_stream.runners import slot_pool
+    from fairseq_stream.schedule.pool import StreamPool
+
+    assert slot_pool.device_free_bytes(torch.device("cpu")) is None  # the CPU's pools are never cut
+    models, task = loaded("transformer")
+    batches = sorted_batches(task, 6, 40)
+    longest = max(b["net_input"]["src_tokens"].size(1) for b in batches)
+
+    def run():
+        dec = BeamDecoder(models, task.target_dictionary, runner="static", keep_reference=False,
+                          **decoder_options("fixed"))
+        engine = StreamPool(dec, **SCHEDULERS["topup"])
+        engine.longest_source = longest
+        with torch.no_grad():
+            return dict(engine.run(dec.open(b["net_input"], ids=b["id"]) for b in batches)), dec.runner.pool
+
+    full, full_pool = run()
+    assert full_pool.reserve_cut is None and full_pool.growths == []
+    one_slot = sum(2 * len(m.layers) * m.heads * m.head_dim * 4 for m in full_pool.models) * full_pool.positions
+    room = 2 * one_slot * (slot_pool.FIRST_SLOTS + 8)  # half of it: a little more than the first slots
+    monkeypatch.setattr(slot_pool, "device_free_bytes", lambda device: room)
+    with caplog.at_level(logging.INFO, logger=slot_pool.__name__):
+        cut, cut_pool = run()
+    wanted, budget = cut_pool.reserve_cut
+    assert budget == room // 2 < wanted
+    assert [r.getMessage() for r in caplog.records if "slot pool reserves" in r.getMessage()]
+    assert cut_pool.growths and full_pool.slots.capacity > slot_pool.FIRST_SLOTS
+    assert differences(full, cut, tolerance=0.0) == []
+
+
 def test_fairseq_generate_knows_the_longest_source(loaded):
     """The look-ahead's batches carry the generation subset's longest source, which the pool is sized for."""
     from types import SimpleNamespace

@@ -14,24 +14,43 @@ Slot numbers are handed out on the host (:class:`SlotNumbers`: a free list
 with reference counts, since joined groups share slots until the parts are
 collected). A decode sizes its pool once at its start (:meth:`SlotPool.reserve`,
 from what its scheduler can admit): a captured step holds the pool's tensors,
-so a pool that grows later makes the graphs be captured again. A pool that
+so a pool that grows later makes the graphs be captured again. On CUDA the
+reservation takes at most :data:`RESERVE_SHARE` of the device's free memory
+(a WMT'19 ensemble's scheduler can hold more rows than a GPU has room for:
+the ``gpu32gb-k5`` preset's 64 sentences a batch, read ahead, are several
+times the 24 GB its caches were sized for); past that it reserves less,
+says so in one line, and grows as the decode needs. A pool that
 runs out all the same doubles: a new tensor, the old slots copied (numbers
 keep their meaning), recorded in ``growths``.
 Everything starts zeroed: a slot's positions past what its row wrote hold
 finite values, which the attention masks.
 """
 
+import logging
 import math
 import threading
-from typing import List
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
+
+logger = logging.getLogger(__name__)
 
 # First sizes of a pool; each doubles when reached.
 FIRST_SLOTS = 64
 FIRST_POSITIONS = 64
 FIRST_SENTENCES = 16
+# Of the device's free memory, the most a decode's reservation takes: the rest is the step's activations, the
+# output layer's logits (rows x vocabulary per member) and the copy a growth makes beside the old tensor.
+RESERVE_SHARE = 0.5
+
+
+def device_free_bytes(device) -> Optional[int]:
+    """The free memory of ``device`` where a reservation is bounded by it (CUDA), else None (the CPU: host
+    memory is the process's to page, and nothing else there is sized from it)."""
+    if torch.device(device).type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)[0]
 
 
 class SlotNumbers:
@@ -102,12 +121,16 @@ class SlotPool:
         # (what, size before, size after) of each growth past the sizes reserved (tests count them).
         self.growths: List[tuple] = []
         self.reserved_source = 0  # the source length the encoder keys are made with, at least
+        # (bytes wanted, bytes the device had room for) where a reservation was cut to fit; None: none was
+        self.reserve_cut: Optional[Tuple[int, int]] = None
 
     def reserve(self, slots: int, sentences: int, positions: int, source: int = 0):
         """Room for ``slots`` key/value slots, ``sentences`` sentence slots (pad slots not counted), rows of
         ``positions`` positions and sources of ``source`` tokens, allocated now, before the decode's first
-        step, not recorded as growths."""
+        step, not recorded as growths; fewer slots and sentence slots where the device has no room for them
+        (:func:`device_free_bytes`, :data:`RESERVE_SHARE`)."""
         with self.lock:
+            slots, sentences = self._fitting(slots, sentences, positions, source)
             if slots + 1 > self.slots.capacity:
                 self._grow_slots(slots + 1)
             self._grow_positions(positions)
@@ -119,6 +142,30 @@ class SlotPool:
             if sentences + 1 > self.sentences.capacity:
                 self._grow_sentences(sentences + 1)
             self._grow_source(source)
+
+    def _fitting(self, slots: int, sentences: int, positions: int, source: int) -> Tuple[int, int]:
+        """``slots`` and ``sentences`` scaled down to what :data:`RESERVE_SHARE` of the device's free memory
+        holds (the caches and encoder keys are the pool's memory; positions and source lengths are the
+        decode's and stay), with one log line; as they are where they fit or the device is not bounded."""
+        free = device_free_bytes(self.device)
+        if free is None:
+            return slots, sentences
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        # Keys and values of each layer, every head, a position: the self-attention cache's per slot, the
+        # encoder keys' per sentence slot.
+        per_position = sum(2 * len(m.layers) * m.heads * m.head_dim for m in self.models) * itemsize
+        wanted = per_position * (slots * positions + sentences * source)
+        budget = int(RESERVE_SHARE * free)
+        if wanted <= budget:
+            return slots, sentences
+        scale = budget / wanted
+        fit = max(FIRST_SLOTS, int(slots * scale)), max(FIRST_SENTENCES, int(sentences * scale))
+        self.reserve_cut = (wanted, budget)
+        logger.info("fairseq-stream: the slot pool reserves %d of the %d key/value slots the schedule can hold "
+                    "(%.1f of %.1f GB: %d%% of the device's %.1f GB free); it grows past them as the decode "
+                    "needs (each growth captures the step's graphs again)", fit[0], slots,
+                    scale * wanted / 1e9, wanted / 1e9, round(100 * RESERVE_SHARE), free / 1e9)
+        return fit
 
     @property
     def shape(self) -> tuple:
