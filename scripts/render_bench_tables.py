@@ -592,7 +592,7 @@ def table_interop(results, doc):
     keys = [k for k in ("interop_toy", "interop_standin", "interop_m30k_idle_free", "interop_m30k_idle_busy",
                         "interop_m30k_parent_int8", "interop_m30k_parent_free", "interop_standin_idle",
                         "interop_m30k_config_reads_int8", "interop_m30k_config_reads_free",
-                        "interop_standin_float32_32", "interop_standin_int8_32")
+                        "interop_standin_float32_32", "interop_standin_int8_32", "interop_m30k_rounds3_int8")
             if k in results.index["results"]]
     rows = []
     for key in keys:
