@@ -115,9 +115,9 @@ class Cohort:
         self.start, self.start_host = start + shift, [s + shift for s in start_host]
         return self
 
-    def select(self, runner, keep: Tensor, keep_host: Optional[List[int]] = None) -> "Cohort":
+    def select(self, runner, keep: Tensor, keep_host: List[int]) -> "Cohort":
         """A new cohort with the sentences at positions ``keep`` (sorted), state included; ``keep_host``: the
-        same positions on the host, where the caller knows them (nothing is read back then)."""
+        same positions on the host (nothing is read back)."""
         k = self.k
         slots = (keep.unsqueeze(1) * k + torch.arange(k, device=keep.device)).view(-1)
         if self.run_rows.numel() == self.size * k:
@@ -132,8 +132,6 @@ class Cohort:
             run_rows = slot_pos[self.run_rows[run_kept]]
         state = runner.take(self.state, runner_rows)
         ids = self.ids[keep]
-        if keep_host is None and (self.mixed or self.ids_host is not None):
-            keep_host = keep.tolist()
         ids_host = [self.ids_host[i] for i in keep_host] if self.ids_host is not None else None
         start = start_host = None
         if self.mixed:

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from fairseq_stream import lengths
 from fairseq_stream.cohort import Cohort
-from fairseq_stream.finalize import Finalizer, read_host
+from fairseq_stream.finalize import Finalizer, read_host, to_device
 from fairseq_stream.ops.beam_step import reorder_beam_
 from fairseq_stream.ops.packing import compact
 
@@ -37,6 +37,7 @@ def open_cohort(d, net_input, ids: Optional[Tensor] = None, bos_token=None) -> C
     # Ids handed on the host (fairseq-generate's look-ahead, the API's batches) stay known there through
     # splits and joins (Cohort.ids_host): no step reads them back from the device.
     ids_host = ids.tolist() if ids.device.type == "cpu" else None
+    ids = to_device(ids, device) if ids_host is not None else ids.to(device)
     src_lengths = (src_tokens.ne(d.eos) & src_tokens.ne(d.pad)).long().sum(dim=1)
     max_lens = d.max_lengths(src_tokens)
     max_steps = int(max_lens.max().item()) if S0 else 0
@@ -52,7 +53,7 @@ def open_cohort(d, net_input, ids: Optional[Tensor] = None, bos_token=None) -> C
     live = torch.zeros(S0, k, dtype=torch.bool, device=device)
     live[:, 0] = True
     cohort = Cohort(
-        k=k, pad=d.pad, step=0, ids=_to_device(ids, device), ids_host=ids_host,
+        k=k, pad=d.pad, step=0, ids=ids, ids_host=ids_host,
         tokens=tokens,
         scores=torch.zeros(S0 * k, max_steps + 1 + lag, dtype=d.score_dtype, device=device),
         live=live,
@@ -65,13 +66,6 @@ def open_cohort(d, net_input, ids: Optional[Tensor] = None, bos_token=None) -> C
     )
     cohort.run_rows = rows_to_run(d.dense, live)
     return cohort
-
-
-def _to_device(t: Tensor, device) -> Tensor:
-    """``t`` on ``device``; a CPU tensor goes to CUDA from pinned memory without waiting for the queued steps."""
-    if t.device == device or device.type == "cpu":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 class BeamBookkeeping:

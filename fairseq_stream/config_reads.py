@@ -21,7 +21,7 @@ and omegaconf's own functions run omegaconf's code unchanged.
 
 from typing import Any, Dict, List
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 # Where a node keeps what it remembers, and the nodes forgotten together (in the node's own __dict__, as
 # omegaconf keeps its content there; both keys are gone once the configuration is put back).
@@ -105,8 +105,6 @@ def remember_reads(cfg) -> bool:
 def _dict_nodes(root) -> List[DictConfig]:
     """Every ``DictConfig`` node of the tree under ``root`` (through lists too), or None where one is not
     a plain ``DictConfig`` (a subclass of someone else's, or one remembering already)."""
-    from omegaconf import ListConfig
-
     found, stack = [], [root]
     while stack:
         node = stack.pop()

@@ -27,6 +27,14 @@ from fairseq_stream.cohort import Cohort
 from fairseq_stream.ops.packing import compact
 
 
+def to_device(t: Tensor, device) -> Tensor:
+    """A host tensor ``t`` on ``device``: on CUDA copied from pinned memory without waiting for the steps queued
+    before it (:func:`read_host` the other way)."""
+    if torch.device(device).type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def read_host(t: Tensor) -> list:
     """``t.tolist()``: a step's read of the device (its summary; the hypotheses of sentences that end). On CUDA
     through a pinned buffer (one DMA, no staging copy), waiting for this stream only."""

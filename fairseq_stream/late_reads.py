@@ -41,6 +41,7 @@ from torch import Tensor
 from fairseq_stream.cohort import Cohort
 from fairseq_stream.cohort_steps import next_beam
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.finalize import to_device
 
 # Runners whose rows of a sentence are independent of other sentences' and that move rows without reading
 # the device (``sync_free``): a lagged read changes no arithmetic there.
@@ -138,7 +139,7 @@ def _mask(positions: List[int], size: int, device) -> Tensor:
     the steps queued before it)."""
     mask = torch.zeros(size, dtype=torch.bool)
     mask[positions] = True
-    return mask if device.type == "cpu" else mask.pin_memory().to(device, non_blocking=True)
+    return to_device(mask, device)
 
 
 class LateReads:

@@ -150,10 +150,9 @@ class SlotPool:
         free = device_free_bytes(self.device)
         if free is None:
             return slots, sentences
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        # Keys and values of each layer, every head, a position: the self-attention cache's per slot, the
-        # encoder keys' per sentence slot.
-        per_position = sum(2 * len(m.layers) * m.heads * m.head_dim for m in self.models) * itemsize
+        # Keys and values of each layer, every head, a position, read off the caches (2 * layers, slots, heads,
+        # positions, head_dim): the self-attention cache's per slot, the encoder keys' per sentence slot.
+        per_position = sum(c.numel() // (c.size(1) * c.size(3)) * c.element_size() for c in self.caches)
         wanted = per_position * (slots * positions + sentences * source)
         budget = int(RESERVE_SHARE * free)
         if wanted <= budget:
