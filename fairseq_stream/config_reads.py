@@ -4,9 +4,9 @@ fairseq-generate's loop reads its OmegaConf configuration about 22 times a
 sentence (``cfg.generation.nbest``, ``cfg.common_eval.post_process``,
 ``cfg.common_eval.quiet``, ...), and fairseq-interactive's as often. Each
 attribute read walks omegaconf's node machinery (key validation, flags,
-interpolation): 8 to 18 µs a read here, 0.2 to 0.4 s per 1,000 sentences, a
-third of the parent's CPU under ``--cpu-workers``, where the parent shares
-the cores with the workers (issue 50, docs/threads.md).
+interpolation): together about a third of the parent's CPU under
+``--cpu-workers``, where the parent shares the cores with the workers
+(issue 50; benchmarks/bench_parent_cpu.py, measured in docs/threads.md).
 
 :func:`remember_reads` makes every ``DictConfig`` node of a configuration
 remember the values its attribute reads return, until anything writes,
