@@ -54,6 +54,18 @@ def test_a_workers_hypotheses_come_back_the_same(loaded, search):
     assert torch.equal(first * 2.0, pairs[0][1][0]["positional_scores"]) and torch.equal(second, before)
 
 
+def test_a_worker_sends_back_the_first_nbest_hypotheses_of_each_list(loaded):
+    # What fairseq-generate and fairseq-interactive print (hypos[:nbest]); the rest never crosses the wire.
+    models, task = loaded("transformer")
+    decoder = BeamDecoder(models, task.target_dictionary, **decoder_options("fixed"))
+    batches = sorted_batches(task, 16, 40)
+    with torch.no_grad():
+        whole = decode_samples(decoder, models, batches)
+        trimmed = decode_samples(decoder, models, batches, nbest=2)
+    assert all(len(hyps) == 5 for _, hyps in whole)
+    assert_same_pairs(over_the_wire(trimmed), [(i, hyps[:2]) for i, hyps in whole])
+
+
 def test_what_the_columns_cannot_hold_goes_field_by_field(loaded):
     models, task = loaded("transformer")
     decoder = BeamDecoder(models, task.target_dictionary, **decoder_options("greedy"))

@@ -7,6 +7,7 @@ failing or vanished worker stops every worker with one line; Ctrl-C ends the
 run with one line and status 130. No timing is asserted.
 """
 
+import collections
 import json
 import multiprocessing
 import os
@@ -68,6 +69,19 @@ def test_two_workers_print_what_fairseq_prints_in_one_process(toy, capsys, monke
     one = [line for line in capsys.readouterr().out.splitlines() if line.startswith(GENERATE_LINES)]
     assert len(one) == 5 * 200 + 1 and one[-1].startswith("Generate ")
     assert two == one
+
+
+@pytest.mark.parametrize("search", ["fixed", "var-stream"])
+def test_two_workers_print_each_sentences_nbest_hypotheses(toy, search):
+    # The workers send back only --nbest hypotheses a sentence (schedule/workers.py: decode_samples).
+    options = ["--search", search, "--beam", "5", "--nbest", "3", "--quantize", "int8"]
+    one, _ = generate(toy, options, 1, subset="test")
+    two, _ = generate(toy, options, 2, subset="test")
+    assert two == one
+    counts = collections.Counter(hypothesis_ids(two))
+    assert sorted(counts) == list(range(37))
+    # A variable-width beam may finish fewer hypotheses than --nbest; a fixed one has 5 to print 3 of.
+    assert set(counts.values()) == {3} if search == "fixed" else max(counts.values()) == 3
 
 
 def test_a_float32_stream_split_among_workers_keeps_every_translation(toy):

@@ -296,7 +296,7 @@ def on_workers(generator, layout, task, models, gen_cfg):
 
     root = gen_cfg._get_root() if isinstance(gen_cfg, DictConfig) else None
     batches = fairseq_generate_batches(task, models, root) if root is not None else None
-    return WorkersGenerator(generator, layout.workers, models, batches)
+    return WorkersGenerator(generator, layout.workers, models, batches, nbest=getattr(gen_cfg, "nbest", None))
 
 
 # Generators that take fairseq-interactive's announced batches (weakly: one per built generator).
@@ -317,10 +317,14 @@ class WorkersGenerator(DecoderWrapper):
         n: workers.
         models: fairseq's models (``generate``'s argument).
         batches: a callable building fairseq-generate's epoch iterator again, or None.
+        nbest: the hypotheses a sentence that fairseq-generate and fairseq-interactive print (``--nbest``):
+            what the workers send back of each n-best list for the batches those tools announce or read
+            ahead; None sends them whole. Batches decoded in this process keep their whole lists.
     """
 
-    def __init__(self, decoder, n: int, models, batches: Optional[Callable] = None):
+    def __init__(self, decoder, n: int, models, batches: Optional[Callable] = None, nbest: Optional[int] = None):
         self.decoder, self.n, self.models = decoder, n, models
+        self.nbest = int(nbest) if nbest is not None else None
         self._batches = batches
         self._workers = None
         self._ahead = None  # None: not decided; False: decode here; else the results of the look-ahead
@@ -360,8 +364,11 @@ class WorkersGenerator(DecoderWrapper):
 
     def _pool(self) -> Workers:
         if self._workers is None:
-            self._workers = Workers(self.n, lambda task: decode_samples(self.decoder, self.models, *task),
-                                    self.stats)
+            # Only the pool's batches are trimmed to --nbest: they are the ones fairseq-generate reads ahead
+            # and fairseq-interactive announces, and both print hypos[:nbest]. Any other caller (fairseq's
+            # hub interface) is decoded in this process and gets its whole lists.
+            self._workers = Workers(self.n, lambda task: decode_samples(self.decoder, self.models, *task,
+                                                                        nbest=self.nbest), self.stats)
             self._stop_on_ctrl_c()
         return self._workers
 
@@ -441,21 +448,24 @@ def streams_across_batches(generator) -> bool:
     return bool(getattr(generator, "reads_ahead", False))
 
 
-def decode_samples(generator, models, samples: list, bos_token=None) -> list:
+def decode_samples(generator, models, samples: list, bos_token=None, nbest: Optional[int] = None) -> list:
     """In a worker: [(sentence id or row, hypotheses)] of ``samples``, as one process decodes them.
 
     A generator that streams across batches streams across these samples
     (one pool, as its look-ahead does); any other decodes each sample with
-    one ``generate`` call.
+    one ``generate`` call. ``nbest``: each list's first ``nbest`` hypotheses
+    only (what the parent prints; at k=5 and --nbest 1 the parent rebuilt
+    five times the tensors it reads, on the cores the workers decode on).
     """
     if streams_across_batches(generator) and all("id" in s for s in samples):
         cohorts = (generator.decoder.open(s["net_input"], ids=s["id"], bos_token=bos_token) for s in samples)
         with decoding():
             done = dict(generator.pool(samples[0]["id"].numel()).run(cohorts))
-        return [(i, released(done[i])) for s in samples for i in s["id"].tolist()]
-    out = []
-    for s in samples:
-        hypotheses = generator.generate(models, s, bos_token=bos_token)
-        ids = s["id"].tolist() if "id" in s else range(len(hypotheses))
-        out.extend(zip(ids, hypotheses))
-    return out
+        out = [(i, released(done[i])) for s in samples for i in s["id"].tolist()]
+    else:
+        out = []
+        for s in samples:
+            hypotheses = generator.generate(models, s, bos_token=bos_token)
+            ids = s["id"].tolist() if "id" in s else range(len(hypotheses))
+            out.extend(zip(ids, hypotheses))
+    return out if nbest is None else [(i, hypotheses[:nbest]) for i, hypotheses in out]
