@@ -122,12 +122,14 @@ class BeamBookkeeping:
 
 def reserve_pool(d, first: Cohort, sentences: int, copies: int, longest_source: Optional[int] = None):
     """Size the runner's memory once for a decode, at its first batch ``first``, where the runner has a
-    ``reserve`` (the static-slot runner's pool) and the search is dense (every slot a row): ``sentences`` held
-    at once and ``copies`` more copied at once (the scheduler's :meth:`~fairseq_stream.engine.Planner.held`),
-    ``beam_size`` rows each, of the positions the max length rule gives the input's ``longest_source`` (None:
-    unknown, ``first``'s; with ``--max-len-a`` 0 the same), and encoder keys of that source length."""
+    ``reserve`` (the static-slot runner's pool): ``sentences`` held at once and ``copies`` more copied at once
+    (the scheduler's :meth:`~fairseq_stream.engine.Planner.held`), ``beam_size`` rows each, of the positions the
+    max length rule gives the input's ``longest_source`` (None: unknown, ``first``'s; with ``--max-len-a`` 0 the
+    same), and encoder keys of that source length. A variable-width search runs at most ``beam_size`` rows a
+    sentence too (its pruning only drops rows), so the same bound holds for it: reserved once, a captured step
+    keeps its pool through the decode."""
     reserve = getattr(d.runner, "reserve", None)
-    if reserve is None or not d.dense:
+    if reserve is None:
         return
     # open_cohort's columns: the longest maximum length + 2 + the lag; its rows hold one fewer position.
     positions = first.tokens.size(1) - 1
