@@ -592,19 +592,22 @@ def table_interop(results, doc):
     keys = [k for k in ("interop_toy", "interop_standin", "interop_m30k_idle_free", "interop_m30k_idle_busy",
                         "interop_m30k_parent_int8", "interop_m30k_parent_free", "interop_standin_idle",
                         "interop_m30k_config_reads_int8", "interop_m30k_config_reads_free",
-                        "interop_standin_float32_32", "interop_standin_int8_32", "interop_m30k_rounds3_int8")
+                        "interop_standin_float32_32", "interop_standin_int8_32", "interop_m30k_rounds3_int8",
+                        "interop_epyc_m30k_int8", "interop_epyc_m30k_float32")
             if k in results.index["results"]]
     rows = []
     for key in keys:
         commit = results.index["results"][key]["commit"]
+        # The CPU without its thread count: the rows' cores column says how many ran.
+        cpu = results.machine(key, short=True).split(",")[0]
         for r in results.data(key)["summary"]:
-            rows.append([r["model"], commit, r["precision"], r["search"], str(r["cores"]), "yes" if r["busy_core"] else "no",
+            rows.append([r["model"], cpu, commit, r["precision"], r["search"], str(r["cores"]), "yes" if r["busy_core"] else "no",
                          "{} ({})".format(s(r["ours_decode_s"]), r["ours_layout"]),
                          "{} ({})".format(s(r["ct2_decode_s"]), r["ct2_layout"]), x(r["decode_over_ct2"]),
                          "{} / {}".format(s(r["ours_process_s"]), s(r["ct2_process_s"])),
                          x(r["ours_speedup_over_1_core"]) if "ours_speedup_over_1_core" in r else "",
                          "{:.1f}-{:.1f}".format(*r["load"]) if "load" in r else ""])
-    out = table(["model", "commit", "precision", "search", "cores", "busy core", "ours: decode s (best layout)",
+    out = table(["model", "CPU", "commit", "precision", "search", "cores", "busy core", "ours: decode s (best layout)",
                  "CTranslate2: decode s (best layout)", "ours / CT2", "whole process s (ours / CT2)",
                  "ours over 1 core", "load (1 min)"], rows)
     return out + [""] + provenance(results, doc, *keys)
