@@ -455,17 +455,18 @@ def decode_samples(generator, models, samples: list, bos_token=None, nbest: Opti
     (one pool, as its look-ahead does); any other decodes each sample with
     one ``generate`` call. ``nbest``: each list's first ``nbest`` hypotheses
     only (what the parent prints; at k=5 and --nbest 1 the parent rebuilt
-    five times the tensors it reads, on the cores the workers decode on).
+    five times the tensors it reads, on the cores the workers decode on);
+    None: whole lists. Cut before the inference tensors are copied out, so
+    the dropped hypotheses are never copied.
     """
     if streams_across_batches(generator) and all("id" in s for s in samples):
         cohorts = (generator.decoder.open(s["net_input"], ids=s["id"], bos_token=bos_token) for s in samples)
         with decoding():
             done = dict(generator.pool(samples[0]["id"].numel()).run(cohorts))
-        out = [(i, released(done[i])) for s in samples for i in s["id"].tolist()]
-    else:
-        out = []
-        for s in samples:
-            hypotheses = generator.generate(models, s, bos_token=bos_token)
-            ids = s["id"].tolist() if "id" in s else range(len(hypotheses))
-            out.extend(zip(ids, hypotheses))
-    return out if nbest is None else [(i, hypotheses[:nbest]) for i, hypotheses in out]
+        return [(i, released(done[i][:nbest])) for s in samples for i in s["id"].tolist()]
+    out = []
+    for s in samples:
+        hypotheses = generator.generate(models, s, bos_token=bos_token)
+        ids = s["id"].tolist() if "id" in s else range(len(hypotheses))
+        out.extend((i, nbest_list[:nbest]) for i, nbest_list in zip(ids, hypotheses))
+    return out
