@@ -117,8 +117,7 @@ torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn
   const float* b = bias ? b_t.data_ptr<float>() : nullptr;
   float* y = out.data_ptr<float>();
   fs_quant::to_inverses(scale);
-  for (int64_t m = 0; m < rows; ++m)
-    fs_quant::dequantize(a + m * out_features, out_features, scale[m], inv_w, b, y + m * out_features);
+  fs_quant::dequantize_rows(a, out_features, rows, out_features, nullptr, scale.data(), inv_w, b, y, out_features);
   fs_quant::float_rows(xs, k, scale, out_features, TransposedWeightAt{kn.data_ptr<int8_t>(), out_features}, inv_w, b,
                        y);
   return out;

@@ -220,13 +220,8 @@ std::vector<float> quantized_product(const Kernel& kernel, const Operands& o) {
         const int r = static_cast<int>(std::min<int64_t>(tile_rows, o.rows - m0));
         shape.table[(r - 1) * shape.panels + panels - 1](xq + m0 * o.steps * element, o.steps, o.packed, p0, acc);
         const int64_t n0 = p0 * kCols, count = std::min<int64_t>(panels * kCols, o.out_features - n0);
-        for (int i = 0; i < r; ++i) {
-          int32_t* a = acc + i * kAccStride;
-          if (shift)
-            for (int64_t c = 0; c < count; ++c) a[c] -= shift[n0 + c];
-          dequantize(a, count, scale[m0 + i], o.inv_w + n0, o.bias ? o.bias + n0 : nullptr,
-                     o.y + (m0 + i) * o.out_features + n0);
-        }
+        dequantize_rows(acc, kAccStride, r, count, shift ? shift + n0 : nullptr, scale.data() + m0, o.inv_w + n0,
+                        o.bias ? o.bias + n0 : nullptr, o.y + m0 * o.out_features + n0, o.out_features);
       }
     }
   });
