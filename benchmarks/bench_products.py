@@ -11,7 +11,10 @@ rounds of:
   rows where the CPU has AVX2 and FMA (AVX-512 or AVX2 tiles), MKL's otherwise;
 * ``mkl``: MKL's product alone (``Product.mkl_product``: unpacked at
   2 and 3 rows, packed otherwise), what the runner called before;
-* ``F.linear``: torch's product on the weight.
+* ``F.linear``: torch's product on the weight;
+* ``onednn`` (``--onednn``): oneDNN's float32 product on the weight packed
+  once for the call's rows (torch's ``mkldnn._linear_pointwise``), the
+  SGEMM CTranslate2 runs on CPUs that are not Intel's.
 
 Then the decoder's products summed per step (every layer's, the output
 layer's), the part of a batch-1 step that the skinny product changes.
@@ -48,6 +51,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; times are medians")
     parser.add_argument("--calls", type=int, default=200, help="calls per product and round")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--onednn", action="store_true", help="also time oneDNN's packed float32 product")
     parser.add_argument("--json")
     args = parser.parse_args()
     preamble.set_threads(args.threads)
@@ -75,6 +79,19 @@ def main():
         "mkl": lambda p: p.mkl_product,
         "F.linear": lambda p: (lambda x: F.linear(x, p.weight, p.bias)),
     }
+    if args.onednn:
+        packed = {}
+
+        def onednn(p):
+            def call(x):
+                key = (id(p), x.shape[0])
+                if key not in packed:  # packed once per row count, as a caller would
+                    packed[key] = torch.ops.mkldnn._reorder_linear_weight(p.weight.detach(), x.shape[0])
+                bias = None if p.bias is None else p.bias.detach()
+                return torch.ops.mkldnn._linear_pointwise(x, packed[key], bias, "none", [], "")
+            return call
+
+        methods["onednn"] = onednn
     print("device: {}, threads: {}, {} {}; skinny product up to {} rows, median of {} rounds".format(
         cpu_name(), args.threads, args.model_dir, args.checkpoints, product.skinny_rows(), args.rounds))
     g = torch.Generator().manual_seed(0)
@@ -90,21 +107,22 @@ def main():
                 times.setdefault((name, rows, method), []).append(timed(f, x, args.calls))
     ms = {key: statistics.median(v) for key, v in times.items()}
     results = []
-    print("\nms a call, lean / mkl / F.linear")
-    print("{:<20}".format("weight") + "".join("{:>22}".format("{} row{}".format(r, "s" if r > 1 else ""))
+    print("\nms a call, " + " / ".join(methods))
+    print("{:<20}".format("weight") + "".join("{:>30}".format("{} row{}".format(r, "s" if r > 1 else ""))
                                            for r in args.rows))
     for name, (p, count) in shapes.items():
         cells = []
         for rows in args.rows:
-            cells.append("{:.3f}/{:.3f}/{:.3f}".format(*(ms[(name, rows, m)] for m in methods)))
+            cells.append("/".join("{:.3f}".format(ms[(name, rows, m)]) for m in methods))
             results.append(dict(weight=name, out_features=p.out_features, in_features=p.in_features,
                                 per_step=count, rows=rows, **{m: ms[(name, rows, m)] for m in methods}))
         print("{:<20}".format("{} {}x{}".format(name, p.out_features, p.in_features)) +
-              "".join("{:>22}".format(c) for c in cells))
+              "".join("{:>30}".format(c) for c in cells))
     print("\na step's products (every layer's and the output layer's), ms, lean / mkl:")
     for rows in args.rows:
-        step = {m: sum(ms[(name, rows, m)] * count for name, (_, count) in shapes.items()) for m in ("lean", "mkl")}
-        print("  {} rows: {:.3f} / {:.3f} ({:.2f}x)".format(rows, step["lean"], step["mkl"], step["mkl"] / step["lean"]))
+        step = {m: sum(ms[(name, rows, m)] * count for name, (_, count) in shapes.items()) for m in methods}
+        print("  {} rows: ".format(rows) + " / ".join("{} {:.3f}".format(m, step[m]) for m in methods) +
+              " (mkl / lean {:.2f}x)".format(step["mkl"] / step["lean"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=cpu_name(), threads=args.threads, skinny_rows=product.skinny_rows(),
