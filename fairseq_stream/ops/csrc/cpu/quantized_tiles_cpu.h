@@ -296,9 +296,9 @@ inline void check_scales_and_bias(const at::Tensor& weight_inv, const std::optio
 // rounded to float32 as the torch reference rounds it: contracting a multiply and the add into one FMA (GCC
 // does by default) would change the last bit. A function with other optimize options is not inlined into
 // one without them, so a call takes a whole tile: one call a row of 16 sums cost more than the loop
-// (a perf profile of int8 beam 5 on an AVX2 EPYC put 10% of the decode at this function's entry). The
-// shift (the VNNI and avx2w7 kernels' excess, or none) and the bias are tested once, outside the loops,
-// so that each loop is plain and vectorized.
+// (a perf profile of int8 beam 5 on an AVX2 EPYC put 10% of the decode in the per-row function, half of it
+// at its entry). The shift (the VNNI and avx2w7 kernels' excess, or none) and the bias are tested once,
+// outside the loops, so that each loop is plain and vectorized.
 __attribute__((optimize("fp-contract=off"), noinline)) static void dequantize_rows(
     const int32_t* __restrict acc, int64_t acc_stride, int64_t rows, int64_t count, const int32_t* __restrict shift,
     const float* __restrict inv_a, const float* __restrict inv_w, const float* __restrict bias, float* __restrict y,
