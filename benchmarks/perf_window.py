@@ -50,8 +50,10 @@ def main():
     last = float(times[-1].rstrip(":"))
     window = "{:.6f},{:.6f}".format(last - args.tail_s - args.decode_s, last - args.tail_s)
     report = perf("report", "-i", args.data, "--time", window, "--no-children", "--sort", "dso,symbol", "--stdio")
+    lines = report.splitlines()
+    samples = next((line.lstrip("# ") for line in lines if line.startswith("# Samples")), "?")
     kinds, rows = Counter(), []
-    for line in report.splitlines():
+    for line in lines:
         found = LINE.match(line)
         if not found:
             continue
@@ -60,8 +62,7 @@ def main():
         kinds[kind] += share
         rows.append((share, dso, sym))
     print("{}: the last {:.2f} s before the last {:.2f} s ({} of {} samples)".format(
-        args.data, args.decode_s, args.tail_s, next((l.lstrip("# ") for l in report.splitlines() if l.startswith("# Samples")), "?"),
-        len(times)))
+        args.data, args.decode_s, args.tail_s, samples, len(times)))
     for kind, share in kinds.most_common():
         print("{:6.1f}%  {:>6.2f} s  {}".format(share, share / 100 * args.decode_s, kind))
     print("\ntop symbols:")
