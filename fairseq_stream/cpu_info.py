@@ -24,9 +24,9 @@ BUILD_NEEDS_MARKER = b"fairseq-stream-build-needs:"
 
 
 @lru_cache(maxsize=1)
-def _cpuinfo_fields():
-    """(model name, flags) from /proc/cpuinfo's first processor; (None, None) where there is none."""
-    name, flags = None, None
+def _cpuinfo():
+    """(model name, flags, vendor id) from /proc/cpuinfo's first processor; None for each it does not give."""
+    name, flags, vendor = None, None, None
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -36,11 +36,28 @@ def _cpuinfo_fields():
                     name = value.strip()
                 elif key == "flags" and flags is None:
                     flags = frozenset(value.split())
-                if name is not None and flags is not None:
+                elif key == "vendor_id" and vendor is None:
+                    vendor = value.strip()
+                if name is not None and flags is not None and vendor is not None:
                     break
     except OSError:
         pass
+    return name, flags, vendor
+
+
+def _cpuinfo_fields():
+    """(model name, flags) from /proc/cpuinfo's first processor; (None, None) where there is none."""
+    name, flags, _ = _cpuinfo()
     return name, flags
+
+
+def cpu_vendor() -> str:
+    """The CPU's maker as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"), or "" where it does not say.
+
+    MKL runs its own tuned code on Intel's CPUs only (on others its generic code), which is why
+    the float32 product may take oneDNN's GEMM elsewhere (:mod:`fairseq_stream.ops.product`).
+    """
+    return _cpuinfo()[2] or ""
 
 
 def cpu_model() -> str:

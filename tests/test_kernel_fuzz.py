@@ -198,11 +198,12 @@ def test_prepacked_products_on_random_shapes():
         out, k = r.randint(1, 300), r.randint(1, 300)
         w = torch.randn(out, k, generator=g)
         b = torch.randn(out, generator=g) if r.random() < 0.5 else None
-        product = P.linear(w, b)
         x = torch.randn(r.choice((1, 2, 3, 4, 5, r.randint(6, 70))), k, generator=g)
         want = torch.nn.functional.linear(x.double(), w.double(), b.double() if b is not None else None)
-        for got in (product(x), product.mkl_product(x)):
-            assert (got.double() - want).abs().max() <= 1e-4 * (1 + want.abs().max())
+        for gemm in ("mkl",) + (("onednn",) if not P.onednn_missing_reason() else ()):
+            product = P.linear(w, b, kernel=gemm)
+            for got in (product(x), product.gemm_product(x)):
+                assert (got.double() - want).abs().max() <= 1e-4 * (1 + want.abs().max())
 
 
 def test_output_layer_on_random_shapes():

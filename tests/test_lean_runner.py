@@ -13,6 +13,7 @@ model are in ``benchmarks/bench_step.py``.
 """
 
 import argparse
+import re
 
 import pytest
 import torch
@@ -104,15 +105,27 @@ def test_lean_nbest_equals_fairseq_runner_float64(models64, float64_fairseq, nam
     assert differences(_references[key], ours) == []
 
 
-def test_lean_float32_prints_the_same_hypotheses(loaded):
-    """float32, as users run it: the best hypothesis of every toy test sentence, both models, var-stream."""
+@pytest.mark.parametrize("gemm", ["auto", "onednn"])
+def test_lean_float32_prints_the_same_hypotheses(loaded, monkeypatch, caplog, gemm):
+    """float32, as users run it: the best hypothesis of every toy test sentence, both models, var-stream; and with
+    every product above the skinny rows on oneDNN's GEMM (an AMD CPU's for large weights), said in the log."""
+    from fairseq_stream.ops import product
+
+    if gemm == "onednn" and product.onednn_missing_reason():
+        pytest.skip(product.onednn_missing_reason())
+    monkeypatch.setenv(product.GEMM_VARIABLE, gemm)
     models, task = loaded("ensemble")
     batches = sorted_batches(task, 8, 1000)
     opts = decoder_options("var-batch")
     ref = decode(BeamDecoder(models, task.target_dictionary, runner="fairseq", **opts), models, batches, None)
-    ours = decode(BeamDecoder(models, task.target_dictionary, runner="lean", **opts), models, batches,
-                  SCHEDULERS["stream"])
+    with caplog.at_level("INFO"):
+        lean = BeamDecoder(models, task.target_dictionary, runner="lean", **opts)
+    ours = decode(lean, models, batches, SCHEDULERS["stream"])
     assert {s: ref[s][0]["tokens"].tolist() for s in ref} == {s: ours[s][0]["tokens"].tolist() for s in ours}
+    if gemm == "onednn":
+        assert lean.runner.lean[0].output.kernel == "onednn"
+        assert any(re.search(r"oneDNN's float32 GEMM for (\d+) of \1 decoder products", r.getMessage())
+                   for r in caplog.records)
 
 
 def test_auto_picks_lean_for_transformers_and_keeps_fairseq_where_promised(loaded, caplog):

@@ -1,4 +1,5 @@
-"""The prepacked float32 product (MKL's packed sgemm) against float64, and where the lean runner uses it."""
+"""The prepacked float32 product (MKL's packed sgemm or oneDNN's GEMM) against float64, and where the lean runner uses
+it."""
 
 import sys
 
@@ -7,9 +8,15 @@ import torch
 import torch.nn.functional as F
 
 from conftest import run_tool
+from fairseq_stream import cpu_info
+from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import product as P
 
 needs_mkl = pytest.mark.skipif(not P.available(), reason="no prepacked product here: " + (P.missing_reason() or ""))
+# Each GEMM the float32 product can take, oneDNN's where this torch has its linear ops.
+GEMMS = ["mkl", pytest.param("onednn", marks=pytest.mark.skipif(
+    not P.available() or P.onednn_missing_reason() != "",
+    reason="no oneDNN linear ops here: " + (P.onednn_missing_reason() if P.available() else "")))]
 
 
 def float32_bound(x, w, b):
@@ -20,35 +27,66 @@ def float32_bound(x, w, b):
 
 
 @needs_mkl
+@pytest.mark.parametrize("gemm", GEMMS)
 @pytest.mark.parametrize("out_features, in_features", [(1, 1), (17, 5), (768, 256), (256, 1024), (1000, 256)])
 @pytest.mark.parametrize("rows", [0, 1, 2, 5, 13, 64, 301])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_equals_float64_within_float32_rounding(out_features, in_features, rows, with_bias):
+def test_equals_float64_within_float32_rounding(out_features, in_features, rows, with_bias, gemm):
     g = torch.Generator().manual_seed(rows * 7 + in_features)
     w = torch.randn(out_features, in_features, generator=g) * 0.1
     b = torch.randn(out_features, generator=g) if with_bias else None
     x = torch.randn(rows, in_features, generator=g)
-    f = P.linear(w, b)
-    assert not isinstance(f, P.TorchLinear)
-    y = f(x)
-    assert y.shape == (rows, out_features) and y.dtype == torch.float32
+    f = P.linear(w, b, kernel=gemm)
+    assert not isinstance(f, P.TorchLinear) and f.kernel == gemm
     exact = F.linear(x.double(), w.double(), b.double() if b is not None else None)
-    assert ((y.double() - exact).abs() <= float32_bound(x, w, b)).all()
+    # The call (the skinny product at its rows) and the GEMM alone at every row count.
+    for y in (f(x), f.gemm_product(x)):
+        assert y.shape == (rows, out_features) and y.dtype == torch.float32
+        assert ((y.double() - exact).abs() <= float32_bound(x, w, b)).all()
 
 
 @needs_mkl
-def test_leaves_weight_and_bias_alone_and_repeats_itself():
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_leaves_weight_and_bias_alone_and_repeats_itself(gemm):
     # One row once wrote its output into the bias (expand().contiguous() of one row is the bias itself).
     g = torch.Generator().manual_seed(1)
     w, b = torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
     w0, b0 = w.clone(), b.clone()
-    f = P.linear(w, b)
+    f = P.linear(w, b, kernel=gemm)
     x = torch.randn(1, 24, generator=g)
-    first = f(x)
-    for rows in (1, 3, 1):
+    first, gemm_first = f(x), f.gemm_product(x)
+    for rows in (1, 3, 1, 70):
         f(torch.randn(rows, 24, generator=g))
-    assert torch.equal(f(x), first)
+        f.gemm_product(torch.randn(rows, 24, generator=g))
+    assert torch.equal(f(x), first) and torch.equal(f.gemm_product(x), gemm_first)
     assert torch.equal(w, w0) and torch.equal(b, b0)
+
+
+@pytest.mark.parametrize("vendor, shape, asked, want", [
+    ("GenuineIntel", (8008, 256), "", "mkl"),
+    ("", (8008, 256), "", "mkl"),
+    ("AuthenticAMD", (8008, 256), "", "onednn"),
+    ("AuthenticAMD", (1024, 1024), "auto", "onednn"),
+    ("AuthenticAMD", (768, 256), "", "mkl"),
+    ("AuthenticAMD", (8008, 256), "mkl", "mkl"),
+    ("GenuineIntel", (256, 256), " OneDNN ", "onednn"),
+])
+def test_the_float32_gemm_is_onednns_for_large_weights_off_intel_or_as_asked(monkeypatch, vendor, shape, asked, want):
+    """MKL runs its generic code on CPUs that are not Intel's: there oneDNN takes the weights large enough."""
+    monkeypatch.setattr(cpu_info, "cpu_vendor", lambda: vendor)
+    if want == "onednn" and P.onednn_missing_reason():
+        want = "mkl" if asked.strip().lower() in ("", "auto") else None
+    environ = {P.GEMM_VARIABLE: asked} if asked else {}
+    if want is None:
+        with pytest.raises(FairseqStreamError, match="onednn"):
+            P.float32_gemm(*shape, environ=environ)
+    else:
+        assert P.float32_gemm(*shape, environ=environ) == want
+
+
+def test_an_unknown_float32_gemm_is_refused_in_one_line():
+    with pytest.raises(FairseqStreamError, match="FAIRSEQ_STREAM_FLOAT32_GEMM='blas': choose auto, mkl or onednn"):
+        P.float32_gemm(10, 10, environ={P.GEMM_VARIABLE: "blas"})
 
 
 @needs_mkl

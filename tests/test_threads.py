@@ -65,21 +65,24 @@ def test_a_small_product_stays_on_the_calling_thread_and_a_large_one_is_shared(k
 
 
 @needs_kernels
+@pytest.mark.parametrize("gemm", ["mkl", "onednn"])
 @pytest.mark.parametrize("rows", [1, 5, 64, 65, 333])
-def test_mkl_rows_split_over_threads_give_the_same_bits(kernel_threads, rows):
-    """The float32 product's rows spread over our threads: the same bits as on one thread."""
+def test_gemm_rows_split_over_threads_give_the_same_bits(kernel_threads, rows, gemm):
+    """The float32 product's rows spread over our threads: the same bits as on one thread, MKL's GEMM or oneDNN's."""
     from fairseq_stream.ops import product as P
 
     if not P.available():
         pytest.skip("MKL's packed sgemm is not in this torch build: " + P.missing_reason())
+    if gemm == "onednn" and P.onednn_missing_reason():
+        pytest.skip(P.onednn_missing_reason())
     torch.manual_seed(rows)
     weight, bias, x = torch.randn(1024, 512), torch.randn(1024), torch.randn(rows, 512)
-    product = module.Product(weight, bias, "float32")
+    product = module.Product(weight, bias, "float32", kernel=gemm)
     kernel_threads(1)
-    alone = product.mkl_product(x)
+    alone = product.gemm_product(x)
     for threads_ in (2, 3):
         kernel_threads(threads_)
-        assert torch.equal(product.mkl_product(x), alone)
+        assert torch.equal(product.gemm_product(x), alone)
 
 
 @needs_kernels
@@ -148,18 +151,25 @@ def region_counter(tmp_path_factory):
 
 
 @needs_kernels
-@pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_a_two_thread_decode_enters_no_openmp_region(toy, region_counter, quantize):
+@pytest.mark.parametrize("quantize, gemm", [("none", "auto"), ("int8", "auto"), ("none", "onednn")])
+def test_a_two_thread_decode_enters_no_openmp_region(toy, region_counter, quantize, gemm):
     """The collapse's cause counted: no region whose threads spin at a barrier, while our loop shares work.
 
     With OMP_NUM_THREADS=2 and torch's ops on two threads, this decode of the
     toy's valid set entered about 3,000 such regions (each a stall when
     another process holds a core); our kernels' calls of one batch of 200
-    sentences are large enough to be shared with the second thread.
+    sentences are large enough to be shared with the second thread. oneDNN's
+    float32 GEMM (an AMD CPU's for large weights) takes OpenMP's threads of
+    the thread that calls it, ours included.
     """
+    from fairseq_stream.ops import product as P
+
+    if gemm == "onednn" and P.onednn_missing_reason():
+        pytest.skip(P.onednn_missing_reason())
+    gemm_env = {P.GEMM_VARIABLE: gemm}
     proc = subprocess.run([sys.executable, "-c", DECODE_COUNTING_REGIONS, str(toy.root), quantize,
                            str(toy.raw / "valid.src")], cwd=REPO, capture_output=True, text=True,
-                          env=dict(tool_env(), LD_PRELOAD=str(region_counter), OMP_NUM_THREADS="2"))
+                          env=dict(tool_env(), LD_PRELOAD=str(region_counter), OMP_NUM_THREADS="2", **gemm_env))
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
@@ -168,5 +178,5 @@ def test_a_two_thread_decode_enters_no_openmp_region(toy, region_counter, quanti
     assert result["shared"] > 0
     one = run_tool([sys.executable, "-c", DECODE_COUNTING_REGIONS.replace("cpu_threads=2", "cpu_threads=1"),
                     str(toy.root), quantize, str(toy.raw / "valid.src")],
-                   env=dict(LD_PRELOAD=str(region_counter), OMP_NUM_THREADS="1"))
+                   env=dict(LD_PRELOAD=str(region_counter), OMP_NUM_THREADS="1", **gemm_env))
     assert json.loads(one.stdout.strip().splitlines()[-1])["out"] == result["out"]

@@ -9,11 +9,12 @@ the product directly, and every compiled step (``ops/lean_step.py``,
 ``ops/search_loop.py``, ``ops/rnn_step.py``) takes the same object
 (:func:`compiled`), so no call pays a Python dispatch. Precisions:
 
-* ``"float32"``: the weight packed once for MKL's sgemm, with our own
-  skinny product at few rows (below); where it cannot apply (not a float32
-  CPU weight, the extension not built, MKL not found in torch) torch's
-  ``F.linear`` on the weight (:class:`TorchLinear`): float64 (the exactness
-  tests' type), CUDA and a torch without MKL keep torch's arithmetic.
+* ``"float32"``: the weight packed once for MKL's sgemm or oneDNN's
+  (:func:`float32_gemm`), with our own skinny product at few rows (below);
+  where it cannot apply (not a float32 CPU weight, the extension not built,
+  MKL not found in torch) torch's ``F.linear`` on the weight
+  (:class:`TorchLinear`): float64 (the exactness tests' type), CUDA and a
+  torch without MKL keep torch's arithmetic.
 * ``"plain"``: ``F.linear`` on the weight as it is (``prepack=False``, the
   reference arithmetic); for a compiled step, ``at::linear``.
 * ``"int8"``, ``"int8w8"``, ``"int8w7"``, ``"int16"``: the weight quantized
@@ -46,6 +47,20 @@ Xeon capped to AVX2, 2026-11-27). Without AVX2 and FMA, 2 and 3 rows take
 MKL's unpacked skinny path (``F.linear`` on the weight itself) and the
 other row counts the packed product.
 
+**MKL or oneDNN.** MKL runs its tuned code on Intel's CPUs only; on an
+AMD CPU it runs its generic code (on the AVX2 EPYC: ``mkl_blas_def_*``
+kernels, a copy of the rows on every call). There CTranslate2 takes
+oneDNN's GEMM, and so does this product, for weights of at least
+:data:`ONEDNN_FROM_WEIGHTS` values: oneDNN's call costs some 40 us more,
+which a small weight's product does not win back (one core of the AVX2
+EPYC, 2026-12-02: the Multi30k output layer, 8008 x 256, 5.7 against 7.4
+ms at 64 rows and 22.6 against 33.6 at 320; its 256 x 256 products 0.20
+against 0.15 ms at 64 rows; ``docs/bench/products_epyc_m30k_onednn.json``).
+``FAIRSEQ_STREAM_FLOAT32_GEMM=mkl`` or ``onednn`` takes one for every
+weight. oneDNN's weight is its own blocked copy in place of MKL's packed
+one; its rows go in the same blocks of 64 as MKL's, so threads change no
+bits either.
+
 Its arithmetic: the same float32 products summed in another order than
 ``F.linear``'s: results agree to float32 rounding (bitwise at some row
 counts, not at others), as products of two sgemm calls of different shapes
@@ -57,17 +72,24 @@ parameter itself. Change a parameter after packing and the two disagree:
 pack again (a new runner).
 """
 
+import os
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fairseq_stream import cpu_info
+from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import int16_linear, quantized_linear
 from fairseq_stream.ops.loader import compiled_module
 
 Linear = Callable[[Tensor], Tensor]
 PRECISIONS = ("float32", "plain") + quantized_linear.CHOICES
+GEMM_VARIABLE = "FAIRSEQ_STREAM_FLOAT32_GEMM"
+GEMMS = ("auto", "mkl", "onednn")
+# Weights (out x in values) from which oneDNN's GEMM takes the float32 product on a CPU that is not Intel's.
+ONEDNN_FROM_WEIGHTS = 1 << 20
 
 
 def _extension():
@@ -86,6 +108,42 @@ def missing_reason() -> str:
 def available() -> bool:
     """Whether :func:`linear` can pack float32 CPU weights for MKL here."""
     return missing_reason() == ""
+
+
+def onednn_missing_reason() -> str:
+    """Why oneDNN's float32 GEMM cannot run in this process ("" where it can)."""
+    module = _extension()
+    if module is None:
+        return "the compiled CPU extension is not built"
+    if not hasattr(module, "onednn_linear_missing"):  # built from older sources: setup_env.sh rebuilds it
+        return "the compiled CPU extension predates oneDNN's float32 GEMM (rebuild it: scripts/setup_env.sh)"
+    return module.onednn_linear_missing()
+
+
+def float32_gemm(out_features: int, in_features: int, environ=os.environ) -> str:
+    """Whose GEMM multiplies a float32 weight of (out_features, in_features) above the skinny rows: "mkl" or
+    "onednn".
+
+    ``FAIRSEQ_STREAM_FLOAT32_GEMM`` (``auto``, ``mkl``, ``onednn``) chooses;
+    ``auto`` (or unset) takes oneDNN's on a CPU that is not Intel's for
+    weights of at least :data:`ONEDNN_FROM_WEIGHTS` values, MKL's otherwise.
+
+    Raises FairseqStreamError for another value, or for ``onednn`` where this
+    torch has no oneDNN linear ops.
+    """
+    asked = environ.get(GEMM_VARIABLE, "").strip().lower() or "auto"
+    if asked not in GEMMS:
+        raise FairseqStreamError("{}={!r}: choose auto, mkl or onednn".format(GEMM_VARIABLE, asked))
+    if asked == "mkl":
+        return "mkl"
+    missing = onednn_missing_reason()
+    if asked == "onednn":
+        if missing:
+            raise FairseqStreamError("{}=onednn: {}".format(GEMM_VARIABLE, missing))
+        return "onednn"
+    if missing or cpu_info.cpu_vendor() in ("GenuineIntel", ""):
+        return "mkl"
+    return "onednn" if out_features * in_features >= ONEDNN_FROM_WEIGHTS else "mkl"
 
 
 def skinny_rows() -> int:
@@ -125,7 +183,8 @@ def linear(weight: Tensor, bias: Optional[Tensor] = None, precision: str = "floa
         precision: "float32" (packed for MKL where it applies, else torch's), "plain" (torch's ``F.linear``),
             "int8" (its weights' width chosen for this CPU), "int8w8", "int8w7" or "int16".
         kernel: int8 and int16: "auto" (the best this CPU runs), one of the precision's kernels
-            (:func:`fairseq_stream.ops.quantized_linear.kernels`), or "onednn" (int8).
+            (:func:`fairseq_stream.ops.quantized_linear.kernels`), or "onednn" (int8); float32: "auto"
+            (:func:`float32_gemm`), "mkl" or "onednn", the GEMM above the skinny rows.
 
     Raises RuntimeError for a quantized precision where the compiled extension is not built.
     """
@@ -133,8 +192,10 @@ def linear(weight: Tensor, bias: Optional[Tensor] = None, precision: str = "floa
         return TorchLinear(weight, bias)
     if precision == "float32":
         if weight.dtype == torch.float32 and weight.device.type == "cpu" and available():
+            gemm = float32_gemm(*weight.shape) if kernel == "auto" else kernel
             # Packing reads the values only: no autograd graph follows the copy.
-            return _extension().Product(weight.detach(), bias.detach() if bias is not None else None, "float32")
+            return _extension().Product(weight.detach(), bias.detach() if bias is not None else None, "float32",
+                                        kernel=gemm)
         return TorchLinear(weight, bias)
     if precision in quantized_linear.INT8_KINDS:
         return _int8(weight, bias, precision, kernel)

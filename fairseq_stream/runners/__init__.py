@@ -132,10 +132,10 @@ def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantiz
         from fairseq_stream.runners.static_slots import StaticSlotRunner
 
         runner = StaticSlotRunner(members, temperature=temperature, stack_members=stack_members)
-        say_once("fairseq-stream: using the static-slot runner (%s)", _members_line(runner))
+        say_once("fairseq-stream: using the static-slot runner (%s%s)", _members_line(runner), _gemm_line(runner))
         return runner
     runner = LeanRunner(members, temperature=temperature, stack_members=stack_members)
-    say_once("fairseq-stream: using the lean runner (%s)", _members_line(runner))
+    say_once("fairseq-stream: using the lean runner (%s%s)", _members_line(runner), _gemm_line(runner))
     return runner
 
 
@@ -176,6 +176,19 @@ def _members_line(runner) -> str:
     if runner.stacked is not None:
         return "{} models, stacked".format(count)
     return "{} models, one after another: {}".format(count, runner.unstacked_reason)
+
+
+def _gemm_line(runner) -> str:
+    """For the log, where oneDNN's GEMM takes float32 decoder products (ops/product.py): how many of them."""
+    names = ("qkv", "self_out", "cross_q", "cross_kv", "cross_out", "fc1", "fc2")
+    products = [p for lean in getattr(runner, "lean", []) for p in
+                [lean.output] + [getattr(layer, name, None) for layer in lean.layers for name in names]]
+    kernels = [getattr(p, "kernel", None) for p in products if getattr(p, "precision", None) == "float32"]
+    onednn = kernels.count("onednn")
+    if not onednn:
+        return ""
+    return ", oneDNN's float32 GEMM for {} of {} decoder products (the largest: MKL runs its generic code on a " \
+           "CPU that is not Intel's)".format(onednn, len(kernels))
 
 
 def _int16_kernel_line() -> str:

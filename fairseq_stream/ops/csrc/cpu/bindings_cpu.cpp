@@ -42,7 +42,7 @@ void bind_output_layer(py::module& m) {
 // encoder thread (schedule/read_ahead.py) runs its products while the decoder's Python runs.
 void bind_product(py::module& m) {
   py::class_<Product>(m, "Product",
-                      "x W^T + b at a precision: 'float32' (the weight packed for MKL, the skinny tiles at few rows), "
+                      "x W^T + b at a precision: 'float32' (the weight packed for MKL or oneDNN, the skinny tiles at few rows), "
                       "'int8' or 'int16' (a quantized weight, see ops/quantized_linear.py and ops/int16_linear.py) "
                       "or 'plain' (at::linear on the weight); ops/product.py makes them")
       .def(py::init([](std::optional<Tensor> weight, std::optional<Tensor> bias, const std::string& precision,
@@ -79,15 +79,20 @@ void bind_product(py::module& m) {
       .def_property_readonly("weight_kn", [](const Product& p) {
         return p.quantized ? p.quantized->weight_kn : std::nullopt;
       }, "int8 with oneDNN: the quantized weight transposed")
-      .def_property_readonly("kernel", [](const Product& p) { return p.quantized ? p.quantized->kernel : ""; },
-                             "int8, int16: the kernel asked for ('auto', a kernel's name, 'onednn')")
+      .def_property_readonly("kernel", [](const Product& p) -> std::string {
+        if (p.packed) return p.packed->gemm == Float32Gemm::kOneDnn ? "onednn" : "mkl";
+        return p.quantized ? p.quantized->kernel : "";
+      }, "int8, int16: the kernel asked for ('auto', a kernel's name, 'onednn'); float32: its GEMM ('mkl', 'onednn')")
       .def("__call__", &Product::operator(), py::arg("x"), py::call_guard<py::gil_scoped_release>())
-      .def("mkl_product", [](const Product& p, const Tensor& x) {
-        TORCH_CHECK(p.packed, "mkl_product: a float32 product only");
-        return p.packed->mkl_product(x);
-      }, "float32: the product as MKL computes it at every row count (no skinny product), for benchmarks and tests");
+      .def("gemm_product", [](const Product& p, const Tensor& x) {
+        TORCH_CHECK(p.packed, "gemm_product: a float32 product only");
+        return p.packed->gemm_product(x);
+      }, "float32: the product as its GEMM (MKL's or oneDNN's) computes it at every row count (no skinny product), "
+         "for benchmarks and tests", py::call_guard<py::gil_scoped_release>());
   m.def("prepacked_linear_missing", &prepacked_linear_missing,
         "'' where MKL's packed sgemm is found in this process, else why not");
+  m.def("onednn_linear_missing", &onednn_linear_missing,
+        "'' where torch's oneDNN linear ops (the float32 product's other GEMM) are in this torch, else why not");
   m.def("skinny_linear_rows", [] { return skinny_linear_available() ? kSkinnyMaxRows : int64_t{0}; },
         "up to how many rows the float32 product reads W once in its own layout (0: never, no AVX2 and FMA)");
   m.def("skinny_linear_kernel", &skinny_linear_kernel, "the skinny product's tiles here: avx512, avx2 or ''");

@@ -1,24 +1,30 @@
-// float32 y = x W^T + b with W packed once by MKL (cblas_sgemm_pack) and every call computed on the
-// packed form (cblas_sgemm_compute). fairseq_stream/ops/prepacked_linear.py documents the op.
+// float32 y = x W^T + b with W packed once and every call computed on the packed form: by MKL
+// (cblas_sgemm_pack once, cblas_sgemm_compute a call) or by oneDNN (torch's mkldnn::_reorder_linear_weight
+// once, mkldnn::_linear_pointwise a call). fairseq_stream/ops/product.py documents the op and chooses.
 //
 // Why: a decoder step's products are skinny (5 to 100 rows against 512 to 8k columns), and there
 // at::linear's sgemm packs W again on every call. On one Xeon thread the packed form is 1.3-2.6x
 // faster at 5-64 rows for the Multi30k transformer's shapes (the 8k output layer at 40 rows: 2.2
-// against 3.2 ms), and equal from a few hundred rows on.
+// against 3.2 ms), and equal from a few hundred rows on. On an AMD CPU MKL runs its generic code: oneDNN's
+// product of the 8k output layer took 0.59-0.77x MKL's packed one's time from 40 rows on the AVX2 EPYC, and
+// WMT'19's products of 1024 x 1024 and up 0.5-0.8x on a Zen 4 EPYC (ops/product.py chooses by weight size).
 //
 // MKL comes from torch's own build (libtorch_cpu exports its cblas symbols). They are looked up
 // at run time, not linked: a torch built without MKL still loads this module, and the op reports
-// itself missing instead.
+// itself missing instead. oneDNN's ops are called through torch's dispatcher, found by name.
 
 #include "prepacked_linear_cpu.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <omp.h>
 
 #include "parallel_cpu.h"
 
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +41,9 @@ constexpr int kNoTrans = 111;
 constexpr int kTrans = 112;
 constexpr int kPacked = 151;
 constexpr int kBMatrix = 162;
+
+// Rows a GEMM call takes at the most (gemm_rows).
+constexpr int64_t kRowBlock = 64;
 
 // MKL_INT is 32-bit: torch links MKL's LP64 interface.
 using PackGetSize = size_t (*)(int identifier, int m, int n, int k);
@@ -77,26 +86,72 @@ const Mkl& mkl() {
 
 std::string prepacked_linear_missing() { return mkl().missing; }
 
-PrepackedLinear prepack_linear(const Tensor& weight, std::optional<Tensor> bias) {
-  const Mkl& m = mkl();
-  TORCH_CHECK(m.missing.empty(), m.missing);
+namespace {
+
+// torch's oneDNN linear ops, typed as their kernels are registered (aten/src/ATen/native/mkldnn/Linear.cpp).
+using LinearPointwise = Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&, std::string_view,
+                               c10::List<std::optional<at::Scalar>>, std::optional<std::string_view>);
+using ReorderLinearWeight = Tensor(const Tensor&, std::optional<int64_t>);
+
+struct OneDnn {
+  std::optional<c10::TypedOperatorHandle<LinearPointwise>> linear;
+  std::optional<c10::TypedOperatorHandle<ReorderLinearWeight>> reorder;
+  std::string missing;
+};
+
+const OneDnn& onednn() {
+  static const OneDnn found = [] {
+    OneDnn d;
+    auto& dispatcher = c10::Dispatcher::singleton();
+    const auto linear = dispatcher.findSchema({"mkldnn::_linear_pointwise", ""});
+    const auto reorder = dispatcher.findSchema({"mkldnn::_reorder_linear_weight", ""});
+    if (!linear || !reorder) {
+      d.missing = "torch's oneDNN linear ops (mkldnn::_linear_pointwise) are not in this torch build";
+      return d;
+    }
+    try {
+      d.linear = linear->typed<LinearPointwise>();
+      d.reorder = reorder->typed<ReorderLinearWeight>();
+    } catch (const std::exception& e) {
+      d = OneDnn();
+      d.missing = std::string("torch's oneDNN linear ops have another signature in this torch: ") + e.what();
+    }
+    return d;
+  }();
+  return found;
+}
+
+}  // namespace
+
+std::string onednn_linear_missing() { return onednn().missing; }
+
+PrepackedLinear prepack_linear(const Tensor& weight, std::optional<Tensor> bias, Float32Gemm gemm) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
               "prepack_linear: a float32 CPU weight (out, in)");
   const int64_t n = weight.size(0), k = weight.size(1);
   TORCH_CHECK(n > 0 && k > 0 && n < INT32_MAX && k < INT32_MAX, "prepack_linear: weight of ", n, " x ", k);
-  // The packed B must not depend on how many rows a call has: ask MKL for two very different row
-  // counts and refuse a build whose packed size differs.
-  const size_t bytes = m.get_size(kBMatrix, 1, n, k);
-  TORCH_CHECK(bytes == m.get_size(kBMatrix, 4096, n, k), "prepack_linear: this MKL packs by row count");
-  Tensor packed = at::empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, weight.options());
-  const Tensor w = weight.contiguous();
-  m.pack(kRowMajor, kBMatrix, kTrans, 1, n, k, 1.0f, w.data_ptr<float>(), k, packed.data_ptr<float>());
   if (bias) {
     TORCH_CHECK(bias->numel() == n && bias->scalar_type() == at::kFloat && bias->device().is_cpu(),
                 "prepack_linear: bias of ", n, " floats on the CPU");
     bias = bias->contiguous();
   }
-  return PrepackedLinear{packed, n, k, bias, w};
+  const Tensor w = weight.contiguous();
+  if (gemm == Float32Gemm::kOneDnn) {
+    const OneDnn& d = onednn();
+    TORCH_CHECK(d.missing.empty(), d.missing);
+    // The layout for calls of kRowBlock rows, the most one call takes (gemm_rows' blocks).
+    at::NoGradGuard no_grad;
+    return PrepackedLinear{d.reorder->call(w, kRowBlock), n, k, bias, w, gemm};
+  }
+  const Mkl& m = mkl();
+  TORCH_CHECK(m.missing.empty(), m.missing);
+  // The packed B must not depend on how many rows a call has: ask MKL for two very different row
+  // counts and refuse a build whose packed size differs.
+  const size_t bytes = m.get_size(kBMatrix, 1, n, k);
+  TORCH_CHECK(bytes == m.get_size(kBMatrix, 4096, n, k), "prepack_linear: this MKL packs by row count");
+  Tensor packed = at::empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, weight.options());
+  m.pack(kRowMajor, kBMatrix, kTrans, 1, n, k, 1.0f, w.data_ptr<float>(), k, packed.data_ptr<float>());
+  return PrepackedLinear{packed, n, k, bias, w, gemm};
 }
 
 namespace {
@@ -110,18 +165,32 @@ std::pair<Tensor, std::vector<int64_t>> rows_of(const Tensor& x, int64_t in_feat
   return {x.contiguous().view({-1, in_features}), shape};
 }
 
-// MKL's product of rows (rows, in_features), contiguous: unpacked at kUnpackedFromRows ..
-// kUnpackedToRows rows, packed otherwise.
-constexpr int64_t kRowBlock = 64;
+// oneDNN's product of rows (at most kRowBlock), bias included.
+Tensor onednn_block(const PrepackedLinear& p, const Tensor& a) {
+  return onednn().linear->call(a, p.packed, p.bias, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
+}
 
-Tensor mkl_rows(const PrepackedLinear& p, const Tensor& a) {
+// The GEMM's product of rows (rows, in_features), contiguous. MKL: unpacked at kUnpackedFromRows ..
+// kUnpackedToRows rows, packed otherwise.
+Tensor gemm_rows(const PrepackedLinear& p, const Tensor& a) {
   const int64_t rows = a.size(0);
-  if (rows >= kUnpackedFromRows && rows <= kUnpackedToRows) {
+  const bool onednn_gemm = p.gemm == Float32Gemm::kOneDnn;
+  if (!onednn_gemm && rows >= kUnpackedFromRows && rows <= kUnpackedToRows) {
     return at::linear(a, p.weight, p.bias ? *p.bias : Tensor());
+  }
+  if (onednn_gemm && rows == 0) return at::empty({0, p.out_features}, a.options());
+  if (onednn_gemm && rows <= kRowBlock) {
+    // One block: oneDNN's own result, no copy (on one thread where torch's ops run on one, as below).
+    const bool alone = at::get_num_threads() == 1;
+    const int before = omp_get_max_threads();
+    if (alone) omp_set_num_threads(1);
+    Tensor y = onednn_block(p, a);
+    if (alone) omp_set_num_threads(before);
+    return y;
   }
   Tensor y = at::empty({rows, p.out_features}, a.options());
   float beta = 0.0f;
-  if (p.bias) {
+  if (p.bias && !onednn_gemm) {
     // As addmm: C starts as the bias, and the product is added with beta = 1. (A copy always:
     // with one row, expand().contiguous() would be the bias itself, and MKL would write into it.)
     y.copy_(p.bias->expand({rows, p.out_features}));
@@ -132,9 +201,17 @@ Tensor mkl_rows(const PrepackedLinear& p, const Tensor& a) {
   // MKL's bits for a row depend on how many rows share its call (on 1024 x 4096 every block size from
   // 1 to 128 rows gave other bits than 320 rows at once). So the rows always go in blocks of kRowBlock,
   // on one thread or several alike (tests/test_threads.py): at 64 rows a block costs what one call does.
+  // oneDNN's blocks likewise: the same blocks, so the same bits, whatever the threads.
   auto blocks = [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; r += kRowBlock) {
       const int64_t m = std::min(kRowBlock, last - r);
+      if (onednn_gemm) {
+        // Copied as bytes: y may be an inference tensor (made under the caller's InferenceMode), which our
+        // worker threads, outside it, may not update through ATen.
+        const Tensor block = onednn_block(p, a.narrow(0, r, m)).contiguous();
+        std::memcpy(out + r * p.out_features, block.data_ptr<float>(), sizeof(float) * m * p.out_features);
+        continue;
+      }
       mkl().compute(kRowMajor, kNoTrans, kPacked, static_cast<int>(m), static_cast<int>(p.out_features),
                     static_cast<int>(p.in_features), x + r * p.in_features, static_cast<int>(p.in_features),
                     p.packed.data_ptr<float>(), static_cast<int>(p.in_features), beta, out + r * p.out_features,
@@ -142,15 +219,19 @@ Tensor mkl_rows(const PrepackedLinear& p, const Tensor& a) {
     }
   };
   if (at::get_num_threads() == 1) {
-    // torch's ops on one thread (ops/threads.py): MKL runs sequentially, our loop spreads the blocks.
-    // Sequentially on every thread: torch's one thread is set on the thread that set it, and MKL on
-    // one of our workers would otherwise open an OpenMP team of all the cores, whose spinning is
-    // what issue 50's collapse was, and whose split of a block changes its bits (AVX2 MKL does).
+    // torch's ops on one thread (ops/threads.py): the GEMM runs sequentially, our loop spreads the blocks.
+    // Sequentially on every thread: torch's one thread is set on the thread that set it, and MKL or oneDNN
+    // on one of our workers would otherwise open an OpenMP team of all the cores, whose spinning is
+    // what issue 50's collapse was, and whose split of a block changes its bits (AVX2 MKL does). MKL has
+    // its own per-thread setting; oneDNN takes OpenMP's, which is the calling thread's own.
     fs::parallel_for(0, rows, kRowBlock, [&](int64_t first, int64_t last) {
       const Mkl& m = mkl();
-      const int before = m.set_local_threads ? m.set_local_threads(1) : 0;
+      const bool mkl_local = !onednn_gemm && m.set_local_threads;
+      const int before = mkl_local ? m.set_local_threads(1) : omp_get_max_threads();
+      if (onednn_gemm) omp_set_num_threads(1);
       blocks(first, last);
-      if (m.set_local_threads) m.set_local_threads(before);
+      if (mkl_local) m.set_local_threads(before);
+      if (onednn_gemm) omp_set_num_threads(before);
     });
   } else {
     blocks(0, rows);
@@ -169,10 +250,10 @@ Tensor PrepackedLinear::operator()(const Tensor& x) const {
                   bias ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>());
     return y.view(shape);
   }
-  return mkl_rows(*this, a).view(shape);
+  return gemm_rows(*this, a).view(shape);
 }
 
-Tensor PrepackedLinear::mkl_product(const Tensor& x) const {
+Tensor PrepackedLinear::gemm_product(const Tensor& x) const {
   auto [a, shape] = rows_of(x, in_features, out_features);
-  return mkl_rows(*this, a).view(shape);
+  return gemm_rows(*this, a).view(shape);
 }

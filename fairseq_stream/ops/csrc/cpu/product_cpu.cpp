@@ -30,7 +30,12 @@ Product make_product(const std::string& precision, const std::optional<Tensor>& 
   TORCH_CHECK(precision == "float32" || precision == "plain", "Product: precision float32, int8, int16 or plain, not ",
               precision);
   TORCH_CHECK(weight && weight->dim() == 2, "Product: ", precision, " needs a weight (out, in)");
-  if (precision == "float32") return Product{prepack_linear(*weight, bias), std::nullopt, Tensor(), std::nullopt};
+  if (precision == "float32") {
+    TORCH_CHECK(q.kernel == "auto" || q.kernel == "mkl" || q.kernel == "onednn",
+                "Product: float32's kernel is mkl or onednn (auto: mkl), not ", q.kernel);
+    const Float32Gemm gemm = q.kernel == "onednn" ? Float32Gemm::kOneDnn : Float32Gemm::kMkl;
+    return Product{prepack_linear(*weight, bias, gemm), std::nullopt, Tensor(), std::nullopt};
+  }
   return Product{std::nullopt, std::nullopt, *weight, bias};
 }
 

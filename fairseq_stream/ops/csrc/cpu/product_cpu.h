@@ -1,5 +1,5 @@
 // The one product op, x W^T + b, with its precision and instruction set as parameters (issue 51, item 4):
-// float32 on a weight packed for MKL (PrepackedLinear, with the skinny tiles at few rows), int8 or int16 on a
+// float32 on a weight packed for MKL or oneDNN (PrepackedLinear, with the skinny tiles at few rows), int8 or int16 on a
 // quantized weight (QuantizedLinear: the quantized product's kernels, the best this CPU runs or the one
 // named), or at::linear on a plain weight (float64, no MKL, the LSTM's float layers). Every compiled step
 // takes it (the lean runner's layers, the search loops, the LSTM step) and Python calls it: bindings_cpu.cpp
@@ -41,12 +41,13 @@ struct QuantizedParts {
   int64_t a_max = 0;                        // int16: the largest |q| a row of x is scaled to
   int64_t weight_max = 127;                 // int8: the largest |w| (127, or 63 for int8w7)
   int64_t in_features = 0, out_features = 0;
-  std::string kernel = "auto";              // "auto", one of the kernels' names, or "onednn" (int8)
+  std::string kernel = "auto";              // "auto", one of the kernels' names, or "onednn" (int8); float32:
+                                            // "mkl" (also "auto") or "onednn", the GEMM above the skinny rows
   std::optional<torch::Tensor> weight_kn;   // int8 with oneDNN: the quantized weight transposed, (in, out)
   int64_t onednn_from_rows = 0;             // "auto": calls of at least this many rows go to oneDNN
 };
 
-// The one constructor: "float32" packs `weight` for MKL, "plain" keeps it for at::linear, "int8" and "int16"
+// The one constructor: "float32" packs `weight` for MKL or oneDNN (q.kernel), "plain" keeps it for at::linear, "int8" and "int16"
 // take the quantized weight in `q` (the bias is the float32 one in each case). Checks every part.
 Product make_product(const std::string& precision, const std::optional<torch::Tensor>& weight,
                      const std::optional<torch::Tensor>& bias, const QuantizedParts& q);
