@@ -8,19 +8,25 @@ rounds of:
 
 * ``lean``: what the lean runner calls (the float32 ``Product``): the skinny
   product (``csrc/cpu/skinny_linear_cpu.cpp``) at 1 to ``skinny_rows()``
-  rows where the CPU has AVX2 and FMA (AVX-512 or AVX2 tiles), MKL's otherwise;
-* ``mkl``: MKL's product alone (``Product.mkl_product``: unpacked at
-  2 and 3 rows, packed otherwise), what the runner called before;
+  rows where the CPU has AVX2 and FMA (AVX-512 or AVX2 tiles), the GEMM
+  that ``product.float32_gemm`` chooses for the weight otherwise;
+* ``mkl``: MKL's product alone (``Product.gemm_product`` of the weight
+  packed for MKL: unpacked at 2 and 3 rows, packed otherwise);
 * ``F.linear``: torch's product on the weight;
-* ``onednn`` (``--onednn``): oneDNN's float32 product on the weight packed
-  once for the call's rows (torch's ``mkldnn._linear_pointwise``), the
-  SGEMM CTranslate2 runs on CPUs that are not Intel's.
+* ``onednn`` (``--onednn``): oneDNN's product alone (``gemm_product`` of the
+  weight in oneDNN's blocked layout, torch's ``mkldnn._linear_pointwise``),
+  the SGEMM CTranslate2 runs on CPUs that are not Intel's.
 
 Then the decoder's products summed per step (every layer's, the output
 layer's), the part of a batch-1 step that the skinny product changes.
 
     python benchmarks/bench_products.py /work/m30k/probe [--checkpoints transformer/checkpoint_best.pt] \\
-        [--rows 1 2 3 4 5 6 8] [--rounds 7] [--threads 1] [--json FILE]
+        [--rows 1 2 3 4 5 6 8] [--rounds 7] [--threads 1] [--onednn] [--json FILE]
+
+``--shapes NAME=OUTxIN ...`` times weights of those shapes (Gaussian, with a
+bias) in place of a model's, e.g. WMT'19's transformer-big without its
+checkpoints: ``--shapes output=42024x1024 qkv=3072x1024 self_out=1024x1024
+fc1=8192x1024 fc2=1024x8192`` (the step sums count each once).
 """
 
 import preamble  # first: the import paths (main sets the threads before it imports torch)
@@ -45,55 +51,63 @@ def timed(f, x, calls: int) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model_dir")
+    parser.add_argument("model_dir", nargs="?", help="a trained model's directory (or --shapes)")
+    parser.add_argument("--shapes", nargs="+", metavar="NAME=OUTxIN", help="weights of these shapes, no model")
     parser.add_argument("--checkpoints", default="transformer/checkpoint_best.pt")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8])
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; times are medians")
     parser.add_argument("--calls", type=int, default=200, help="calls per product and round")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--onednn", action="store_true", help="also time oneDNN's packed float32 product")
+    parser.add_argument("--onednn", action="store_true", help="also time oneDNN's float32 GEMM alone")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if (args.model_dir is None) == (args.shapes is None):
+        parser.error("give a model directory or --shapes, one of them")
     preamble.set_threads(args.threads)
 
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(args.threads)
-    from bench_output_layer import cpu_name
     from bench_search import load
+    from fairseq_stream import cpu_info
     from fairseq_stream.ops import product
     from fairseq_stream.runners.lean import LeanRunner
 
-    models, _ = load(args.model_dir, args.checkpoints, "cpu")
-    lean = LeanRunner(models).lean[0]
-    if isinstance(lean.output, product.TorchLinear):
+    if not product.available():
         sys.exit("no prepacked product here: " + product.missing_reason())
-    layer = lean.layers[0]
     # One product of each shape, and how many of it a step runs.
-    shapes = {"output": (lean.output, 1)}
-    for name in PRODUCTS:
-        shapes[name] = (getattr(layer, name), len(lean.layers))
+    if args.shapes:
+        shapes = {}
+        g = torch.Generator().manual_seed(1)
+        for spec in args.shapes:
+            name, _, size = spec.partition("=")
+            out_features, in_features = map(int, size.lower().split("x"))
+            weight = torch.randn(out_features, in_features, generator=g) / in_features ** 0.5
+            shapes[name] = (product.linear(weight, torch.randn(out_features, generator=g)), 1)
+        source = " ".join(args.shapes)
+    else:
+        models, _ = load(args.model_dir, args.checkpoints, "cpu")
+        lean = LeanRunner(models).lean[0]
+        layer = lean.layers[0]
+        shapes = {"output": (lean.output, 1)}
+        for name in PRODUCTS:
+            shapes[name] = (getattr(layer, name), len(lean.layers))
+        source = "{} {}".format(args.model_dir, args.checkpoints)
+    gemms = ["mkl"] + (["onednn"] if args.onednn else [])
+    # Each shape's weight packed for each GEMM (the lean product keeps the one float32_gemm chooses).
+    alone = {(id(p), gemm): product.linear(p.weight, p.bias, "float32", kernel=gemm).gemm_product
+             for p, _ in shapes.values() for gemm in gemms}
     methods = {
         "lean": lambda p: p,
-        "mkl": lambda p: p.mkl_product,
+        "mkl": lambda p: alone[(id(p), "mkl")],
         "F.linear": lambda p: (lambda x: F.linear(x, p.weight, p.bias)),
     }
     if args.onednn:
-        packed = {}
-
-        def onednn(p):
-            def call(x):
-                key = (id(p), x.shape[0])
-                if key not in packed:  # packed once per row count, as a caller would
-                    packed[key] = torch.ops.mkldnn._reorder_linear_weight(p.weight.detach(), x.shape[0])
-                bias = None if p.bias is None else p.bias.detach()
-                return torch.ops.mkldnn._linear_pointwise(x, packed[key], bias, "none", [], "")
-            return call
-
-        methods["onednn"] = onednn
-    print("device: {}, threads: {}, {} {}; skinny product up to {} rows, median of {} rounds".format(
-        cpu_name(), args.threads, args.model_dir, args.checkpoints, product.skinny_rows(), args.rounds))
+        methods["onednn"] = lambda p: alone[(id(p), "onednn")]
+    print("device: {}, threads: {}, {}; skinny product up to {} rows, median of {} rounds".format(
+        cpu_info.describe(), args.threads, source, product.skinny_rows(), args.rounds))
+    print("lean's GEMM: " + ", ".join("{} {}".format(name, p.kernel) for name, (p, _) in shapes.items()))
     g = torch.Generator().manual_seed(0)
     inputs = {(name, rows): torch.randn(rows, p.in_features, generator=g)
               for name, (p, _) in shapes.items() for rows in args.rows}
@@ -125,8 +139,9 @@ def main():
               " (mkl / lean {:.2f}x)".format(step["mkl"] / step["lean"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=cpu_name(), threads=args.threads, skinny_rows=product.skinny_rows(),
-                           results=results), f, indent=1)
+            json.dump(dict(device=cpu_info.describe(), threads=args.threads, skinny_rows=product.skinny_rows(),
+                           lean_gemm={name: p.kernel for name, (p, _) in shapes.items()}, results=results), f,
+                      indent=1)
 
 
 if __name__ == "__main__":
