@@ -187,8 +187,8 @@ def _gemm_line(runner) -> str:
     onednn = kernels.count("onednn")
     if not onednn:
         return ""
-    return ", oneDNN's float32 GEMM for {} of {} decoder products (the largest: MKL runs its generic code on a " \
-           "CPU that is not Intel's)".format(onednn, len(kernels))
+    return ", oneDNN's float32 GEMM for {} of {} decoder products, the largest: MKL runs its generic code on a " \
+           "CPU that is not Intel's".format(onednn, len(kernels))
 
 
 def _int16_kernel_line() -> str:
