@@ -80,7 +80,7 @@ class Results:
         entry = self.entry(key)
         if short:
             name = {"epyc": "AMD EPYC (AVX2)", "xeon": "Intel Xeon (AVX-512)", "xeon-avx2": "Intel Xeon (AVX2 code)",
-                    "h100": "NVIDIA H100"}[entry["machine"]]
+                    "zen4": "AMD EPYC Zen 4 (AVX-512)", "h100": "NVIDIA H100"}[entry["machine"]]
             if entry["machine"] != "h100":
                 name += ", {} thread{}".format(entry["threads"], "s" if entry["threads"] > 1 else "")
             return name
@@ -593,7 +593,7 @@ def table_interop(results, doc):
                         "interop_m30k_parent_int8", "interop_m30k_parent_free", "interop_standin_idle",
                         "interop_m30k_config_reads_int8", "interop_m30k_config_reads_free",
                         "interop_standin_float32_32", "interop_standin_int8_32", "interop_m30k_rounds3_int8",
-                        "interop_epyc_m30k_int8", "interop_epyc_m30k_float32")
+                        "interop_epyc_m30k_int8", "interop_epyc_m30k_float32", "interop_zen4_m30k")
             if k in results.index["results"]]
     rows = []
     for key in keys:
