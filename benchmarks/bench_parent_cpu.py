@@ -102,22 +102,23 @@ def main():
     parser.add_argument("--json", help="write every run here")
     args = parser.parse_args()
     trees = [os.path.abspath(t) for t in (args.tree or [preamble.REPO])]
-    rows, digests = [], {}
+    rows, first_lines = [], {}  # each search's lines from its first run
     print("bench_parent_cpu: {}".format(cpu_model()), flush=True)
     for _ in range(args.rounds):
         for search in args.searches:
             for tree in trees:
                 before = round(os.getloadavg()[0], 2)
                 cpu, window, lines = run(tree, args.m30k, SEARCHES[search], args.workers)
-                first = digests.setdefault(search, lines)
-                if first != lines and not search.startswith("float32"):
+                first = first_lines.setdefault(search, lines)
+                float32 = search.startswith("float32")
+                if first != lines and not float32:
                     sys.exit("bench_parent_cpu: {} printed other lines with {}".format(tree, search))
-                differing = len(set(hypotheses(first).items()) - set(hypotheses(lines).items()))
                 rows.append({"tree": tree, "search": search, "parent_loop_cpu_s": cpu, "window_s": window,
                              "load": [before, round(os.getloadavg()[0], 2)],
                              "digest": hashlib.sha256("\n".join(lines).encode()).hexdigest()})
-                if search.startswith("float32"):
-                    rows[-1]["hypotheses_differing_from_first"] = differing
+                if float32:
+                    rows[-1]["hypotheses_differing_from_first"] = len(
+                        set(hypotheses(first).items()) - set(hypotheses(lines).items()))
                 print("  {search:<20} {tree:<40} parent CPU {parent_loop_cpu_s:6.3f} s  window {window_s:7.3f} s  "
                       "load {load}".format(**rows[-1]), flush=True)
     if args.json:
