@@ -39,6 +39,7 @@ def pytest_collection_modifyitems(config, items):
 
 # scripts/toy_cache.py: the one place that decides where the toy is cached (shared with the quickstart).
 toy_cache = load_script("toy_cache", REPO / "scripts" / "toy_cache.py")
+warm_tools = load_script("warm_tools", Path(__file__).resolve().parent / "warm_tools.py")
 
 
 @dataclass
@@ -107,9 +108,13 @@ def run_tool(argv, cwd=REPO, check=True, input=None, env=None):
     argv = [str(a) for a in argv]
     if not os.path.isabs(argv[0]) and (BIN / argv[0]).exists():
         argv[0] = str(BIN / argv[0])
-    proc = subprocess.run(
-        argv, cwd=cwd, env=dict(tool_env(), **(env or {})), capture_output=True, text=True, input=input
-    )
+    proc = None
+    if not env and warm_tools.warm_argv(argv, BIN):  # forked from a process that has imported fairseq
+        proc = warm_tools.run(argv, cwd, tool_env(), input=input)
+    if proc is None:
+        proc = subprocess.run(
+            argv, cwd=cwd, env=dict(tool_env(), **(env or {})), capture_output=True, text=True, input=input
+        )
     if check and proc.returncode != 0:
         raise AssertionError(
             "{} failed ({}):\n{}\n{}".format(" ".join(argv), proc.returncode, proc.stdout[-3000:], proc.stderr[-5000:])
