@@ -170,6 +170,33 @@ Tensor onednn_block(const PrepackedLinear& p, const Tensor& a) {
   return onednn().linear->call(a, p.packed, p.bias, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
 }
 
+// The calling thread's GEMM on one thread while it lives; the thread's setting is restored when it goes
+// (an exception from the product too). MKL has a per-thread setting of its own where the build exports it;
+// oneDNN takes OpenMP's, which is the calling thread's.
+class OneThreadGemm {
+ public:
+  explicit OneThreadGemm(bool onednn_gemm) : onednn_(onednn_gemm) {
+    const Mkl& m = mkl();
+    mkl_local_ = !onednn_ && m.set_local_threads != nullptr;
+    if (mkl_local_) before_ = m.set_local_threads(1);
+    if (onednn_) {
+      before_ = omp_get_max_threads();
+      omp_set_num_threads(1);
+    }
+  }
+  ~OneThreadGemm() {
+    if (mkl_local_) mkl().set_local_threads(before_);
+    if (onednn_) omp_set_num_threads(before_);
+  }
+  OneThreadGemm(const OneThreadGemm&) = delete;
+  OneThreadGemm& operator=(const OneThreadGemm&) = delete;
+
+ private:
+  bool onednn_;
+  bool mkl_local_ = false;
+  int before_ = 0;
+};
+
 // The GEMM's product of rows (rows, in_features), contiguous. MKL: unpacked at kUnpackedFromRows ..
 // kUnpackedToRows rows, packed otherwise.
 Tensor gemm_rows(const PrepackedLinear& p, const Tensor& a) {
@@ -181,12 +208,9 @@ Tensor gemm_rows(const PrepackedLinear& p, const Tensor& a) {
   if (onednn_gemm && rows == 0) return at::empty({0, p.out_features}, a.options());
   if (onednn_gemm && rows <= kRowBlock) {
     // One block: oneDNN's own result, no copy (on one thread where torch's ops run on one, as below).
-    const bool alone = at::get_num_threads() == 1;
-    const int before = omp_get_max_threads();
-    if (alone) omp_set_num_threads(1);
-    Tensor y = onednn_block(p, a);
-    if (alone) omp_set_num_threads(before);
-    return y;
+    if (at::get_num_threads() != 1) return onednn_block(p, a);
+    OneThreadGemm one(true);
+    return onednn_block(p, a);
   }
   Tensor y = at::empty({rows, p.out_features}, a.options());
   float beta = 0.0f;
@@ -222,16 +246,11 @@ Tensor gemm_rows(const PrepackedLinear& p, const Tensor& a) {
     // torch's ops on one thread (ops/threads.py): the GEMM runs sequentially, our loop spreads the blocks.
     // Sequentially on every thread: torch's one thread is set on the thread that set it, and MKL or oneDNN
     // on one of our workers would otherwise open an OpenMP team of all the cores, whose spinning is
-    // what issue 50's collapse was, and whose split of a block changes its bits (AVX2 MKL does). MKL has
-    // its own per-thread setting; oneDNN takes OpenMP's, which is the calling thread's own.
+    // what issue 50's collapse was, and whose split of a block changes its bits (AVX2 MKL does): each of
+    // our threads sets its own GEMM to one thread (OneThreadGemm).
     fs::parallel_for(0, rows, kRowBlock, [&](int64_t first, int64_t last) {
-      const Mkl& m = mkl();
-      const bool mkl_local = !onednn_gemm && m.set_local_threads;
-      const int before = mkl_local ? m.set_local_threads(1) : omp_get_max_threads();
-      if (onednn_gemm) omp_set_num_threads(1);
+      OneThreadGemm one(onednn_gemm);
       blocks(first, last);
-      if (mkl_local) m.set_local_threads(before);
-      if (onednn_gemm) omp_set_num_threads(before);
     });
   } else {
     blocks(0, rows);
