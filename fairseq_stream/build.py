@@ -238,12 +238,14 @@ def _lay_out_threads(runner, models, spec: DecoderSpec, workers_by_default: bool
     from fairseq_stream.ops.threads import apply_layout, choose_layout
 
     on_cpu = all(p.device.type == "cpu" for m in models for p in m.parameters())
-    if on_cpu and getattr(runner, "name", None) in ("lean", "rnn"):
+    # The static-slot runner's CPU step runs the lean runner's kernels and torch's ops around them: the same
+    # layout holds for it (before, it kept torch's threads, whose OpenMP regions issue 50's collapse was).
+    if on_cpu and getattr(runner, "name", None) in ("lean", "rnn", "static"):
         layout = choose_layout(spec.cpu_threads, spec.cpu_workers, workers_by_default)
         if apply_layout(layout):
             return layout
     if spec.cpu_workers not in (None, 1):
-        logger.warning("fairseq-stream: --cpu-workers %d is for our runners (lean, rnn) on the CPU with the "
+        logger.warning("fairseq-stream: --cpu-workers %d is for our runners (lean, static, rnn) on the CPU with the "
                        "kernels built; this decode runs on one", spec.cpu_workers)
     return None
 

@@ -129,9 +129,9 @@ DECODE_COUNTING_REGIONS = textwrap.dedent("""
     from fairseq_stream.api import Translator
     from fairseq_stream.ops import threads
     counter = ctypes.CDLL(None)
-    toy, quantize, lines = sys.argv[1], sys.argv[2], open(sys.argv[3]).read().splitlines()
+    toy, quantize, runner, lines = sys.argv[1], sys.argv[2], sys.argv[3], open(sys.argv[4]).read().splitlines()
     translator = Translator([toy + "/transformer/checkpoint_best.pt"], data=toy + "/data-bin", search="var-batch",
-                            beam=5, batch_size=200, cpu=True, quantize=quantize, cpu_threads=2)
+                            beam=5, batch_size=200, cpu=True, quantize=quantize, runner=runner, cpu_threads=2)
     list(translator.translate(lines[:8]))
     counter.openmp_regions_reset()
     _, shared_before, _ = threads.parallel_counters()
@@ -151,8 +151,9 @@ def region_counter(tmp_path_factory):
 
 
 @needs_kernels
-@pytest.mark.parametrize("quantize, gemm", [("none", "auto"), ("int8", "auto"), ("none", "onednn")])
-def test_a_two_thread_decode_enters_no_openmp_region(toy, region_counter, quantize, gemm):
+@pytest.mark.parametrize("quantize, gemm, runner", [("none", "auto", "auto"), ("int8", "auto", "auto"),
+                                                    ("none", "onednn", "auto"), ("none", "auto", "static")])
+def test_a_two_thread_decode_enters_no_openmp_region(toy, region_counter, quantize, gemm, runner):
     """The collapse's cause counted: no region whose threads spin at a barrier, while our loop shares work.
 
     With OMP_NUM_THREADS=2 and torch's ops on two threads, this decode of the
@@ -160,14 +161,16 @@ def test_a_two_thread_decode_enters_no_openmp_region(toy, region_counter, quanti
     another process holds a core); our kernels' calls of one batch of 200
     sentences are large enough to be shared with the second thread. oneDNN's
     float32 GEMM (an AMD CPU's for large weights) takes OpenMP's threads of
-    the thread that calls it, ours included.
+    the thread that calls it, ours included. The static-slot runner (issue
+    53's step, run eagerly on the CPU) kept torch's threads until it took
+    the same layout.
     """
     from fairseq_stream.ops import product as P
 
     if gemm == "onednn" and P.onednn_missing_reason():
         pytest.skip(P.onednn_missing_reason())
     gemm_env = {P.GEMM_VARIABLE: gemm}
-    proc = subprocess.run([sys.executable, "-c", DECODE_COUNTING_REGIONS, str(toy.root), quantize,
+    proc = subprocess.run([sys.executable, "-c", DECODE_COUNTING_REGIONS, str(toy.root), quantize, runner,
                            str(toy.raw / "valid.src")], cwd=REPO, capture_output=True, text=True,
                           env=dict(tool_env(), LD_PRELOAD=str(region_counter), OMP_NUM_THREADS="2", **gemm_env))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -177,6 +180,6 @@ def test_a_two_thread_decode_enters_no_openmp_region(toy, region_counter, quanti
     assert result["regions"] == 0
     assert result["shared"] > 0
     one = run_tool([sys.executable, "-c", DECODE_COUNTING_REGIONS.replace("cpu_threads=2", "cpu_threads=1"),
-                    str(toy.root), quantize, str(toy.raw / "valid.src")],
+                    str(toy.root), quantize, runner, str(toy.raw / "valid.src")],
                    env=dict(LD_PRELOAD=str(region_counter), OMP_NUM_THREADS="1", **gemm_env))
     assert json.loads(one.stdout.strip().splitlines()[-1])["out"] == result["out"]

@@ -43,7 +43,8 @@ def hypothesis_ids(lines):
     ["--search", "jacobi"],
     ["--search", "var-batch", "--beam", "5", "--quantize", "int8"],
     ["--search", "var-stream", "--beam", "5", "--quantize", "int8"],
-], ids=["fixed", "var-batch", "greedy", "jacobi", "int8-var-batch", "int8-var-stream"])
+    ["--search", "fixed", "--beam", "5", "--runner", "static"],
+], ids=["fixed", "var-batch", "greedy", "jacobi", "int8-var-batch", "int8-var-stream", "static-fixed"])
 def test_two_workers_print_one_workers_lines_bit_for_bit(toy, options, tmp_path):
     one, _ = generate(toy, options + ["--stats-file", str(tmp_path / "one.json")], 1)
     two, log = generate(toy, options + ["--stats-file", str(tmp_path / "two.json")], 2)

@@ -41,10 +41,10 @@ class DecodeStatsConfig(RnnRunnerConfig):
                                       "weights 8-bit, or 7-bit where AVX2 is the CPU's best int8 code), int8w8 / "
                                       "int8w7 (that width on every CPU) or int16; transformers on the lean runner, "
                                       "LSTMs (int16) on the rnn runner; none keeps float")
-    cpu_threads: Optional[int] = option(None, "threads a CPU decode on our runners (lean, rnn) uses: our kernels "
-                                        "split their work over them, torch's ops run on one (default: the cores this "
-                                        "process may use, at most torch's thread count, OMP_NUM_THREADS); fairseq's "
-                                        "runner keeps torch's threads")
+    cpu_threads: Optional[int] = option(None, "threads a CPU decode on our runners (lean, static, rnn) uses: our "
+                                        "kernels split their work over them, torch's ops run on one (default: the "
+                                        "cores this process may use, at most torch's thread count, OMP_NUM_THREADS); "
+                                        "fairseq's runner keeps torch's threads")
     cpu_workers: Optional[int] = option(None, "worker processes decoding batches at once on the CPU (CTranslate2's "
                                         "inter_threads), each with its own decoder state and --cpu-threads kernel "
                                         "threads; results in input order, the same bits as one worker where each "
