@@ -73,7 +73,7 @@ def ensure(log=None, environ=os.environ) -> Path:
             for stale in target.parent.glob(target.name + ".tmp*"):
                 shutil.rmtree(stale, ignore_errors=True)
             work = target.with_name(target.name + ".tmp{}".format(os.getpid()))
-            note("training the toy checkpoints into {} (about a minute each)".format(target))
+            note("training the toy checkpoints into {} (two minutes or so)".format(target))
             try:
                 train(work, log)
             except BaseException:
