@@ -236,11 +236,13 @@ def _lay_out_threads(runner, models, spec: DecoderSpec, workers_by_default: bool
     """Our runners on the CPU: threads to our kernels, torch's ops on one (ops/threads.py says why); the
     layout, or None where the runner keeps torch's threads (and so one worker: said where more were asked)."""
     from fairseq_stream.ops.threads import apply_layout, choose_layout
+    from fairseq_stream.runners.own_step import OwnStepRunner
 
     on_cpu = all(p.device.type == "cpu" for m in models for p in m.parameters())
-    # The static-slot runner's CPU step runs the lean runner's kernels and torch's ops around them: the same
-    # layout holds for it (before, it kept torch's threads, whose OpenMP regions issue 50's collapse was).
-    if on_cpu and getattr(runner, "name", None) in ("lean", "rnn", "static"):
+    # Every runner that runs its own step (lean, static, rnn) runs our kernels with torch's ops around them:
+    # by class, not by name, so that a new one cannot keep torch's threads unnoticed, as the static-slot
+    # runner did (its OpenMP regions were what issue 50's collapse was).
+    if on_cpu and isinstance(runner, OwnStepRunner):
         layout = choose_layout(spec.cpu_threads, spec.cpu_workers, workers_by_default)
         if apply_layout(layout):
             return layout

@@ -10,8 +10,8 @@ float32 collapsed as well (issue 50; a decode of the toy makes about 3,000
 such regions). The wait policy cannot be changed once torch has loaded
 OpenMP, which happens before fairseq loads this plugin.
 
-So on our runners (lean, static, rnn) a decode keeps torch's ops on one thread (no
-OpenMP region is ever entered) and gives the threads to our kernels, which
+So on our runners (lean, static, rnn) a decode keeps torch's ops on one thread
+(no OpenMP region is ever entered) and gives the threads to our kernels, which
 split their products, attentions and output layer through their own loop
 (``csrc/cpu/parallel_cpu.cpp``): the calling thread takes chunks too and
 never waits for a thread that has not started one, so a call is never
