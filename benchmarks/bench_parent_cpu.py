@@ -86,8 +86,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def descendants_usage(root: int, seen: dict):
-    """Record in ``seen`` {pid: (CPU s, minor faults, kernel CPU s)} of ``root``'s descendants now (from /proc; each pid's last
-    reading before it exits is what stays)."""
+    """Record in ``seen`` {pid: (CPU s, minor faults, kernel CPU s)} of ``root``'s descendants now (from /proc;
+    each pid's last reading before it exits is what stays)."""
     parents = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -113,9 +113,10 @@ def descendants_usage(root: int, seen: dict):
 
 def run(tree, model_dir, options, workers):
     """One fairseq-generate run of ``tree``: (parent loop CPU s, window s, output lines but the log's,
-    {"workers_cpu_s", "workers_sys_s", "workers_minflt", "other_children_cpu_s"}: the worker processes' CPU (of
-    which in the kernel) and minor page faults
-    over their lives, read from /proc every 20 ms, and the other child processes' CPU)."""
+    {"parent_loop_minflt", "parent_loop_sys_s", "workers_cpu_s", "workers_minflt", "workers_sys_s",
+    "other_children_cpu_s"}: the parent's minor page faults and kernel CPU over its loop, the worker processes'
+    CPU, minor page faults and kernel CPU over their lives, read from /proc every 20 ms, and the other child
+    processes' CPU)."""
     with tempfile.TemporaryDirectory() as tmp:
         stats = os.path.join(tmp, "stats.json")
         argv = [sys.executable, os.path.abspath(__file__), "--child", os.path.join(model_dir, "data-bin"),
@@ -136,19 +137,20 @@ def run(tree, model_dir, options, workers):
         stdout, stderr = proc.communicate()
         done.set()
         poller.join()
-        proc.stdout, proc.stderr = stdout, stderr
         if proc.returncode != 0:
-            sys.exit("bench_parent_cpu: {} failed:\n{}".format(" ".join(argv), proc.stderr[-3000:]))
-        cpu, _, parent_faults, _, parent_sys = proc.stderr.rsplit("parent_loop_cpu_s ", 1)[1].split()[:5]
+            sys.exit("bench_parent_cpu: {} failed:\n{}".format(" ".join(argv), stderr[-3000:]))
+        cpu, _, parent_faults, _, parent_sys = stderr.rsplit("parent_loop_cpu_s ", 1)[1].split()[:5]
         window = json.load(open(stats))["window_s"]
-    lines = [line for line in proc.stdout.splitlines() if not line[:4].isdigit()]  # log lines start with the date
+    lines = [line for line in stdout.splitlines() if not line[:4].isdigit()]  # log lines start with the date
     pids = set()
-    for line in proc.stderr.splitlines():  # Workers' log line: "N CPU workers started (processes P1 P2)"
+    for line in stderr.splitlines():  # Workers' log line: "N CPU workers started (processes P1 P2)"
         if "CPU workers started (processes" in line:
             pids = {int(p) for p in line.rsplit("(processes", 1)[1].strip(" )").split()}
-    children = {"parent_loop_minflt": int(parent_faults), "parent_loop_sys_s": float(parent_sys), "workers_cpu_s": round(sum(seen[p][0] for p in pids if p in seen), 3),
-                "workers_minflt": sum(seen[p][1] for p in pids if p in seen),
-                "workers_sys_s": round(sum(seen[p][2] for p in pids if p in seen), 3),
+    workers = [seen[p] for p in pids if p in seen]  # (CPU s, minor faults, kernel CPU s) each
+    children = {"parent_loop_minflt": int(parent_faults), "parent_loop_sys_s": float(parent_sys),
+                "workers_cpu_s": round(sum(w[0] for w in workers), 3),
+                "workers_minflt": sum(w[1] for w in workers),
+                "workers_sys_s": round(sum(w[2] for w in workers), 3),
                 "other_children_cpu_s": round(sum(v[0] for p, v in seen.items() if p not in pids), 3)}
     return float(cpu), window, lines, children
 
@@ -185,15 +187,17 @@ def main():
                 float32 = search.startswith("float32")
                 if first != lines and not float32:
                     sys.exit("bench_parent_cpu: {} printed other lines with {}".format(tree, search))
-                rows.append({"tree": tree, "workers": workers, "search": search, "parent_loop_cpu_s": cpu, "window_s": window,
+                rows.append({"tree": tree, "workers": workers, "search": search, "parent_loop_cpu_s": cpu,
+                             "window_s": window,
                              "load": [before, round(os.getloadavg()[0], 2)],
                              **children, "digest": hashlib.sha256("\n".join(lines).encode()).hexdigest()})
                 if float32:
                     rows[-1]["hypotheses_differing_from_first"] = len(
                         set(hypotheses(first).items()) - set(hypotheses(lines).items()))
-                print("  {search:<20} {tree:<30} {workers} worker(s)  parent CPU {parent_loop_cpu_s:6.3f} s (sys {parent_loop_sys_s:.2f} s, {parent_loop_minflt} minor faults)  window {window_s:7.3f} s  "
-                      "workers CPU {workers_cpu_s:6.3f} s (sys {workers_sys_s:.2f} s, {workers_minflt} minor faults)  other children {other_children_cpu_s:.3f} s  "
-                      "load {load}".format(**rows[-1]), flush=True)
+                print("  {search:<20} {tree:<30} {workers} worker(s)  parent CPU {parent_loop_cpu_s:6.3f} s "
+                      "(sys {parent_loop_sys_s:.2f} s, {parent_loop_minflt} minor faults)  window {window_s:7.3f} s  "
+                      "workers CPU {workers_cpu_s:6.3f} s (sys {workers_sys_s:.2f} s, {workers_minflt} minor faults)  "
+                      "other children {other_children_cpu_s:.3f} s  load {load}".format(**rows[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": cpu_model(), "argv": sys.argv, "date": time.strftime("%Y-%m-%d"), "runs": rows}, f,
