@@ -594,15 +594,19 @@ def table_interop(results, doc):
                         "interop_m30k_config_reads_int8", "interop_m30k_config_reads_free",
                         "interop_standin_float32_32", "interop_standin_int8_32", "interop_m30k_rounds3_int8",
                         "interop_epyc_m30k_int8", "interop_epyc_m30k_float32", "interop_zen4_m30k",
-                        "interop_zen4_m30k_int8_r3", "interop_zen4_m30k_float32_r3")
+                        "interop_zen4_m30k_int8_r3", "interop_zen4_m30k_float32_r3",
+                        "interop_zen4_m30k_full_r3")
             if k in results.index["results"]]
     rows = []
     for key in keys:
         commit = results.index["results"][key]["commit"]
         # The CPU without its thread count: the rows' cores column says how many ran.
         cpu = results.machine(key, short=True).split(",")[0]
+        # The index names the model where the summary cannot (it says "m30k" for the 540- and 1,200-update models).
+        indexed = results.entry(key)["model"]
         for r in results.data(key)["summary"]:
-            rows.append([r["model"], cpu, commit, r["precision"], r["search"], str(r["cores"]), "yes" if r["busy_core"] else "no",
+            model = indexed if indexed.startswith(r["model"] + "-") else r["model"]
+            rows.append([model, cpu, commit, r["precision"], r["search"], str(r["cores"]), "yes" if r["busy_core"] else "no",
                          "{} ({})".format(s(r["ours_decode_s"]), r["ours_layout"]),
                          "{} ({})".format(s(r["ct2_decode_s"]), r["ct2_layout"]), x(r["decode_over_ct2"]),
                          "{} / {}".format(s(r["ours_process_s"]), s(r["ct2_process_s"])),
