@@ -602,7 +602,9 @@ def table_interop(results, doc):
         commit = results.index["results"][key]["commit"]
         # The CPU without its thread count: the rows' cores column says how many ran.
         cpu = results.machine(key, short=True).split(",")[0]
-        # The index names the model where the summary cannot (it says "m30k" for the 540- and 1,200-update models).
+        # The index names the model where the summary cannot: the summary says "m30k" for the 540- and
+        # 1,200-update models and "standin" for the one-member stand-in. A name the index does not refine
+        # (a file of several models) stays the summary's.
         indexed = results.entry(key)["model"]
         for r in results.data(key)["summary"]:
             model = indexed if indexed.startswith(r["model"] + "-") else r["model"]
