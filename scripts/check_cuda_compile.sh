@@ -15,8 +15,8 @@
 # Each .cu compiles once per architecture (CUDA_ARCHS, default "8.0 9.0": sm_80 and sm_90);
 # each .cpp (the ATen binding) once with the C++ compiler; then every fairseq_stream:: symbol
 # the binding needs must be defined by the .cu objects. One line per source and arch; the
-# command lines go to OUT_DIR/commands.txt. About 100 s on one core (the binding, which
-# includes torch/extension.h, takes most of it). Exit 0: all compiled; 1: a compile error
+# command lines go to OUT_DIR/commands.txt. About 50 s on one core (the binding, which
+# includes torch/python.h for pybind11, takes most of it). Exit 0: all compiled; 1: a compile error
 # (the compiler's message is printed); 77: the toolchain could not be installed (no PyPI):
 # tests/test_cuda_compile.py skips on that.
 set -uo pipefail

@@ -3,7 +3,7 @@
 // under the same name, arguments and documentation, which fairseq_stream/ops/output_layer.py calls alike.
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/python.h>
 
 template <class F>
 void def_topk_log_softmax(pybind11::module& m, F* topk_log_softmax) {

@@ -13,6 +13,11 @@
 
 #include "attention_cpu.h"
 
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/TensorOperators.h>
 #include <cstring>
 
 #include "vector_math_cpu.h"
@@ -27,7 +32,7 @@
 
 namespace {
 
-using torch::Tensor;
+using at::Tensor;
 
 // softmax_j(q . K[j] + mask[j]) . V: q already scaled, K and V rows `step` apart, `positions` of
 // them; scores: scratch of `positions`. A position whose mask is -inf has weight exactly 0.
@@ -332,7 +337,7 @@ Tensor sentence_attention(const Tensor& qkv, const std::vector<int64_t>& starts,
   return out;
 }
 
-void copy_cache_slots_(torch::Tensor cache, const torch::Tensor& source, const torch::Tensor& target, int64_t length) {
+void copy_cache_slots_(at::Tensor cache, const at::Tensor& source, const at::Tensor& target, int64_t length) {
   TORCH_CHECK(cache.dim() == 5 && cache.is_contiguous() && cache.device().is_cpu(),
               "copy_cache_slots_: a contiguous CPU cache (2 * layers, slots, heads, capacity, head_dim)");
   TORCH_CHECK(source.device().is_cpu() && target.device().is_cpu() && source.scalar_type() == at::kLong &&
@@ -341,7 +346,7 @@ void copy_cache_slots_(torch::Tensor cache, const torch::Tensor& source, const t
   const int64_t layers = cache.size(0), slots = cache.size(1), heads = cache.size(2), capacity = cache.size(3),
                 dim = cache.size(4);
   TORCH_CHECK(length >= 0 && length <= capacity, "copy_cache_slots_: length within the capacity");
-  const torch::Tensor src = source.contiguous(), dst = target.contiguous();
+  const at::Tensor src = source.contiguous(), dst = target.contiguous();
   const int64_t* from = src.data_ptr<int64_t>();
   const int64_t* to = dst.data_ptr<int64_t>();
   for (int64_t i = 0; i < src.numel(); ++i)

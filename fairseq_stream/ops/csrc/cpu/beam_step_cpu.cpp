@@ -19,6 +19,11 @@
 
 #include "beam_step_cpu.h"
 
+#include <ATen/Dispatch.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/topk.h>
+#include <ATen/ops/zeros.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -28,7 +33,7 @@
 
 namespace {
 
-using torch::Tensor;
+using at::Tensor;
 
 // Freitag & Al-Onaizan's heuristics (search/pruning.py: Pruning.keep); a negative value is "off".
 struct PruneOptions {

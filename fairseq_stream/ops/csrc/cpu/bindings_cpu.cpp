@@ -3,7 +3,7 @@
 // fairseq_stream/ops/ that documents them; this file only names them for Python. fairseq_stream/ops/loader.py
 // loads the module. The CUDA kernels are another module, with their own bindings (csrc/cuda).
 
-#include <torch/extension.h>
+#include <torch/python.h>
 
 #include <optional>
 #include <string>

@@ -7,11 +7,13 @@
 
 #include "cache_slots_cpu.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
 #include <numeric>
 
 #include "attention_cpu.h"
 
-using torch::Tensor;
+using at::Tensor;
 
 std::vector<int64_t> follow_parent_slots(std::vector<Tensor>& caches, const std::vector<int64_t>& parent_slot,
                                          int64_t length) {

@@ -36,11 +36,11 @@ std::vector<std::string> int16_kernels() {
   return fs_quant::kernel_names(fs_quant::kernels_for(fs_quant::Precision::kInt16, kInt16Weight));
 }
 
-torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, int64_t a_max,
-                           std::optional<torch::Tensor> bias, const std::string& kernel) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() == 2,
+at::Tensor int16_linear(at::Tensor x, at::Tensor packed, at::Tensor weight_inv, int64_t a_max,
+                           std::optional<at::Tensor> bias, const std::string& kernel) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2,
               "int16_linear: x must be a 2-d float32 CPU tensor");
-  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kShort && packed.dim() == 3 &&
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kShort && packed.dim() == 3 &&
                   packed.size(2) == 2 * kCols,
               "int16_linear: packed must come from int16_linear.pack");
   TORCH_CHECK(a_max >= 1 && a_max <= 32767, "int16_linear: a_max must be in [1, 32767]");

@@ -2,14 +2,14 @@
 // tiles and their driver are quantized_product_cpu.cpp's, shared with int8).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <string>
 #include <vector>
 
-torch::Tensor int16_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, int64_t a_max,
-                           std::optional<torch::Tensor> bias, const std::string& kernel);
+at::Tensor int16_linear(at::Tensor x, at::Tensor packed, at::Tensor weight_inv, int64_t a_max,
+                           std::optional<at::Tensor> bias, const std::string& kernel);
 
 std::vector<std::string> int16_kernels();
 

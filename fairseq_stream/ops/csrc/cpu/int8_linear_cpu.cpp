@@ -11,6 +11,11 @@
 
 #include "cpu_isa_cpu.h"
 
+#include <ATen/ops/_int_mm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/matmul.h>
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -80,12 +85,12 @@ bool int8_onednn_exact() {
   return exact;
 }
 
-torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn, const torch::Tensor& weight_inv,
-                                 const std::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() == 2,
+at::Tensor int8_linear_onednn(at::Tensor x, const at::Tensor& weight_kn, const at::Tensor& weight_inv,
+                                 const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2,
               "int8_linear: x must be a 2-d float32 CPU tensor");
   TORCH_CHECK(int8_onednn_exact(), "int8_linear: oneDNN's int8 product is not exact on this CPU (or not built)");
-  TORCH_CHECK(weight_kn.device().is_cpu() && weight_kn.scalar_type() == torch::kChar && weight_kn.dim() == 2 &&
+  TORCH_CHECK(weight_kn.device().is_cpu() && weight_kn.scalar_type() == at::kChar && weight_kn.dim() == 2 &&
                   weight_kn.size(0) == x.size(1) && weight_kn.size(1) == weight_inv.numel(),
               "int8_linear: weight_kn must be the quantized weight transposed, (in, out) int8");
   const int64_t rows = x.size(0), k = x.size(1), out_features = weight_kn.size(1);
@@ -93,10 +98,10 @@ torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn
   TORCH_CHECK(k <= kMaxInFeatures, "int8_linear: ", k, " input features could overflow int32 sums (at most ",
               kMaxInFeatures, ")");
   x = x.contiguous();
-  auto out = torch::empty({rows, out_features}, x.options());
+  auto out = at::empty({rows, out_features}, x.options());
   if (rows == 0) return out;
   // The rows quantized exactly as the own kernels quantize them (signed, row-major).
-  auto xq = torch::empty({rows, k}, x.options().dtype(torch::kChar));
+  auto xq = at::empty({rows, k}, x.options().dtype(at::kChar));
   std::vector<float> scale(rows);  // each row's scale, then its inverse (to_inverses)
   std::vector<int32_t> q(k);
   const float* xs = x.data_ptr<float>();
@@ -109,8 +114,8 @@ torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn
       fs_quant::round_row(xs + m * k, k, k, scale[m], q.data());
     for (int64_t i = 0; i < k; ++i) qs[m * k + i] = static_cast<int8_t>(q[i]);
   }
-  const torch::Tensor kn = weight_kn.contiguous(), inv_t = weight_inv.contiguous();
-  const torch::Tensor b_t = bias ? bias->contiguous() : torch::Tensor();
+  const at::Tensor kn = weight_kn.contiguous(), inv_t = weight_inv.contiguous();
+  const at::Tensor b_t = bias ? bias->contiguous() : at::Tensor();
   const auto acc = at::_int_mm(xq, kn);
   const int32_t* a = acc.data_ptr<int32_t>();
   const float* inv_w = inv_t.data_ptr<float>();
@@ -123,16 +128,16 @@ torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn
   return out;
 }
 
-torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, torch::Tensor excess,
-                          std::optional<torch::Tensor> bias, const std::string& kernel, int64_t weight_max) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() == 2,
+at::Tensor int8_linear(at::Tensor x, at::Tensor packed, at::Tensor weight_inv, at::Tensor excess,
+                          std::optional<at::Tensor> bias, const std::string& kernel, int64_t weight_max) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2,
               "int8_linear: x must be a 2-d float32 CPU tensor");
-  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kChar && packed.dim() == 3 &&
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kChar && packed.dim() == 3 &&
                   packed.size(2) == kPanelBytes,
               "int8_linear: packed must come from quantized_linear.packed_for");
   const int64_t out_features = weight_inv.numel();
   fs_quant::check_scales_and_bias(weight_inv, bias, out_features, "int8_linear");
-  TORCH_CHECK(excess.device().is_cpu() && excess.scalar_type() == torch::kInt && excess.numel() == out_features,
+  TORCH_CHECK(excess.device().is_cpu() && excess.scalar_type() == at::kInt && excess.numel() == out_features,
               "int8_linear: excess must be 128 * each row's sum of quantized weights (int32)");
   const fs_quant::Kernel& kern =
       fs_quant::find_kernel(fs_quant::Precision::kInt8, kernel, static_cast<int>(weight_max), "int8_linear");

@@ -2,7 +2,7 @@
 // their driver are quantized_product_cpu.cpp's, shared with int16).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <string>
@@ -12,8 +12,8 @@
 // `kernel` reads (quantized_linear.packed_for: pair order for "avx2", as packed for the others). excess: 128
 // times each output row's sum of quantized weights (what the unsigned operand of the VNNI and avx2w7 kernels
 // adds). weight_max: 127 for 8-bit weights, 63 for 7-bit ones (int8w7), which the "avx2w7" kernel needs.
-torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor weight_inv, torch::Tensor excess,
-                          std::optional<torch::Tensor> bias, const std::string& kernel, int64_t weight_max = 127);
+at::Tensor int8_linear(at::Tensor x, at::Tensor packed, at::Tensor weight_inv, at::Tensor excess,
+                          std::optional<at::Tensor> bias, const std::string& kernel, int64_t weight_max = 127);
 
 // The int8 kernels this CPU runs on weights of magnitude up to weight_max, the best (the "auto" one) last.
 std::vector<std::string> int8_kernels(int64_t weight_max = 127);
@@ -23,5 +23,5 @@ std::vector<std::string> int8_kernels(int64_t weight_max = 127);
 bool int8_onednn_exact();
 
 // The same product with the integer sums by oneDNN: weight_kn the quantized weight transposed (in, out).
-torch::Tensor int8_linear_onednn(torch::Tensor x, const torch::Tensor& weight_kn, const torch::Tensor& weight_inv,
-                                 const std::optional<torch::Tensor>& bias);
+at::Tensor int8_linear_onednn(at::Tensor x, const at::Tensor& weight_kn, const at::Tensor& weight_inv,
+                                 const std::optional<at::Tensor>& bias);

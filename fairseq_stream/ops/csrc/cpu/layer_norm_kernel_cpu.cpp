@@ -17,9 +17,13 @@
 
 #include "layer_norm_kernel_cpu.h"
 
+#include <ATen/ops/arange.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/native_layer_norm.h>
 #include <dlfcn.h>
 
 #include <ATen/Version.h>
+#include <ATen/TensorOperators.h>
 
 #include <cstring>
 #include <string>

@@ -1,7 +1,7 @@
 // ATen's own CPU layer-norm kernel, called on caller-kept buffers (layer_norm_kernel_cpu.cpp).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 // The kernel at::native_layer_norm runs on this CPU: the same arithmetic, so the same bits, without
 // the three tensors it allocates a call and its dispatch. Arguments: input, weight, bias (contiguous),

@@ -13,6 +13,7 @@
 #include "prepacked_linear_cpu.h"
 #include "quantized_linear_cpu.h"
 
+#include <ATen/ops/cat.h>
 #include <algorithm>
 #include <optional>
 #include <string>
@@ -20,7 +21,7 @@
 
 namespace {
 
-using torch::Tensor;
+using at::Tensor;
 
 Tensor joined(std::vector<Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts); }
 

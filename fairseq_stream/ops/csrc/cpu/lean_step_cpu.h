@@ -3,7 +3,11 @@
 // (bindings_cpu.cpp binds them). The search loops (search_loop_cpu.cpp) run them too.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/layer_norm.h>
+#include <ATen/ops/relu.h>
+#include <ATen/TensorOperators.h>
 
 #include <optional>
 #include <tuple>
@@ -11,7 +15,7 @@
 
 #include "product_cpu.h"
 
-using torch::Tensor;
+using at::Tensor;
 
 struct __attribute__((visibility("hidden"))) Norm {
   Tensor weight, bias;

@@ -15,7 +15,9 @@
 // other types and targets use the portable loops. AVX-512 is left out on purpose: the AVX2 path
 // runs on every AVX-512 machine, and the build machine here has no AVX-512 to test a second path.
 
-#include <torch/extension.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/core/Tensor.h>
 #include "parallel_cpu.h"
 
 #include <algorithm>

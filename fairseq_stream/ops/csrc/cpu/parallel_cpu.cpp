@@ -15,7 +15,7 @@
 #include <ATen/Parallel.h>
 #include <pthread.h>
 #include <sched.h>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <atomic>

@@ -15,6 +15,8 @@
 
 #include "prepacked_linear_cpu.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <omp.h>
@@ -33,7 +35,7 @@
 
 namespace {
 
-using torch::Tensor;
+using at::Tensor;
 
 // CBLAS's enumerations (mkl_cblas.h), spelled out since no MKL header is installed.
 constexpr int kRowMajor = 101;

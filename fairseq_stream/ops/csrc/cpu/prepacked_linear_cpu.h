@@ -2,7 +2,7 @@
 // (prepacked_linear_cpu.cpp); bindings_cpu.cpp binds it, product_cpu.h holds it for the compiled steps.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <string>
@@ -20,19 +20,19 @@ constexpr int64_t kUnpackedToRows = 3;
 enum class Float32Gemm { kMkl, kOneDnn };
 
 struct __attribute__((visibility("hidden"))) PrepackedLinear {
-  torch::Tensor packed;  // MKL: its opaque packed form of W^T, never copied or moved (MKL's rule); oneDNN:
+  at::Tensor packed;  // MKL: its opaque packed form of W^T, never copied or moved (MKL's rule); oneDNN:
                          // W in oneDNN's blocked layout (an opaque mkldnn tensor)
   int64_t out_features;
   int64_t in_features;
-  std::optional<torch::Tensor> bias;
-  torch::Tensor weight;  // W itself (the model's parameter, not a copy), for the skinny and unpacked products
+  std::optional<at::Tensor> bias;
+  at::Tensor weight;  // W itself (the model's parameter, not a copy), for the skinny and unpacked products
   Float32Gemm gemm = Float32Gemm::kMkl;
 
   // The skinny product (skinny_linear_cpu.h) at its row counts where the CPU has it, else gemm_product.
-  torch::Tensor operator()(const torch::Tensor& x) const;
+  at::Tensor operator()(const at::Tensor& x) const;
   // The GEMM's product at every row count: MKL's (unpacked at kUnpackedFromRows .. kUnpackedToRows rows,
   // packed otherwise) or oneDNN's on its blocked weight, rows in blocks of the same size either way.
-  torch::Tensor gemm_product(const torch::Tensor& x) const;
+  at::Tensor gemm_product(const at::Tensor& x) const;
 };
 
 // "" where MKL's packed sgemm was found in the process (torch's own MKL), else why not.
@@ -41,6 +41,6 @@ std::string prepacked_linear_missing();
 // why not.
 std::string onednn_linear_missing();
 
-PrepackedLinear prepack_linear(const torch::Tensor& weight, std::optional<torch::Tensor> bias,
+PrepackedLinear prepack_linear(const at::Tensor& weight, std::optional<at::Tensor> bias,
                                Float32Gemm gemm = Float32Gemm::kMkl);
 

@@ -3,7 +3,7 @@
 
 #include "product_cpu.h"
 
-using torch::Tensor;
+using at::Tensor;
 
 namespace {
 

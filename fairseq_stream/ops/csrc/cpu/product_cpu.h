@@ -6,7 +6,8 @@
 // binds this one type as `Product`, made by make_product (product_cpu.cpp) from what ops/product.py hands it.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ops/linear.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <string>
@@ -17,10 +18,10 @@
 struct __attribute__((visibility("hidden"))) Product {
   std::optional<PrepackedLinear> packed;
   std::optional<QuantizedLinear> quantized;
-  torch::Tensor weight;
-  std::optional<torch::Tensor> bias;
+  at::Tensor weight;
+  std::optional<at::Tensor> bias;
 
-  torch::Tensor operator()(const torch::Tensor& x) const {
+  at::Tensor operator()(const at::Tensor& x) const {
     if (packed) return (*packed)(x);
     if (quantized) return (*quantized)(x);
     return at::linear(x, weight, bias);
@@ -35,19 +36,19 @@ struct __attribute__((visibility("hidden"))) Product {
 // A quantized weight as ops/product.py packs it (int8: ops/quantized_linear.py; int16: ops/int16_linear.py):
 // what QuantizedLinear holds besides its bits and bias.
 struct QuantizedParts {
-  std::optional<torch::Tensor> packed;      // int8 (panels, quads, 64) in its kernel's order, or int16 (panels, pairs, 32)
-  std::optional<torch::Tensor> weight_inv;  // float32 (out,): 1 / each output row's scale
-  std::optional<torch::Tensor> excess;      // int8: int32 (out,), 128 * each row's sum of quantized weights
+  std::optional<at::Tensor> packed;      // int8 (panels, quads, 64) in its kernel's order, or int16 (panels, pairs, 32)
+  std::optional<at::Tensor> weight_inv;  // float32 (out,): 1 / each output row's scale
+  std::optional<at::Tensor> excess;      // int8: int32 (out,), 128 * each row's sum of quantized weights
   int64_t a_max = 0;                        // int16: the largest |q| a row of x is scaled to
   int64_t weight_max = 127;                 // int8: the largest |w| (127, or 63 for int8w7)
   int64_t in_features = 0, out_features = 0;
   std::string kernel = "auto";              // "auto", one of the kernels' names, or "onednn" (int8); float32:
                                             // "mkl" (also "auto") or "onednn", the GEMM above the skinny rows
-  std::optional<torch::Tensor> weight_kn;   // int8 with oneDNN: the quantized weight transposed, (in, out)
+  std::optional<at::Tensor> weight_kn;   // int8 with oneDNN: the quantized weight transposed, (in, out)
   int64_t onednn_from_rows = 0;             // "auto": calls of at least this many rows go to oneDNN
 };
 
 // The one constructor: "float32" packs `weight` for MKL or oneDNN (q.kernel), "plain" keeps it for at::linear, "int8" and "int16"
 // take the quantized weight in `q` (the bias is the float32 one in each case). Checks every part.
-Product make_product(const std::string& precision, const std::optional<torch::Tensor>& weight,
-                     const std::optional<torch::Tensor>& bias, const QuantizedParts& q);
+Product make_product(const std::string& precision, const std::optional<at::Tensor>& weight,
+                     const std::optional<at::Tensor>& bias, const QuantizedParts& q);

@@ -9,7 +9,7 @@
 #include "int16_linear_cpu.h"
 #include "int8_linear_cpu.h"
 
-using torch::Tensor;
+using at::Tensor;
 
 Tensor QuantizedLinear::operator()(const Tensor& x) const {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.dim() >= 1 && x.size(-1) == in_features,

@@ -12,6 +12,9 @@
 
 #include "raw_step_cpu.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/native_layer_norm.h>
 #include <cstring>
 
 #include "attention_cpu.h"

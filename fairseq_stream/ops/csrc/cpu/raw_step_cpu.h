@@ -2,7 +2,7 @@
 // the search loops' step where it applies, the same bits as lean_layers and the output layer.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <vector>

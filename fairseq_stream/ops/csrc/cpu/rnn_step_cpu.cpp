@@ -18,6 +18,8 @@
 
 #include "vector_math_cpu.h"
 
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

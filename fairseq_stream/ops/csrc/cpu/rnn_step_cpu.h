@@ -1,14 +1,14 @@
 // One --rnn-int16 decoder step of a fairseq LSTM model (rnn_step_cpu.cpp); bindings_cpu.cpp binds it.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <vector>
 
 #include "product_cpu.h"
 
-using torch::Tensor;
+using at::Tensor;
 
 // [logits (rows, V), h (layers, rows, H), c (layers, rows, H), out (rows, H)]; the products are the lean runner's
 // (product_cpu.h): int16 on a packed weight, or at::linear on a float one (--no-rnn-int16-output).

@@ -31,6 +31,13 @@
 
 #include "search_loop_cpu.h"
 
+#include <ATen/ops/add.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/embedding.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/tensor.h>
+#include <pybind11/pybind11.h>
 #include <algorithm>
 #include <memory>
 #include <numeric>

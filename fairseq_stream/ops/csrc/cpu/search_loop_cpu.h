@@ -1,7 +1,7 @@
 // A batch's greedy or beam search on the lean runner in one call (search_loop_cpu.cpp).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <vector>

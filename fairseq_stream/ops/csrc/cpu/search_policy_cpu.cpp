@@ -7,6 +7,15 @@
 
 #include "search_policy_cpu.h"
 
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/le.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/TensorOperators.h>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -14,7 +23,7 @@
 
 #include "beam_step_cpu.h"
 
-using torch::Tensor;
+using at::Tensor;
 
 namespace {
 
@@ -23,7 +32,7 @@ namespace {
 // order.
 class GreedyArgmax : public SearchPolicy {
  public:
-  GreedyArgmax(const SearchRules& rules, const torch::TensorOptions& options)
+  GreedyArgmax(const SearchRules& rules, const at::TensorOptions& options)
       : rules_(rules), options_(options), live_(rules.max_lens.size()), words_(live_.size()), sums_(live_.size()) {
     std::iota(live_.begin(), live_.end(), 0);
     last_ = at::full({static_cast<int64_t>(live_.size())}, rules.bos, options.dtype(at::kLong));
@@ -93,7 +102,7 @@ class GreedyArgmax : public SearchPolicy {
 
  private:
   SearchRules rules_;
-  torch::TensorOptions options_;
+  at::TensorOptions options_;
   std::vector<int64_t> live_, kept_;
   Tensor last_, best_;
   std::vector<std::vector<int64_t>> words_;
@@ -132,7 +141,7 @@ struct BeamCohort {
 // Fixed-width beam search with fairseq's finalization (--search fixed).
 class FairseqBeam : public SearchPolicy {
  public:
-  FairseqBeam(const SearchRules& rules, int64_t k, int64_t n, int64_t longest, const torch::TensorOptions& options)
+  FairseqBeam(const SearchRules& rules, int64_t k, int64_t n, int64_t longest, const at::TensorOptions& options)
       : rules_(rules), k_(k), n_(n), kept_(rules.max_lens.size()), steps_(rules.max_lens.size(), 0) {
     open(longest, options);
   }
@@ -190,7 +199,7 @@ class FairseqBeam : public SearchPolicy {
   }
 
  private:
-  void open(int64_t longest, const torch::TensorOptions& options);
+  void open(int64_t longest, const at::TensorOptions& options);
   void keep_finalized(int64_t step);
   std::vector<int64_t> drop_ended(const std::vector<int64_t>& ending, int64_t step);
 
@@ -203,7 +212,7 @@ class FairseqBeam : public SearchPolicy {
 };
 
 // cohort_steps.open_cohort: histories, finalized lengths, best finished.
-void FairseqBeam::open(int64_t longest, const torch::TensorOptions& options) {
+void FairseqBeam::open(int64_t longest, const at::TensorOptions& options) {
   const int64_t S = static_cast<int64_t>(rules_.max_lens.size());
   const auto lng = options.dtype(at::kLong);
   c_.sentence.resize(S);
@@ -287,12 +296,12 @@ std::vector<int64_t> FairseqBeam::drop_ended(const std::vector<int64_t>& ending,
 
 }  // namespace
 
-std::unique_ptr<SearchPolicy> greedy_policy(const SearchRules& rules, const torch::TensorOptions& options) {
+std::unique_ptr<SearchPolicy> greedy_policy(const SearchRules& rules, const at::TensorOptions& options) {
   return std::make_unique<GreedyArgmax>(rules, options);
 }
 
 std::unique_ptr<SearchPolicy> fairseq_beam_policy(const SearchRules& rules, int64_t k, int64_t n, int64_t longest,
-                                                  const torch::TensorOptions& options) {
+                                                  const at::TensorOptions& options) {
   TORCH_CHECK(k >= 2 && n >= k, "beam_decode: k >= 2, n >= k");
   return std::make_unique<FairseqBeam>(rules, k, n, longest, options);
 }

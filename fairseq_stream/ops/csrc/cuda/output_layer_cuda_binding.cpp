@@ -2,7 +2,8 @@
 // are checked again here because this module can be called directly; the Python wrapper
 // (fairseq_stream/ops/output_layer.py) documents them.
 
-#include <torch/extension.h>
+#include <ATen/ops/empty.h>
+#include <torch/python.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
