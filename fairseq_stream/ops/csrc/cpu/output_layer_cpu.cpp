@@ -16,8 +16,8 @@
 // runs on every AVX-512 machine, and the build machine here has no AVX-512 to test a second path.
 
 #include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include "parallel_cpu.h"
 
 #include <algorithm>

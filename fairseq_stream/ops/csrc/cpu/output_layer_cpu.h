@@ -2,7 +2,7 @@
 // the search's rules and the top n, in one pass. fairseq_stream/ops/output_layer.py documents it.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <vector>

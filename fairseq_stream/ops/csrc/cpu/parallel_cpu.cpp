@@ -15,7 +15,7 @@
 #include <ATen/Parallel.h>
 #include <pthread.h>
 #include <sched.h>
-#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <atomic>

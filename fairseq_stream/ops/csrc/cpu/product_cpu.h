@@ -6,8 +6,8 @@
 // binds this one type as `Product`, made by make_product (product_cpu.cpp) from what ops/product.py hands it.
 #pragma once
 
-#include <ATen/ops/linear.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/linear.h>
 
 #include <optional>
 #include <string>
