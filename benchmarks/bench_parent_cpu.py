@@ -26,9 +26,14 @@ decode's and the output's).
 
     python benchmarks/bench_parent_cpu.py --tree ../main --tree . [--rounds 3] [--json out.json]
     python benchmarks/bench_parent_cpu.py --workers 2 1 --searches "int8 greedy" [--rounds 3]
+
+``--remove-bpe`` detokenizes with the model's sentencepiece model, as a user
+scoring real text does; fairseq-generate then also encodes each target and
+hypothesis again for its BLEU scorer (``Dictionary.encode_line``).
 """
 
 import argparse
+import glob
 import hashlib
 import json
 import os
@@ -111,6 +116,15 @@ def descendants_usage(root: int, seen: dict):
         seen[pid] = parents[pid][1:]
 
 
+def detokenizing(model_dir):
+    """fairseq-generate's options to detokenize with the model's sentencepiece model, as a user scoring real
+    text passes them: fairseq then encodes each target and hypothesis again for its BLEU scorer."""
+    models = sorted(glob.glob(os.path.join(model_dir, "spm", "*.model")))
+    if not models:
+        sys.exit("bench_parent_cpu: --remove-bpe: no sentencepiece model in {}/spm".format(model_dir))
+    return ["--bpe", "sentencepiece", "--sentencepiece-model", models[0], "--remove-bpe", "sentencepiece"]
+
+
 def run(tree, model_dir, options, workers):
     """One fairseq-generate run of ``tree``: (parent loop CPU s, window s, output lines but the log's,
     {"parent_loop_minflt", "parent_loop_sys_s", "workers_cpu_s", "workers_minflt", "workers_sys_s",
@@ -173,8 +187,11 @@ def main():
                              "whose loop CPU is then the decode's and the output's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--searches", nargs="+", default=list(SEARCHES), choices=list(SEARCHES))
+    parser.add_argument("--remove-bpe", action="store_true",
+                        help="detokenize as a user scoring text does (--bpe sentencepiece --remove-bpe sentencepiece)")
     parser.add_argument("--json", help="write every run here")
     args = parser.parse_args()
+    extra = detokenizing(args.m30k) if args.remove_bpe else []
     trees = [os.path.abspath(t) for t in (args.tree or [preamble.REPO])]
     rows, first_lines = [], {}  # each search's lines from its first run
     print("bench_parent_cpu: {}".format(cpu_model()), flush=True)
@@ -182,7 +199,7 @@ def main():
         for search in args.searches:
             for tree, workers in [(t, w) for t in trees for w in args.workers]:
                 before = round(os.getloadavg()[0], 2)
-                cpu, window, lines, children = run(tree, args.m30k, SEARCHES[search], workers)
+                cpu, window, lines, children = run(tree, args.m30k, SEARCHES[search] + extra, workers)
                 first = first_lines.setdefault(search, lines)
                 float32 = search.startswith("float32")
                 if first != lines and not float32:

@@ -35,7 +35,10 @@ fairseq-fixed 0.12.3.1 with Hydra 1.3.2 needs these adjustments (see
 * ``data.Dictionary.string`` reads a token tensor element by element through
   tensor operators, three times a sentence in fairseq-generate: the same
   rules over the tensor's ``tolist`` (:mod:`fairseq_stream.token_strings`),
-  the same strings, a tenth of the parent's CPU there.
+  the same strings, a tenth of the parent's CPU there; ``Dictionary.encode_line``
+  (each target and hypothesis again for the BLEU scorer, each input line of
+  fairseq-interactive) writes a tensor element by element: the ids go to a
+  list first, the same tensor.
 
 Each adjustment to a fairseq function, wrapped or replaced, is installed by :func:`_patch`;
 preset expansion is :mod:`fairseq_stream.presets.resolve`, maxi-batching
@@ -612,9 +615,10 @@ def _stop_consumer(stop: threading.Event, batches: queue.Queue):
 def _patch_dictionary_string():
     from fairseq.data.dictionary import Dictionary
 
-    from fairseq_stream.token_strings import dictionary_string
+    from fairseq_stream.token_strings import dictionary_encode_line, dictionary_string
 
     _patch(Dictionary, "string", dictionary_string)
+    _patch(Dictionary, "encode_line", dictionary_encode_line)
 
 
 # --- checkpoints ----------------------------------------------------------

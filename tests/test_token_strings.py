@@ -7,6 +7,7 @@ every rule (the ignored ids, the unknown word, ids past the dictionary's end,
 negative ids), under every combination of the arguments fairseq passes.
 """
 
+import copy
 import itertools
 import os
 
@@ -92,3 +93,50 @@ def test_an_id_below_the_dictionary_fails_as_in_fairseq(dictionaries):
         Dictionary.string.__wrapped__(d, tensor)
     with pytest.raises(IndexError):
         d.string(tensor)
+
+
+# --- Dictionary.encode_line ---------------------------------------------------------------------------
+
+
+def lines_to_encode(toy):
+    with open(os.path.join(toy.raw, "valid.src")) as f:
+        lines = [f.readline() for _ in range(8)]
+    # Words of no dictionary, runs of whitespace, tabs, an empty and a blank line.
+    return lines + ["s3  unheard-of\tword s3 \n", "", "   ", "unheard-of unheard-of", "s1\u00a0s2"]
+
+
+def encode_both(dictionary, line, options):
+    add, eos, reverse, with_consumer = options
+    calls = {"ours": [], "fairseq": []}
+    fresh = {"ours": copy.deepcopy(dictionary), "fairseq": copy.deepcopy(dictionary)}
+    out = {}
+    for who, encode in (("ours", lambda d, **kw: d.encode_line(line, **kw)),
+                        ("fairseq", lambda d, **kw: Dictionary.encode_line.__wrapped__(d, line, **kw))):
+        consumer = (lambda word, idx, seen=calls[who]: seen.append((word, idx))) if with_consumer else None
+        out[who] = encode(fresh[who], add_if_not_exist=add, consumer=consumer, append_eos=eos, reverse_order=reverse)
+    return out, calls, fresh
+
+
+@pytest.mark.parametrize("side", ["src", "tgt"])
+def test_every_encoded_line_is_fairseqs(toy, dictionaries, side):
+    d = dictionaries[side]
+    assert getattr(Dictionary.encode_line, PATCHED, False)
+    for line in lines_to_encode(toy):
+        for options in itertools.product([True, False], [True, False], [False, True], [False, True]):
+            out, calls, grown = encode_both(d, line, options)
+            assert out["ours"].dtype == out["fairseq"].dtype == torch.int32, (line, options)
+            assert out["ours"].tolist() == out["fairseq"].tolist(), (line, options)
+            assert calls["ours"] == calls["fairseq"], (line, options)
+            # add_if_not_exist: the same words added, in the same order, with the same counts.
+            for field in ("symbols", "count", "indices"):
+                assert getattr(grown["ours"], field) == getattr(grown["fairseq"], field), (line, options, field)
+
+
+def test_a_dictionary_with_its_own_lookup_keeps_fairseqs_encode_line(dictionaries):
+    class Lowercased(Dictionary):
+        def index(self, sym):
+            return super().index(sym.lower())
+
+    d = Lowercased()
+    d.add_symbol("s1")
+    assert d.encode_line("S1 s2", add_if_not_exist=False).tolist() == [d.index("s1"), d.unk(), d.eos()]
