@@ -42,6 +42,7 @@ class GenerationRules:
     unk_penalty: float = 0.0
     temperature: float = 1.0
     no_repeat_ngram_size: int = 0
+    nbest: int = 1  # hypotheses a sentence the tools print; the pruning searches may keep fewer
 
     @classmethod
     def from_config(cls, gen_cfg) -> "GenerationRules":
@@ -51,7 +52,8 @@ class GenerationRules:
                    normalize_scores=not getattr(gen_cfg, "unnormalized", False),
                    len_penalty=getattr(gen_cfg, "lenpen", 1), unk_penalty=getattr(gen_cfg, "unkpen", 0),
                    temperature=getattr(gen_cfg, "temperature", 1.0),
-                   no_repeat_ngram_size=getattr(gen_cfg, "no_repeat_ngram_size", 0))
+                   no_repeat_ngram_size=getattr(gen_cfg, "no_repeat_ngram_size", 0),
+                   nbest=int(getattr(gen_cfg, "nbest", 1) or 1))
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ def build_decoder(spec: DecoderSpec, task, models, workers_by_default: bool = Fa
     from fairseq_stream.decoder_parts import parts, policy
     from fairseq_stream.stats import DecodeStats, StatsReporter
 
-    stats = DecodeStats(keep_steps=spec.stats_steps)
+    stats = DecodeStats(keep_steps=spec.stats_steps, nbest=spec.rules.nbest)
     s, rules = spec.settings, spec.rules
     # The decoder is handed its runner, output backend and search policy ready.
     runner, backend = parts(models, task.target_dictionary, s.beam, s.finalize, s.pruning, rules.temperature,

@@ -231,7 +231,7 @@ class BeamDecoder:
                 # The engine's loop with the batch planner: the one cohort stepped until it is empty.
                 cohort = self.open(sample["net_input"], bos_token=bos_token)
                 results = dict(Engine(self, BatchPlanner()).run([cohort]))
-        self.stats.add_sentences(len(results), time.perf_counter() - start)
+        self.stats.add_sentences(len(results), time.perf_counter() - start, results.values())
         return [released(results[i]) for i in range(len(results))]
 
     def _search_in_one_call(self, net_input, bos_token) -> Optional[Dict[int, List[Dict[str, Tensor]]]]:

@@ -23,10 +23,15 @@ class DecodeStats:
     Args:
         keep_steps: also record (length, rows, seconds) for each step, for
             plots such as step time against current length.
+        nbest: the hypotheses a sentence the tools print (``--nbest``): the
+            sentences that got fewer (the pruning searches narrow the final
+            beam) are counted and named in one warning at the end.
     """
 
-    def __init__(self, keep_steps: bool = False):
+    def __init__(self, keep_steps: bool = False, nbest: int = 1):
         self.sentences = 0
+        self.nbest = nbest
+        self.short_nbest = 0  # sentences with fewer hypotheses than nbest
         self.timesteps = 0
         self.expansions = 0
         self.wall_s = 0.0
@@ -48,9 +53,12 @@ class DecodeStats:
         if self.keep_steps:
             self.steps.append((length, rows, seconds))
 
-    def add_sentences(self, count: int, seconds: float):
-        """``count`` sentences finished in a ``generate`` call lasting ``seconds``."""
+    def add_sentences(self, count: int, seconds: float, hypotheses=None):
+        """``count`` sentences finished in a ``generate`` call lasting ``seconds``; ``hypotheses``: their n-best
+        lists (any iterable of lists), to count those shorter than ``nbest``."""
         self.sentences += count
+        if hypotheses is not None and self.nbest > 1:
+            self.short_nbest += sum(len(h) < self.nbest for h in hypotheses)
         self.wall_s += seconds
         now = time.perf_counter()
         if self.window_start is None:
@@ -69,6 +77,7 @@ class DecodeStats:
             "refills": self.refills,
             "peak_lag": self.peak_lag,
             "peak_cached": self.peak_cached,
+            "short_nbest": self.short_nbest,
         }
         if self.keep_steps:
             out["steps"] = [
@@ -125,3 +134,7 @@ class StatsReporter:
         self.update()
         if self.stats.sentences:
             logger.info(self.stats.log_line(self.name))
+        if self.stats.short_nbest:
+            logger.warning("fairseq-stream: %d of %d sentences got fewer than --nbest %d hypotheses: --search %s's "
+                           "pruning keeps fewer finished ones in a sentence's final beam (docs/pruning.md)",
+                           self.stats.short_nbest, self.stats.sentences, self.stats.nbest, self.name)

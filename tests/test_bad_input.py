@@ -354,3 +354,72 @@ def test_max_tokens_error_on_the_command_line(toy):
     last = one_line_error(run_tool(["fairseq-generate"] + generate_args(toy, "--search", "fixed", "--max-tokens", "5"),
                                    check=False))
     assert last.startswith("fairseq-stream: error: an input is longer than --max-tokens")
+
+
+# -- --retain-dropout: only fairseq's modules apply dropout while decoding -------------------------
+
+DROPOUT = ["--retain-dropout", "--model-overrides", "{'dropout': 0.05}", "--beam", "5", "--batch-size", "16"]
+
+
+def test_retain_dropout_decodes_on_the_fairseq_runner(toy):
+    """Our runners' steps have no dropout: they gave the deterministic translations, silently (BLEU 46.75 on the
+    toy's test set where fairseq's beam with the dropout gave 16.06)."""
+    auto = run_tool(["fairseq-generate"] + generate_args(toy, "--search", "var-batch", *DROPOUT))
+    assert ("fairseq-stream: using the fairseq runner (--retain-dropout keeps dropout while decoding "
+            "(encoder.dropout_module p=0.05), which only it applies)") in auto.stderr
+    fairseq_runner = run_tool(["fairseq-generate"] + generate_args(toy, "--search", "var-batch", "--runner", "fairseq",
+                                                                   *DROPOUT))
+    assert hypotheses(auto.stdout) == hypotheses(fairseq_runner.stdout)  # fairseq's seed: the same masks
+    without = run_tool(["fairseq-generate"] + generate_args(toy, "--search", "var-batch", "--beam", "5",
+                                                            "--batch-size", "16", "--model-overrides",
+                                                            "{'dropout': 0.05}"))
+    assert hypotheses(auto.stdout) != hypotheses(without.stdout)
+
+
+@pytest.mark.parametrize("extra, asked", [(["--search", "var-batch", "--runner", "lean"], "--runner lean"),
+                                          (["--search", "fixed", "--quantize", "int8"], "--quantize int8")])
+def test_retain_dropout_with_one_of_our_runners_is_a_one_line_error(toy, extra, asked):
+    proc = run_tool(["fairseq-generate"] + generate_args(toy, *extra, *DROPOUT), check=False)
+    assert one_line_error(proc) == (
+        "fairseq-stream: error: --retain-dropout keeps dropout while decoding (encoder.dropout_module p=0.05), "
+        "which only the fairseq runner applies: {} runs without it; drop one of the two".format(asked))
+    assert "H-" not in proc.stdout
+
+
+def test_jacobi_names_retain_dropout_as_what_keeps_it_off_the_lean_runner(toy):
+    proc = run_tool(["fairseq-generate"] + generate_args(toy, "--search", "jacobi", *DROPOUT), check=False)
+    assert "--retain-dropout keeps dropout while decoding" in one_line_error(proc)
+
+
+def test_retain_dropout_of_probability_zero_keeps_our_runners(toy):
+    """fairseq marks the modules even where their probability is 0 (the toy's own): nothing changes there."""
+    proc = run_tool(["fairseq-generate"] + generate_args(toy, "--search", "var-batch", "--retain-dropout"))
+    assert "--retain-dropout" not in proc.stderr and "using the lean runner" in proc.stderr
+
+
+# -- --nbest with pruning: fewer hypotheses are said, not silent ------------------------------------
+
+
+def short_of(stdout: str, nbest: int) -> int:
+    counts = {}
+    for line in stdout.splitlines():
+        if line.startswith("H-"):
+            sentence = line.split("\t", 1)[0]
+            counts[sentence] = counts.get(sentence, 0) + 1
+    sources = sum(line.startswith("S-") for line in stdout.splitlines())
+    assert len(counts) == sources  # every sentence has at least one
+    return sum(c < nbest for c in counts.values())
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])  # two: the workers' own counts are not added to the parent's
+def test_sentences_with_fewer_than_nbest_hypotheses_are_counted_in_one_warning(toy, workers):
+    # --prune-ap 0 keeps only the best candidate of a beam: the final beams are narrow whatever the toy learned.
+    extra = ["--search", "var", "--prune-ap", "0", "--beam", "5", "--nbest", "3", "--batch-size", "16",
+             "--cpu-workers", workers]
+    proc = run_tool(["fairseq-generate"] + generate_args(toy, *extra))
+    short = short_of(proc.stdout, 3)
+    assert short > 0
+    assert ("fairseq-stream: {} of 37 sentences got fewer than --nbest 3 hypotheses: --search var's pruning keeps "
+            "fewer finished ones in a sentence's final beam (docs/pruning.md)".format(short)) in proc.stderr
+    full = run_tool(["fairseq-generate"] + generate_args(toy, "--search", "fixed", "--beam", "5", "--nbest", "3"))
+    assert short_of(full.stdout, 3) == 0 and "got fewer than --nbest" not in full.stderr

@@ -754,6 +754,12 @@ def _lean_runner_of(greedy: GreedyDecoder) -> LeanRunner:
 def _why_not_lean(runner) -> str:
     from fairseq_stream.runners.lean import unsupported_reason
 
+    from fairseq_stream.runners import retained_dropout
+
     members = runner.model.models
     reason = next((r for r in map(unsupported_reason, members) if r), None)
+    dropout = retained_dropout(members)
+    if not reason and dropout:
+        return "--retain-dropout keeps dropout while decoding ({}), which only the fairseq runner applies".format(
+            dropout)
     return reason or "--runner {} was asked for".format(getattr(runner, "name", "fairseq"))

@@ -23,6 +23,12 @@ transformers, and (int16) the rnn runner's ``--rnn-int16`` for LSTMs.
 ``auto`` takes ``lean`` where every model of the ensemble is a supported
 transformer, ``rnn`` where every one is a supported LSTM, and ``fairseq``
 otherwise, and says which once in the log.
+
+Dropout kept while decoding (fairseq's ``--retain-dropout``, Monte Carlo
+dropout) is applied by fairseq's modules only: our runners' steps have no
+dropout. So ``auto`` takes the fairseq runner for such models, and our runners
+asked for by name (or ``--quantize``, ``--rnn-int16``, which need them) are a
+one-line error, not a decode without the dropout the user asked for.
 """
 
 import logging
@@ -103,6 +109,17 @@ def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantiz
     options = rnn_options or rnn.RnnOptions()
     check_runner(kind, options.int16, quantize)
     members = list(getattr(models, "models", models))
+    dropout = retained_dropout(members)
+    if dropout:
+        if kind in ("lean", "rnn", "static") or quantize != "none" or options.int16:
+            asked = "--quantize " + quantize if quantize != "none" else (
+                "--rnn-int16" if options.int16 else "--runner " + kind)
+            raise FairseqStreamError("--retain-dropout keeps dropout while decoding ({}), which only the fairseq "
+                                     "runner applies: {} runs without it; drop one of the two".format(dropout, asked))
+        if kind == "auto":
+            say_once("fairseq-stream: using the fairseq runner (--retain-dropout keeps dropout while decoding "
+                     "(%s), which only it applies)", dropout)
+        return ModelRunner(models, temperature=temperature)
     rnn_reason = next((r for r in map(rnn.unsupported_reason, members) if r), None)
     if quantize != "none":
         return _quantized_runner(kind, members, temperature, options, quantize, rnn_reason, stack_members)
@@ -137,6 +154,18 @@ def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantiz
     runner = LeanRunner(members, temperature=temperature, stack_members=stack_members)
     say_once("fairseq-stream: using the lean runner (%s%s)", _members_line(runner), _gemm_line(runner))
     return runner
+
+
+def retained_dropout(members) -> str:
+    """The first dropout module of ``members`` that fairseq applies while decoding (``--retain-dropout``, with a
+    probability above 0), as ``name p=P``; "" where there is none."""
+    from fairseq.modules.fairseq_dropout import FairseqDropout
+
+    for member in members:
+        for name, module in member.named_modules():
+            if isinstance(module, FairseqDropout) and module.apply_during_inference and module.p > 0:
+                return "{} p={:g}".format(name, module.p)
+    return ""
 
 
 def _quantized_runner(kind, members, temperature, options, quantize, rnn_reason, stack_members):

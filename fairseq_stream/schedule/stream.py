@@ -169,7 +169,7 @@ class StreamGenerator(DecoderWrapper):
                 results = self._answer(ids.tolist())
             else:
                 results = self._within(sample, bos_token)
-        self.stats.add_sentences(len(results), time.perf_counter() - start)
+        self.stats.add_sentences(len(results), time.perf_counter() - start, results)
         return [released(hypotheses) for hypotheses in results]
 
     # -- within one sample -----------------------------------------------------

@@ -205,7 +205,9 @@ def _serve(index: int, inbox, results, decode, stats):
 
 
 # Counters the parent keeps itself (it times and counts the sentences of its own generate calls).
-_PARENT_COUNTERS = ("sentences", "wall_s", "window_start", "window_end")
+# Counted by the parent as the workers' results come back (the n-best lists it hands to fairseq included), or
+# a setting rather than a counter (nbest): a worker's copy is not added to them.
+_PARENT_COUNTERS = ("sentences", "wall_s", "window_start", "window_end", "short_nbest", "nbest")
 
 
 class _Nested(dict):
@@ -349,7 +351,7 @@ class WorkersGenerator(DecoderWrapper):
             raise
         if results is None:
             return self.decoder.generate(models, sample, bos_token=bos_token, **kwargs)
-        self.stats.add_sentences(len(results), time.perf_counter() - start)
+        self.stats.add_sentences(len(results), time.perf_counter() - start, results)
         return results
 
     def _from_workers(self, sample, bos_token) -> Optional[list]:
