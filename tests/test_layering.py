@@ -22,6 +22,7 @@ LAYERS = {
     "errors": 0, "stats": 0, "registry": 0, "inference_mode": 0, "host_sync": 0, "state_merge": 0,
     "text_input": 0, "checkpoint": 0, "cohort": 0, "presets": 0, "cpu_info": 0, "malloc_policy": 0,
     "exit_threads": 0, "hypotheses": 0, "option_field": 0, "interrupt": 0, "token_strings": 0,
+    "parent_death": 0,
     "ops": 1,
     "runners": 2,
     "engine": 3, "decoder": 3, "decoder_parts": 3, "candidates": 3, "cohort_steps": 3, "lengths": 3,

@@ -227,3 +227,29 @@ def test_ctrl_c_stops_the_workers_with_one_line_and_status_130(toy):
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # no worker outlived the run
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_workers_end_with_a_killed_parent(toy, how):
+    """A parent killed runs no cleanup: its workers kept decoding under init, 300 MB each, until killed by hand."""
+    argv = [str(BIN / "fairseq-generate"), str(toy.data_bin), "--path", str(toy.transformer), "--user-dir",
+            "fairseq_stream", "--gen-subset", "valid", "--batch-size", "8", "--cpu", "--search", "fixed",
+            "--beam", "5", "--runner", "lean", "--min-len", "150", "--max-len-b", "150", "--cpu-workers", "2"]
+    proc = subprocess.Popen(argv, cwd=REPO, env=dict(tool_env(), OMP_NUM_THREADS="2"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    for line in proc.stderr:
+        if "CPU workers started" in line:
+            workers = [int(p) for p in line.rsplit("(processes", 1)[1].strip(" )\n").split()]
+            break
+    proc.send_signal(how)  # the parent only, as kill does
+    proc.wait(timeout=60)  # not its pipe: workers left alive would hold it open
+    proc.stderr.close()
+    deadline = time.monotonic() + 10
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in workers if os.path.exists("/proc/{}".format(p))
+                 and open("/proc/{}/stat".format(p)).read().rsplit(")", 1)[1].split()[0] != "Z"]
+    for pid in alive:  # leave nothing behind, whatever the test found
+        os.kill(pid, signal.SIGKILL)
+    assert alive == []

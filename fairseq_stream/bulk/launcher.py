@@ -9,17 +9,15 @@ whose launcher is already gone when it gets there exits at once; and a
 watchdog thread checks the parent every second where ``prctl`` is missing.
 """
 
-import ctypes
-import ctypes.util
 import logging
 import os
-import signal
 import sys
 import threading
 
+from fairseq_stream.parent_death import set_parent_death_signal
+
 logger = logging.getLogger(__name__)
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCH_EVERY = 1.0  # seconds between the watchdog's checks of the parent
 
 
@@ -41,21 +39,10 @@ def die_with_launcher():
     parent = os.getppid()
     if parent == 1:
         _exit_orphaned()
-    _set_parent_death_signal()
+    set_parent_death_signal()
     if os.getppid() != parent:  # the launcher died between the two looks, before the signal was armed
         _exit_orphaned()
     threading.Thread(target=_watch, args=(parent,), name="bulk-launcher-watchdog", daemon=True).start()
-
-
-def _set_parent_death_signal() -> bool:
-    """Ask the kernel for SIGKILL when the parent exits (Linux); False where that is not available."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def _watch(parent: int):

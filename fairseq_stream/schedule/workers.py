@@ -38,6 +38,7 @@ exit with one line and status 130, as the bulk tool does.
 import atexit
 import logging
 import multiprocessing
+import os
 import pickle
 import queue
 import signal
@@ -51,6 +52,7 @@ import torch
 from fairseq_stream import interrupt
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
+from fairseq_stream.parent_death import die_with_parent
 from fairseq_stream.schedule.wire import from_wire, to_wire
 from fairseq_stream.schedule.wrapper import DecoderWrapper
 
@@ -84,7 +86,7 @@ class Workers:
         self._processes = []
         for index in range(n):
             process = context.Process(target=_serve, args=(index, self._tasks, self._results, decode,
-                                                           stats), name="fairseq-stream-worker-{}".format(index),
+                                                           stats, os.getpid()), name="fairseq-stream-worker-{}".format(index),
                                       daemon=True)
             process.start()
             self._processes.append(process)
@@ -185,9 +187,13 @@ def _close_if_alive(ref):
         workers.close(wait=False)
 
 
-def _serve(index: int, inbox, results, decode, stats):
+def _serve(index: int, inbox, results, decode, stats, parent: int):
     """A worker's loop: decode each task of ``inbox`` and put its result (or its error) in ``results``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
+    # A parent killed (SIGTERM, SIGKILL, the OOM killer) runs no cleanup: its workers kept running under init,
+    # each holding its memory, waiting for tasks that never came.
+    if not die_with_parent(parent) and os.getppid() != parent:
+        os._exit(1)
     while True:
         message = inbox.get()
         if message is None:
