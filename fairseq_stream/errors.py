@@ -20,14 +20,22 @@ class UnsafeCheckpointError(CheckpointError):
 
 
 def install_excepthook():
-    """Print uncaught :class:`FairseqStreamError` as one line; leave others alone."""
+    """Print uncaught :class:`FairseqStreamError` as one line, and in a fairseq tool an uncaught Ctrl-C
+    (before our handler of :mod:`fairseq_stream.interrupt` is set: while fairseq loads the data and the
+    models); leave others alone. Python still ends with status 130 after a KeyboardInterrupt."""
     previous = sys.excepthook
     if getattr(previous, "_fairseq_stream", False):
         return
 
     def hook(exc_type, exc, tb):
+        from fairseq_stream import interrupt
+
         if issubclass(exc_type, FairseqStreamError):
             sys.stderr.write("fairseq-stream: error: {}\n".format(exc))
+            sys.stderr.flush()
+            return
+        if issubclass(exc_type, KeyboardInterrupt) and interrupt.in_fairseq_tool():
+            sys.stderr.write(interrupt.INTERRUPTED + "\n")
             sys.stderr.flush()
             return
         previous(exc_type, exc, tb)

@@ -75,6 +75,9 @@ def install():
     """Apply every adjustment once; safe to call again."""
     if getattr(install, "done", False):
         return
+    from fairseq_stream.errors import install_excepthook
+
+    install_excepthook()  # first: fairseq's import below takes seconds, and Ctrl-C may land there
     _extend_config_schema()
     _patch_override_module_args()
     _patch_parse_args_and_arch()
@@ -85,9 +88,6 @@ def install():
     _patch_interactive_input()
     _patch_background_consumer()
     _patch_dictionary_string()
-    from fairseq_stream.errors import install_excepthook
-
-    install_excepthook()
     install.done = True
 
 

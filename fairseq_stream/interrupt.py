@@ -36,11 +36,17 @@ def in_fairseq_tool() -> bool:
     return script.startswith("fairseq-") or getattr(spec, "name", "").startswith("fairseq_cli.")
 
 
+def _ignored() -> bool:
+    """Whether SIGINT is ignored: inherited so (a background job of a shell script, whose Ctrl-C is not the
+    job's), or set so by :func:`interrupted` on the way out. A handler installed then would undo it."""
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
 def exit_on_ctrl_c() -> bool:
     """Install the one-line handler for SIGINT (once) in a fairseq tool's main thread; whether it is installed."""
     if getattr(signal.getsignal(signal.SIGINT), "_fairseq_stream", False):
         return True
-    if not in_fairseq_tool():
+    if not in_fairseq_tool() or _ignored():
         return False
     try:
         signal.signal(signal.SIGINT, _interrupted)
@@ -57,8 +63,11 @@ def stop_first(stop: Callable[[], None], words: str) -> Callable[[], None]:
     program (a decode with CPU workers must stop them wherever Ctrl-C lands),
     and the handler found before is put back when the last one is withdrawn.
     From a thread other than the main one nothing is installed and the
-    caller's own ``KeyboardInterrupt`` catch stays the only way.
+    caller's own ``KeyboardInterrupt`` catch stays the only way. Where SIGINT is ignored nothing is
+    installed either: no Ctrl-C comes.
     """
+    if _ignored():
+        return lambda: None
     try:
         before = signal.signal(signal.SIGINT, _interrupted)
     except ValueError:  # not the main thread
@@ -79,6 +88,10 @@ def stop_first(stop: Callable[[], None], words: str) -> Callable[[], None]:
 
 def interrupted():
     """End the process as Ctrl-C does here: each registered stop, the one line, ``SystemExit(130)``."""
+    try:  # a second Ctrl-C while the workers stop and the exit hooks run: ignored, not a second line and a traceback
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
     words = ""
     while _stops:
         stop, words_of, _ = _stops.pop()

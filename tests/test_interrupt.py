@@ -65,3 +65,60 @@ def test_registered_stops_run_before_the_line_and_their_handler_goes_back(capsys
         signal.signal(signal.SIGINT, before)
     assert stopped == ["workers"]
     assert capsys.readouterr().err == "fairseq-stream: interrupted; the CPU workers are stopped\n"
+
+
+def run_as_a_fairseq_tool(tmp_path, body, **popen):
+    """``body`` run as a script named like a fairseq tool (``interrupt.in_fairseq_tool`` says so for it)."""
+    import sys
+
+    script = tmp_path / "fairseq-fake-tool"
+    script.write_text("import os, signal, sys, time\nfrom fairseq_stream import interrupt\n" + body)
+    return subprocess.run([sys.executable, str(script)], cwd=REPO, env=tool_env(), capture_output=True, text=True,
+                          timeout=120, **popen)
+
+
+def test_ctrl_c_before_our_handler_is_one_line_not_fairseqs_traceback(tmp_path):
+    """Ctrl-C while fairseq loads the data and the models (before the generator's handler is set) ended with
+    a 20-frame traceback from inside hydra or fairseq."""
+    proc = run_as_a_fairseq_tool(tmp_path, "import fairseq_stream\nraise KeyboardInterrupt\n")
+    assert proc.returncode in (130, -signal.SIGINT), proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == interrupt.INTERRUPTED
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_program_of_its_own_keeps_its_ctrl_c_traceback(tmp_path):
+    import sys
+
+    script = tmp_path / "mine.py"
+    script.write_text("import fairseq_stream\nraise KeyboardInterrupt\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, env=tool_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert "Traceback" in proc.stderr and interrupt.INTERRUPTED not in proc.stderr
+
+
+def test_a_second_ctrl_c_while_stopping_is_ignored(tmp_path):
+    """Two Ctrl-C in a row printed the line twice, then an exit hook's traceback (SystemExit: 130)."""
+    body = ("interrupt.exit_on_ctrl_c()\n"
+            "def stop():\n"
+            "    os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, while the first one's stop runs\n"
+            "    time.sleep(0.3)\n"
+            "interrupt.stop_first(stop, '; stopped')\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(10)\n")
+    proc = run_as_a_fairseq_tool(tmp_path, body)
+    assert proc.returncode == 130, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1] == interrupt.INTERRUPTED + "; stopped"
+    assert sum(interrupt.INTERRUPTED in line for line in lines) == 1 and "Traceback" not in proc.stderr
+
+
+def test_an_inherited_ignored_ctrl_c_stays_ignored(tmp_path):
+    """A background job of a shell script starts with SIGINT ignored; installing our handler made it end."""
+    body = ("assert not interrupt.exit_on_ctrl_c()\n"
+            "withdraw = interrupt.stop_first(lambda: None, '; stopped')\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(0.2)\n"
+            "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n")
+    proc = run_as_a_fairseq_tool(tmp_path, body, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
