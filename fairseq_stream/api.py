@@ -331,14 +331,32 @@ def _load_models(paths, data, trust_checkpoint, cpu):
     from fairseq_stream.checkpoint import trusted_checkpoints
 
     overrides = {"data": data} if data else {}
-    with trusted_checkpoints(paths if trust_checkpoint else []):
-        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(paths, arg_overrides=overrides)
+    try:
+        with trusted_checkpoints(paths if trust_checkpoint else []):
+            models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(paths, arg_overrides=overrides)
+    except FileNotFoundError as error:
+        # The checkpoints are checked before they are read (a one-line error of their own): what is missing
+        # now is in the data directory, which fairseq's task reads for the dictionaries (a traceback).
+        if error.filename is None or os.fspath(error.filename) in map(os.fspath, paths):
+            raise
+        raise FairseqStreamError(_data_problem(data, "{} does not exist".format(error.filename))) from None
+    except Exception as error:  # fairseq raises a bare Exception for a directory without dict.*.txt files
+        if "Could not infer language pair" not in str(error):
+            raise
+        raise FairseqStreamError(_data_problem(data, "no dict.SRC.txt and dict.TGT.txt in it")) from None
     use_cuda = torch.cuda.is_available() and not cpu
     for m in models:
         m.eval()
         if use_cuda:
             m.cuda()
     return models, cfg, task, torch.device("cuda" if use_cuda else "cpu")
+
+
+def _data_problem(data, what: str) -> str:
+    """The one line for a data directory fairseq's task could not read its dictionaries from."""
+    where = "data directory {}".format(data) if data else "the checkpoint's data directory (no data= / --data given)"
+    return "{}: {}; give the data-bin directory that holds the model's dictionaries (dict.SRC.txt, " \
+           "dict.TGT.txt)".format(where, what)
 
 
 def _text_codecs(cfg, tokenizer, bpe, sentencepiece_model, bpe_codes):

@@ -423,3 +423,42 @@ def test_sentences_with_fewer_than_nbest_hypotheses_are_counted_in_one_warning(t
             "fewer finished ones in a sentence's final beam (docs/pruning.md)".format(short)) in proc.stderr
     full = run_tool(["fairseq-generate"] + generate_args(toy, "--search", "fixed", "--beam", "5", "--nbest", "3"))
     assert short_of(full.stdout, 3) == 0 and "got fewer than --nbest" not in full.stderr
+
+
+# -- a data directory fairseq cannot read the dictionaries from --------------------------------------
+
+
+@pytest.mark.parametrize("data, says", [
+    ("missing", "data directory {missing}: {missing} does not exist; give the data-bin directory"),
+    ("empty", "data directory {empty}: no dict.SRC.txt and dict.TGT.txt in it; give the data-bin directory"),
+])
+def test_a_bad_data_directory_is_one_line_naming_it(toy, tmp_path, data, says):
+    """fairseq's task raised FileNotFoundError or a bare Exception ("Could not infer language pair") from deep
+    inside its setup (the API, the bulk tool)."""
+    from fairseq_stream.api import Translator
+
+    places = {"missing": tmp_path / "no-such-data-bin", "empty": tmp_path / "empty"}
+    places["empty"].mkdir()
+    with pytest.raises(FairseqStreamError) as error:
+        Translator([str(toy.transformer)], data=str(places[data]), cpu=True)
+    assert str(error.value).startswith(says.format(**places))
+
+
+def test_a_checkpoints_own_data_directory_gone_is_one_line(toy, tmp_path):
+    # The toy's checkpoints name the directory they were trained from: a temporary one, renamed since.
+    from fairseq_stream.api import Translator
+
+    if os.path.exists(load_state(str(toy.transformer))["cfg"]["task"]["data"]):
+        pytest.skip("this toy's checkpoint names a data directory that exists")
+
+    with pytest.raises(FairseqStreamError, match=r"^the checkpoint's data directory \(no data= / --data given\): "
+                                                 r".* does not exist; give the data-bin directory"):
+        Translator([str(toy.transformer)], cpu=True)
+
+
+def test_the_bulk_tool_names_a_missing_data_directory(toy, tmp_path):
+    proc = run_tool(["fairseq-stream-bulk", "translate", "--input", toy.raw / "test.src", "--output",
+                     tmp_path / "out.txt", "--path", toy.transformer, "--cpu", "--data", tmp_path / "nope"],
+                    check=False)
+    assert one_line_error(proc).startswith("fairseq-stream: error: data directory {0}: {0} does not exist".format(
+        tmp_path / "nope"))
