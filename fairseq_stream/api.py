@@ -276,7 +276,10 @@ class Translator:
 
 
 def _checked_paths(paths) -> List[str]:
-    """The checkpoint paths as a list of ``str``: one path (``str`` or ``os.PathLike``) or a sequence of them."""
+    """The checkpoint paths as a list of ``str``: one path (``str`` or ``os.PathLike``), an ensemble as
+    fairseq's ``--path`` writes it (``"a.pt:b.pt"``), or a sequence of them."""
+    if isinstance(paths, str) and os.pathsep in paths and "://" not in paths and not os.path.exists(paths):
+        paths = paths.split(os.pathsep)  # fairseq's utils.split_paths: the command line's ensembles
     items = [paths] if isinstance(paths, (str, os.PathLike)) else paths
     if isinstance(items, (bytes, dict)) or not isinstance(items, Iterable):
         raise FairseqStreamError("paths takes a checkpoint file or a list of them, got {!r}".format(paths))
@@ -285,6 +288,8 @@ def _checked_paths(paths) -> List[str]:
         path = os.fspath(path) if isinstance(path, os.PathLike) else path
         if not isinstance(path, str):
             raise FairseqStreamError("paths takes checkpoint files as str or os.PathLike, got {!r}".format(path))
+        if not path:
+            raise FairseqStreamError("paths: an empty checkpoint name in {!r}".format(paths))
         out.append(path)
     if not out:
         raise FairseqStreamError("paths takes at least one checkpoint file, got {!r}".format(paths))

@@ -462,3 +462,28 @@ def test_the_bulk_tool_names_a_missing_data_directory(toy, tmp_path):
                     check=False)
     assert one_line_error(proc).startswith("fairseq-stream: error: data directory {0}: {0} does not exist".format(
         tmp_path / "nope"))
+
+
+def test_the_api_takes_an_ensemble_as_fairseqs_path_writes_it(toy):
+    """``paths="a.pt:b.pt"`` was one missing file ("checkpoint a.pt:b.pt does not exist")."""
+    from fairseq_stream.api import Translator
+
+    joined = Translator("{}:{}".format(toy.transformer, toy.transformer2), data=str(toy.data_bin), cpu=True)
+    listed = Translator([str(toy.transformer), str(toy.transformer2)], data=str(toy.data_bin), cpu=True)
+    assert len(joined.models) == 2
+    sentences = ["s64 s30 s173 s78", "s237 s76 s3 s128"]
+    assert [t.text for t in joined.translate(sentences)] == [t.text for t in listed.translate(sentences)]
+    with pytest.raises(FairseqStreamError, match="^paths: an empty checkpoint name in "):
+        Translator("{}:".format(toy.transformer), data=str(toy.data_bin), cpu=True)
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--beam", "0"], "--beam must be at least 1, got 0"),  # it named --option nbest=1, which nobody gave
+    (["--path", "PATH:"], "--path 'PATH:': an empty checkpoint name (an ensemble is a.pt:b.pt)"),
+])
+def test_bulk_option_errors_name_the_option_given(toy, tmp_path, extra, says):
+    extra = [str(toy.transformer) + ":" if e == "PATH:" else e for e in extra]
+    says = says.replace("PATH:", str(toy.transformer) + ":")
+    argv = ["fairseq-stream-bulk", "translate", "--input", toy.raw / "test.src", "--output", tmp_path / "out.txt",
+            "--path", toy.transformer, "--data", toy.data_bin, "--cpu"] + extra
+    assert one_line_error(run_tool(argv, check=False)) == "fairseq-stream: error: " + says

@@ -106,6 +106,10 @@ def _main(argv):
 
     from fairseq_stream.bulk import chunks, job, options
 
+    if args.beam < 1:  # before nbest's check, which would name --option nbest for it
+        raise FairseqStreamError("--beam must be at least 1, got {}".format(args.beam))
+    if "" in args.path.split(":"):
+        raise FairseqStreamError("--path {!r}: an empty checkpoint name (an ensemble is a.pt:b.pt)".format(args.path))
     option_values = options.checked(args.search, args.option)
     options.check_nbest(option_values, args.format, args.beam)
     work_dir = args.work_dir or default_work_dir(args.output)
