@@ -392,9 +392,39 @@ def _numbered(items: Iterator):
             sentence = next(items)
         except StopIteration:
             return
-        except (UnicodeDecodeError, OSError) as e:
-            # A text file decodes in chunks: the bad line is this one or a later one.
+        except UnicodeDecodeError as e:
+            # A text file decodes in chunks of 8 KB: the bad line is this one or one of the next ~8 KB's.
+            bad = _undecodable_line(items, e.encoding)
+            if bad is not None:
+                raise FairseqStreamError("input sentence {} (line {} of {}) is not valid {}: {}".format(
+                    bad, bad + 1, items.name, e.encoding, e.reason)) from None
+            raise FairseqStreamError("reading input sentence {} or one soon after it failed (a text file decodes "
+                                     "in chunks): {}: {}".format(index, type(e).__name__, e)) from None
+        except OSError as e:
             raise FairseqStreamError("reading input sentence {} failed: {}: {}".format(
                 index, type(e).__name__, e)) from None
         yield index, check_sentence(index, sentence)
         index += 1
+
+
+def _undecodable_line(items, encoding: str) -> Optional[int]:
+    """The index of the first line of ``items``, a text file read from a file on disk, that does not decode as
+    ``encoding``; None where ``items`` is no such file or no line fails when read again."""
+    name = getattr(items, "name", None)
+    if not isinstance(name, str) or not os.path.isfile(name):
+        return None
+    index = 0
+    try:
+        with open(name, "rb") as f:
+            for raw in f:
+                try:
+                    text = raw.decode(encoding)
+                except UnicodeDecodeError:
+                    return index
+                except LookupError:
+                    return None
+                # The text layer's universal newlines: \r\n, \n or a lone \r ends a line.
+                index += len(text.replace("\r\n", "\n").replace("\r", "\n").rstrip("\n").split("\n")) or 1
+    except OSError:
+        return None
+    return None

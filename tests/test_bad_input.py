@@ -192,12 +192,28 @@ def test_api_refuses_what_is_not_a_list_of_sentences(api, bad, says):
     assert says in str(err.value)
 
 
-def test_api_names_where_reading_a_non_utf8_file_failed(api, tmp_path):
+@pytest.mark.parametrize("bad_line", [2, 300])
+def test_api_names_the_line_of_a_file_that_is_not_utf8(api, tmp_path, bad_line):
+    """A text file decodes 8 KB at a time: the error named the sentence where that chunk began (224 for a bad
+    line 300), not the line holding the bad byte."""
     path = tmp_path / "in.txt"
-    path.write_bytes(b"s1 s2\ns3 \xff s4\n")
+    lines = ["s{} s{} s3 s4 s5 s6 s7 s8 s9 s10 s11 s12\r\n".format(i, i + 1).encode() for i in range(600)]
+    lines[bad_line - 1] = b"s3 \xff s4\n"
+    path.write_bytes(b"".join(lines))
     with open(path, encoding="utf-8") as f, pytest.raises(FairseqStreamError) as err:
         list(api.translate(f))
-    assert "reading input sentence" in str(err.value) and "UnicodeDecodeError" in str(err.value)
+    assert str(err.value) == "input sentence {} (line {} of {}) is not valid utf-8: invalid start byte".format(
+        bad_line - 1, bad_line, path)
+
+
+def test_api_says_where_reading_a_stream_that_is_not_utf8_failed(api):
+    import io
+
+    stream = io.TextIOWrapper(io.BytesIO(b"s1 s2\ns3 \xff s4\n"), encoding="utf-8")  # no file to read again
+    with pytest.raises(FairseqStreamError) as err:
+        list(api.translate(stream))
+    assert str(err.value).startswith("reading input sentence 0 or one soon after it failed (a text file decodes "
+                                     "in chunks): UnicodeDecodeError")
 
 
 @pytest.mark.parametrize("kwargs, says", [
