@@ -249,9 +249,15 @@ def _lay_out_threads(runner, models, spec: DecoderSpec, workers_by_default: bool
         if apply_layout(layout):
             return layout
     if spec.cpu_workers not in (None, 1):
-        logger.warning("fairseq-stream: --cpu-workers %d is for our runners (lean, static, rnn) on the CPU with the "
-                       "kernels built; this decode runs on one", spec.cpu_workers)
+        message = ("fairseq-stream: --cpu-workers {} is for our runners (lean, static, rnn) on the CPU with the "
+                   "kernels built; this decode runs on one".format(spec.cpu_workers))
+        if message not in _WARNED:  # once: some searches build their decoder twice (--search fixed)
+            _WARNED.add(message)
+            logger.warning(message)
     return None
+
+
+_WARNED = set()
 
 
 def _release_float_weights(runner, quantize: str):

@@ -1,5 +1,6 @@
 """Errors that fairseq-stream reports to users as one line, not as a traceback."""
 
+import os
 import sys
 
 
@@ -37,6 +38,11 @@ def install_excepthook():
         if issubclass(exc_type, KeyboardInterrupt) and interrupt.in_fairseq_tool():
             sys.stderr.write(interrupt.INTERRUPTED + "\n")
             sys.stderr.flush()
+            return
+        if issubclass(exc_type, BrokenPipeError) and interrupt.in_fairseq_tool():
+            # The reader of the output is gone (`fairseq-interactive ... | head`): nothing to say to it, and
+            # the exit's flush of the output would fail again (Python's documented way out, SIGPIPE's).
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return
         previous(exc_type, exc, tb)
 

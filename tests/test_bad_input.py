@@ -503,3 +503,19 @@ def test_bulk_option_errors_name_the_option_given(toy, tmp_path, extra, says):
     argv = ["fairseq-stream-bulk", "translate", "--input", toy.raw / "test.src", "--output", tmp_path / "out.txt",
             "--path", toy.transformer, "--data", toy.data_bin, "--cpu"] + extra
     assert one_line_error(run_tool(argv, check=False)) == "fairseq-stream: error: " + says
+
+
+def test_a_reader_that_goes_away_ends_interactive_without_a_traceback(toy):
+    """``fairseq-interactive ... | head -2`` ended in fairseq's BrokenPipeError traceback (print to a closed pipe)."""
+    import subprocess
+
+    from conftest import BIN, tool_env
+
+    argv = [str(BIN / "fairseq-interactive")] + [str(a) for a in generate_args(toy, "--search", "greedy")]
+    with open(toy.raw / "train.src") as source:
+        proc = subprocess.Popen(argv, stdin=source, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=tool_env())
+        assert proc.stdout.readline().startswith("S-0\t")
+        proc.stdout.close()  # as head does after its lines
+        _, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
