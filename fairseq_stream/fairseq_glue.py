@@ -159,7 +159,7 @@ def _patch_parse_args_and_arch():
         try:
             input_args = expand_presets(parser, sys.argv[1:] if input_args is None else input_args)
         except presets.PresetError as e:
-            parser.error(str(e))
+            refuse(parser, str(e))
         _add_plugin_options(parser)
         _check_before_parsing(parser, input_args)
         result = original(parser, input_args=input_args, parse_known=parse_known, **kwargs)
@@ -167,6 +167,12 @@ def _patch_parse_args_and_arch():
         return result
 
     _patch(options, "parse_args_and_arch", parse_args_and_arch)
+
+
+def refuse(parser, message: str):
+    """Stop with argparse's error line and status 2, without its usage text first: fairseq-generate's usage
+    is 140 to 230 lines, above the one line that says what is wrong."""
+    parser.exit(2, "{}: error: {}\n".format(parser.prog, message))
 
 
 def _add_option_once(parser, flag, **kwargs):
@@ -203,7 +209,7 @@ def _check_before_parsing(parser, input_args):
              else check_names(chosen.search, chosen.generator)) or _search_option_without_search(
                  chosen.search, input_args)
     if error:
-        parser.error(error)
+        refuse(parser, error)
 
 
 def _check_after_parsing(parser, args, input_args):
@@ -212,7 +218,7 @@ def _check_after_parsing(parser, args, input_args):
         getattr(args, "search", None), getattr(args, "generator", None)
     ) or check_generation(getattr(args, "search", None), args)
     if error:
-        parser.error(error)
+        refuse(parser, error)
     _log_ignored_beam(args, input_args)
     _greedy_beam(args)
     _set_maxi_batch(parser, getattr(args, "maxi_batch", None))
@@ -235,7 +241,7 @@ def _set_maxi_batch(parser, m):
     try:
         maxi_batch.check(m)
     except FairseqStreamError as e:
-        parser.error(str(e))
+        refuse(parser, str(e))
     data_utils.batch_by_size.maxi_batch = m
 
 

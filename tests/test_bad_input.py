@@ -350,9 +350,13 @@ def test_nbest_with_greedy_is_refused_by_the_api_and_a_direct_build(toy, loaded)
 
 
 def test_option_errors_are_one_line_on_the_command_line(toy):
-    for extra in (["--search", "var", "--prune-rp", "1.5"], ["--search", "var-stream", "--stream-pool", "0"]):
-        last = one_line_error(run_tool(["fairseq-generate"] + generate_args(toy, *extra), check=False))
-        assert last.startswith("fairseq-generate: error: --")
+    for extra in (["--search", "var", "--prune-rp", "1.5"], ["--search", "var-stream", "--stream-pool", "0"],
+                  ["--search", "jacobi", "--generator", "stream"], ["--search", "fixed", "--beam", "0"]):
+        proc = run_tool(["fairseq-generate"] + generate_args(toy, *extra), check=False)
+        assert proc.returncode == 2
+        assert one_line_error(proc).startswith("fairseq-generate: error: --")
+        # argparse's usage text came first: 140 to 230 lines of it above the one that says what is wrong.
+        assert "usage:" not in proc.stderr
 
 
 def test_max_tokens_below_a_sentence_is_a_one_line_error(loaded):
