@@ -111,8 +111,11 @@ class Session:
         self.cuda = args.device == "cuda"
         earlier = {}
         if args.resume:
-            with open(args.resume) as f:
-                earlier = json.load(f)
+            try:
+                with open(args.resume) as f:
+                    earlier = json.load(f)
+            except (OSError, ValueError) as e:
+                sys.exit("{}: error: --resume {}: {}".format(script, args.resume, getattr(e, "strerror", None) or e))
         self.earlier = {k: v for k, v in earlier.get("steps", {}).items() if v.get("status") in ("passed", "failed")}
         self.results = OrderedDict(
             script=script, device=args.device, commit=commit_of(args.commit), started=now(), finished=None,
@@ -186,6 +189,12 @@ class Session:
         print("{}: {} steps, {} failed{}; {}".format(
             self.results["script"], len(self.results["steps"]), len(failed),
             " (" + ", ".join(failed) + ")" if failed else "", os.path.join(self.outdir, "summary.md")))
+        # A step name that matched none (a typo) left every step skipped and the run "passed".
+        unknown = [n for n in self.args.steps or () if n not in self.results["steps"]]
+        if unknown:
+            print("{}: error: --steps {}: no such step (the steps: {})".format(
+                self.results["script"], " ".join(unknown), " ".join(self.results["steps"])), file=sys.stderr)
+            return 2
         return 1 if failed else 0
 
     def archive(self):

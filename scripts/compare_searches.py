@@ -138,9 +138,18 @@ def main():
                         help="also print fairseq-generate's own output (default: only in TOY/compare/*.log;"
                              " FAIRSEQ_STREAM_VERBOSE=1 does the same)")
     args = parser.parse_args()
+    for flag, value, least in (("--runs", args.runs, 1), ("--batch-size", args.batch_size, 1),
+                               ("--examples", args.examples, 0)):
+        if value < least:
+            parser.error("{} must be at least {}, got {}".format(flag, least, value))
     global VERBOSE
     VERBOSE = VERBOSE or args.verbose
     toy = os.path.abspath(args.toy)
+    # Checked before anything is written there: a mistyped TOY_DIR got a compare/ folder, then a traceback.
+    for needed in ("data-bin", os.path.join("transformer", "checkpoint_best.pt"), os.path.join("raw", "valid.src")):
+        if not os.path.exists(os.path.join(toy, needed)):
+            parser.error("{} is not a toy directory: no {} in it (scripts/train_toy.sh or "
+                         "python scripts/toy_cache.py --copy-to DIR makes one)".format(args.toy, needed))
 
     env = dict(os.environ)
     # One thread for every run: comparable timings on a shared machine (and
@@ -151,7 +160,7 @@ def main():
     best, rounds = {}, {}
     # Rounds interleave the searches, so a burst of load elsewhere hits all of
     # them alike; the minimum drops what such bursts add.
-    for _ in range(max(1, args.runs)):
+    for _ in range(args.runs):
         for label, options in SEARCHES:
             result = run(toy, label, options, args.batch_size, env)
             rounds.setdefault(label, []).append(result["seconds"])

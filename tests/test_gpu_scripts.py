@@ -206,3 +206,21 @@ def test_gpu_bench_static_methods_command_lines(tmp_path):
         assert option("fixed-graphs-k5", "--path")[0].count(":") == 3
         assert option("fixed-graphs-unstacked-k5", "--stack-members") == ["off"]
         assert option("fixed-graphs-k5", "--stack-members") == ["on"] and option("beam-k5", "--stack-members") == []
+
+
+@pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_bench.sh"])
+def test_a_step_name_that_matches_none_fails_the_run(script, tmp_path):
+    """--steps with a typo skipped every step and reported '0 failed', status 0."""
+    proc = run_tool(["bash", REPO / "scripts" / script, tmp_path / "out", "--device", "cpu", "--work-dir",
+                     tmp_path / "w", "--steps", "nosuch"], check=False)
+    assert proc.returncode == 2
+    assert "error: --steps nosuch: no such step (the steps: setup environment " in proc.stderr
+
+
+@pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_bench.sh"])
+def test_a_missing_resume_file_is_one_line(script, tmp_path):
+    proc = run_tool(["bash", REPO / "scripts" / script, tmp_path / "out", "--device", "cpu", "--work-dir",
+                     tmp_path / "w", "--resume", tmp_path / "none.json"], check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("error: --resume {}: No such file or directory".format(
+        tmp_path / "none.json"))
