@@ -37,6 +37,11 @@ def interactive():
     cli_main()
 
 
-def print_plugin_dir():
+def print_plugin_dir(argv=None):
     """``fairseq-stream-user-dir``: print the path for ``--user-dir``."""
+    import argparse
+
+    argparse.ArgumentParser(prog="fairseq-stream-user-dir",
+                            description="Print the fairseq-stream plugin's folder, for fairseq's --user-dir: "
+                            'fairseq-generate ... --user-dir "$(fairseq-stream-user-dir)"').parse_args(argv)
     print(plugin_dir())

@@ -22,6 +22,11 @@ def main():
     parser.add_argument("out_dir")
     parser.add_argument("--vocab", type=int, default=8000)
     args = parser.parse_args()
+    # Checked before out_dir is made: sentencepiece's NOT_FOUND came as a traceback, after it.
+    for lang in ("de", "en"):
+        if not os.path.isfile(os.path.join(args.data_dir, "train." + lang)):
+            parser.error("{}: no train.{} (the Multi30k text: train, valid and test_2016_flickr .de/.en)".format(
+                args.data_dir, lang))
     os.makedirs(args.out_dir, exist_ok=True)
     prefix = os.path.join(args.out_dir, "spm")
     spm.SentencePieceTrainer.train(

@@ -10,6 +10,11 @@ set -euo pipefail
 if [ $# -lt 2 ]; then echo "usage: $0 DATA_DIR OUT_DIR [--lstm]" >&2; exit 2; fi
 DATA=$1; OUT=$2; WITH_LSTM=${3:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
+for f in train.de train.en; do  # before OUT_DIR is made: a mistyped DATA_DIR left OUT_DIR/spm and a traceback
+  if [ ! -f "$DATA/$f" ] && [ ! -f "$OUT/spm/spm.model" ]; then
+    echo "train_multi30k.sh: $DATA: no $f (DATA_DIR is the raw Multi30k text)" >&2; exit 2
+  fi
+done
 export OMP_NUM_THREADS=${TRAIN_THREADS:-2} MKL_NUM_THREADS=${TRAIN_THREADS:-2}
 mkdir -p "$OUT"
 

@@ -175,3 +175,20 @@ def test_interactive_names_the_over_long_line(toy, buffer):
         "at most 1024; shorten or split it, or skip such lines with --skip-invalid-size-inputs-valid-test"]
 
 
+
+
+def test_user_dir_tool_takes_no_arguments(tmp_path):
+    """``fairseq-stream-user-dir --bogus`` printed the path, status 0; ``--help`` did the same."""
+    proc = run_tool(["fairseq-stream-user-dir", "--bogus"], check=False)
+    assert proc.returncode == 2 and "unrecognized arguments: --bogus" in proc.stderr
+    assert "--user-dir" in run_tool(["fairseq-stream-user-dir", "--help"]).stdout
+    assert run_tool(["fairseq-stream-user-dir"]).stdout.strip() == plugin_dir()
+
+
+def test_the_multi30k_scripts_name_a_missing_data_directory_before_writing(tmp_path):
+    """A mistyped DATA_DIR left OUT_DIR/spm and sentencepiece's NOT_FOUND traceback."""
+    for argv in (["python", REPO / "scripts" / "spm_prepare.py"], ["bash", REPO / "scripts" / "train_multi30k.sh"]):
+        proc = run_tool(argv + [tmp_path / "no-data", tmp_path / "out"], check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "{}: no train.de".format(tmp_path / "no-data") in proc.stderr
+        assert not (tmp_path / "out").exists()

@@ -207,3 +207,14 @@ def test_command_line_writes_tables_and_plots(tmp_path, report, capsys):
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("report.py: error: {}:2: not valid JSON".format(bad))
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_baseline_given_that_no_row_has_is_one_line(report, tmp_path, capsys):
+    """A typo in --baseline made a speedup column of dashes, status 0."""
+    path = write_results(tmp_path / "r.jsonl", [row("beam", 300.0), row("var-stream", 100.0)])
+    capsys.readouterr()
+    assert report.main([str(path), "--baseline", "nosuch"]) == 1
+    assert capsys.readouterr().err == ("report.py: error: --baseline nosuch: no run of that method in the results "
+                                       "(methods: beam, var-stream)\n")
+    only_ours = write_results(tmp_path / "ours.jsonl", [row("var-stream", 100.0)])
+    assert report.main([str(only_ours)]) == 0  # the default baseline may be absent: its column shows dashes

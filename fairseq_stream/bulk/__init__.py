@@ -49,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
                        "in base 2 as fairseq-generate prints it, and the detokenized translation)")
         c.add_argument("--path", required=True, help="checkpoint(s), colon-separated for an ensemble")
         c.add_argument("--data", help="data-bin directory with the dictionaries (default: the checkpoint's)")
-        c.add_argument("--search", default="var-stream", help="var-stream (default), var, var-batch, fixed, greedy")
+        c.add_argument("--search", default="var-stream", help="var-stream (default), var, var-batch, fixed, greedy, jacobi")
         c.add_argument("--beam", type=int, default=5)
         c.add_argument("--bpe")
         c.add_argument("--tokenizer")

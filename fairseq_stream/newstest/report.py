@@ -374,7 +374,7 @@ def main(argv=None):
                                      epilog="The columns are described in fairseq_stream/newstest/report.py.")
     parser.add_argument("results", nargs="+", metavar="RESULTS.jsonl", help="results files (JSON lines)")
     parser.add_argument("--out", metavar="DIR", help="also write DIR/report.md and PNG plots")
-    parser.add_argument("--baseline", default="beam", metavar="METHOD",
+    parser.add_argument("--baseline", metavar="METHOD",
                         help="method the speedups are measured against (default: beam)")
     parser.add_argument("--grid", metavar="ID|last",
                         help="only the rows of this newstest_all.sh run (its ID, or last: the latest run's); "
@@ -386,6 +386,11 @@ def main(argv=None):
             raise ReportError("no results in {}".format(", ".join(args.results)))
         if args.grid:
             rows = select_grid(rows, args.grid)
+        methods = sorted({row["method"] for row in rows})
+        if args.baseline is not None and args.baseline not in methods:  # a column of dashes and status 0
+            raise ReportError("--baseline {}: no run of that method in the results (methods: {})".format(
+                args.baseline, ", ".join(methods)))
+        args.baseline = args.baseline or "beam"  # without beam runs: dashes, as the columns' notes say
         tables = build_tables(group_runs(rows), args.baseline)
         print(markdown(tables, args.baseline), end="")
         if args.out:
