@@ -100,9 +100,11 @@ def main(argv=None):
     parser.add_argument("--input", required=True, help="source text, one sentence per line")
     parser.add_argument("--sentences", type=int, nargs="+", required=True, help="line numbers (from 0) to draw")
     parser.add_argument("--out", required=True, help="directory for <line>.png and <line>.json")
-    parser.add_argument("--variant", default="pj", choices=("pj", "pgj", "hgj"))
-    parser.add_argument("--block", type=int, default=3)
-    parser.add_argument("--draft", default="pad", choices=("pad", "ngram"))
+    # The paper's figures draw PJ from padded drafts: every token's dependencies show (the decoder's own
+    # default, hgj with n-gram drafts, is the fastest, and draws fewer iterations).
+    parser.add_argument("--variant", default="pj", choices=("pj", "pgj", "hgj"), help="default: %(default)s")
+    parser.add_argument("--block", type=int, default=3, help="pgj and hgj's block (default: %(default)s)")
+    parser.add_argument("--draft", default="pad", choices=("pad", "ngram"), help="default: %(default)s")
     parser.add_argument("--sentencepiece-model", help="the source/target SentencePiece model")
     parser.add_argument("--bpe", help="fairseq --bpe (default: sentencepiece with --sentencepiece-model)")
     parser.add_argument("--cpu", action="store_true")
@@ -113,13 +115,23 @@ def main(argv=None):
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     from fairseq_stream.api import Translator
     from fairseq_stream.errors import FairseqStreamError
+    from fairseq_stream.text_input import read_lines
 
     try:
-        with open(args.input, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        # Everything checked before the models load: missing files, bad text and a bad --out were tracebacks.
+        if args.block < 1:
+            raise FairseqStreamError("--block must be at least 1, got {}".format(args.block))
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise FairseqStreamError("--out {} is a file, not a directory".format(args.out))
+        if args.sentencepiece_model and not os.path.isfile(args.sentencepiece_model):
+            raise FairseqStreamError("--sentencepiece-model {}: no such file".format(args.sentencepiece_model))
+        lines = list(read_lines(args.input))
         bad = [i for i in args.sentences if not 0 <= i < len(lines)]
         if bad:
             raise FairseqStreamError("--sentences {}: {} has {} lines".format(bad, args.input, len(lines)))
+        empty = [i for i in args.sentences if not lines[i].strip()]
+        if empty:  # an empty sentence is translated without a decode: there is no graph to draw
+            raise FairseqStreamError("--sentences {}: empty line(s) of {}, nothing to decode".format(empty, args.input))
         bpe = args.bpe or ("sentencepiece" if args.sentencepiece_model else None)
         translator = Translator(args.path.split(":"), data=args.data, search="jacobi", bpe=bpe,
                                 sentencepiece_model=args.sentencepiece_model, cpu=args.cpu,

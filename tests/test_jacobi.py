@@ -384,6 +384,31 @@ def test_ngram_pool_drafts_are_kept_up_to_date_as_outputs_are_learnt(span):
         assert chances == pytest.approx(expected[1])
 
 
+@pytest.mark.parametrize("case, says", [
+    ("missing input", "cannot read input file {tmp}/nope.txt"),
+    ("not utf-8", "input line 2 is not valid UTF-8"),
+    ("empty line", "--sentences [1]: empty line(s) of {tmp}/in.txt, nothing to decode"),
+    ("out is a file", "--out {tmp}/in.txt is a file, not a directory"),
+    ("missing spm", "--sentencepiece-model {tmp}/nope.model: no such file"),
+    ("block 0", "--block must be at least 1, got 0"),
+])
+def test_ddgviz_refuses_bad_input_in_one_line(toy, tmp_path, case, says):
+    """Each was a traceback (FileNotFoundError, UnicodeDecodeError, KeyError: 0, FileExistsError, OSError), or
+    named --jacobi-block, an option ddgviz does not have."""
+    from fairseq_stream import ddgviz
+
+    text = tmp_path / "in.txt"
+    text.write_bytes(b"s1 s2\n" + (b"s3 \xff\n" if case == "not utf-8" else b"\n" if case == "empty line" else b"s3\n"))
+    argv = {"input": str(tmp_path / "nope.txt") if case == "missing input" else str(text),
+            "out": str(text) if case == "out is a file" else str(tmp_path / "out"), "block": "0" if case == "block 0"
+            else "3"}
+    extra = ["--sentencepiece-model", str(tmp_path / "nope.model")] if case == "missing spm" else []
+    with pytest.raises(SystemExit) as exit_:
+        ddgviz.main(["--path", str(toy.transformer), "--data", str(toy.data_bin), "--input", argv["input"],
+                     "--sentences", "1", "--out", argv["out"], "--block", argv["block"], "--cpu"] + extra)
+    assert str(exit_.value.code).startswith("fairseq-stream: error: " + says.format(tmp=tmp_path))
+
+
 def test_ddgviz_writes_a_picture_and_its_json(toy, tmp_path, capsys):
     from fairseq_stream import ddgviz
 
