@@ -49,6 +49,22 @@ def test_bad_presets_are_one_line_errors(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("fairseq-generate: error: --preset 'nope': no such")
 
 
+@pytest.mark.parametrize("content, says", [
+    ("--search fixed\n--bogus-key 3\n", "unrecognized arguments: --bogus-key 3"),
+    ("--search fixed --beam\n", "argument --beam: expected one argument"),
+    ("foo\n", "unrecognized arguments: foo"),
+])
+def test_a_bad_entry_of_a_preset_file_is_named_not_the_data_directory(toy, tmp_path, capsys, content, says):
+    """The presets' options went before the whole command line, so a stray word or an option without its value
+    took the data directory ("unrecognized arguments: --bogus-key toy/data-bin")."""
+    preset = tmp_path / "mine.args"
+    preset.write_text(content)
+    with pytest.raises(SystemExit):
+        parse_generate_args([str(toy.data_bin), "--path", str(toy.transformer), "--user-dir", plugin_dir(),
+                             "--cpu", "--preset", str(preset)])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("error: " + says)
+
+
 def test_help_lists_the_presets(capsys):
     with pytest.raises(SystemExit):
         parse_generate_args(["--user-dir", plugin_dir(), "--help"])

@@ -30,6 +30,11 @@ def resolve(parser, argv: Sequence[str]) -> Tuple[List[str], Optional[str]]:
     arity = option_arity(parser)
     preset_options = last_of_each(preset_options, arity)
     kept, note = _without_replaced(preset_options, typed, arity)
+    if typed and not typed[0].startswith("-"):
+        # After the data directory, which fairseq-generate's command lines give first: a preset's stray word
+        # or its option without a value took that directory in its place ("unrecognized arguments:
+        # toy/data-bin", "argument --beam: invalid int value: 'toy/data-bin'").
+        return typed[:1] + kept + typed[1:], note
     return kept + typed, note
 
 
