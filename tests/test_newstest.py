@@ -292,3 +292,19 @@ def test_the_default_output_folders_are_not_added_to_the_repository():
 
 def run_default(option):
     return next(a.default for a in newstest.parser()._actions if option in a.option_strings)
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--models", "/nonexistent/dir"], "--models /nonexistent/dir: no such directory"),
+    (["--wmt19-dir", "/nonexistent"], "--wmt19-dir /nonexistent: no such directory"),
+    (["--runs", "0"], "--runs must be at least 1, got 0"),
+    (["--pairs", "de"], "--pairs de: give SRC-TGT language codes, e.g. de-en"),
+    (["--beams", "0"], "--beams must be at least 1, got 0"),
+])
+def test_the_grid_says_a_bad_shared_option_once_before_any_run(tmp_path, extra, says):
+    """Each was the same failure in every one of the grid's 14 cells (29 lines), or cells labelled k=0."""
+    proc = run_tool(["bash", REPO / "scripts" / "newstest_all.sh", "--results", tmp_path / "r.jsonl",
+                     "--report-dir", tmp_path / "report"] + extra, check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines()[-1].startswith("newstest_all.sh: error: " + says)
+    assert not (tmp_path / "r.jsonl").exists()

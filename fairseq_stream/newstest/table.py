@@ -64,6 +64,29 @@ def cells(args, passthrough: List[str]):
                 yield label, [pair, args.year, method] + beam + common + passthrough
 
 
+def _shared_problem(args, passthrough: List[str]) -> Optional[str]:
+    """What is wrong with an option every cell shares (the grid's own, and --models/--limit passed through to
+    each newstest.sh run), or None."""
+    import re
+
+    bad_pairs = [p for p in args.pairs if not re.fullmatch(r"[a-z]{2,3}-[a-z]{2,3}", p)]
+    if bad_pairs:
+        return "--pairs {}: give SRC-TGT language codes, e.g. de-en".format(" ".join(bad_pairs))
+    if args.runs < 1:
+        return "--runs must be at least 1, got {}".format(args.runs)
+    if any(k < 1 for k in args.beams):
+        return "--beams must be at least 1, got {}".format(" ".join(map(str, args.beams)))
+    if args.wmt19_dir and not os.path.isdir(args.wmt19_dir):
+        return "--wmt19-dir {}: no such directory (scripts/download_wmt19.sh unpacks the ensembles)".format(
+            args.wmt19_dir)
+    shared = dict(zip(passthrough, passthrough[1:]))
+    if "--models" in shared and not os.path.isdir(shared["--models"]):
+        return "--models {}: no such directory".format(shared["--models"])
+    if "--limit" in shared and not (shared["--limit"].isdigit() and int(shared["--limit"]) >= 1):
+        return "--limit must be at least 1, got {}".format(shared["--limit"])
+    return None
+
+
 def grid_id() -> str:
     """A label for this run of the grid, unique on this host: UTC start time and process id."""
     return "{}-{}".format(datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ"), os.getpid())
@@ -76,6 +99,9 @@ def main(argv: Optional[List[str]] = None):
     for method in args.methods:
         if method not in run.methods() and not os.path.isfile(method):
             sys.exit("{}: unknown method {!r} (choose from: {})".format(PROG, method, ", ".join(run.methods())))
+    problem = _shared_problem(args, passthrough)
+    if problem:  # every cell would fail alike, one line each: said once, before any runs
+        sys.exit("{}: error: {}".format(PROG, problem))
     # The results file keeps every run's rows; this run's table is made of this run's rows only.
     args.grid = grid_id()
     failed = []
