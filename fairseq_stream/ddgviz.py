@@ -93,6 +93,28 @@ def draw(graph: dict, words: List[str], title: str, path: str):
     plt.close(fig)
 
 
+def _checked_input(args):
+    """The input's lines, everything checked before the models load (missing files, bad text and a bad --out
+    were tracebacks); :class:`FairseqStreamError` names what is wrong."""
+    from fairseq_stream.errors import FairseqStreamError
+    from fairseq_stream.text_input import read_lines
+
+    if args.block < 1:
+        raise FairseqStreamError("--block must be at least 1, got {}".format(args.block))
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise FairseqStreamError("--out {} is a file, not a directory".format(args.out))
+    if args.sentencepiece_model and not os.path.isfile(args.sentencepiece_model):
+        raise FairseqStreamError("--sentencepiece-model {}: no such file".format(args.sentencepiece_model))
+    lines = list(read_lines(args.input))
+    bad = [i for i in args.sentences if not 0 <= i < len(lines)]
+    if bad:
+        raise FairseqStreamError("--sentences {}: {} has {} lines".format(bad, args.input, len(lines)))
+    empty = [i for i in args.sentences if not lines[i].strip()]
+    if empty:  # an empty sentence is translated without a decode: there is no graph to draw
+        raise FairseqStreamError("--sentences {}: empty line(s) of {}, nothing to decode".format(empty, args.input))
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m fairseq_stream.ddgviz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--path", required=True, help="checkpoint(s), colon-separated (an ensemble)")
@@ -115,23 +137,9 @@ def main(argv=None):
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     from fairseq_stream.api import Translator
     from fairseq_stream.errors import FairseqStreamError
-    from fairseq_stream.text_input import read_lines
 
     try:
-        # Everything checked before the models load: missing files, bad text and a bad --out were tracebacks.
-        if args.block < 1:
-            raise FairseqStreamError("--block must be at least 1, got {}".format(args.block))
-        if os.path.exists(args.out) and not os.path.isdir(args.out):
-            raise FairseqStreamError("--out {} is a file, not a directory".format(args.out))
-        if args.sentencepiece_model and not os.path.isfile(args.sentencepiece_model):
-            raise FairseqStreamError("--sentencepiece-model {}: no such file".format(args.sentencepiece_model))
-        lines = list(read_lines(args.input))
-        bad = [i for i in args.sentences if not 0 <= i < len(lines)]
-        if bad:
-            raise FairseqStreamError("--sentences {}: {} has {} lines".format(bad, args.input, len(lines)))
-        empty = [i for i in args.sentences if not lines[i].strip()]
-        if empty:  # an empty sentence is translated without a decode: there is no graph to draw
-            raise FairseqStreamError("--sentences {}: empty line(s) of {}, nothing to decode".format(empty, args.input))
+        lines = _checked_input(args)
         bpe = args.bpe or ("sentencepiece" if args.sentencepiece_model else None)
         translator = Translator(args.path.split(":"), data=args.data, search="jacobi", bpe=bpe,
                                 sentencepiece_model=args.sentencepiece_model, cpu=args.cpu,

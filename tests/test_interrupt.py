@@ -11,6 +11,13 @@ from conftest import BIN, REPO, tool_env
 from fairseq_stream import interrupt
 
 
+def ctrl_c_as_a_terminal_gives_it():
+    """In the child before it runs: SIGINT's default, whatever the suite inherited. A suite started as a
+    background job of a script has SIGINT ignored, and the tools keep an inherited ignore (a job's Ctrl-C is
+    not theirs)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_one_process_ends_with_one_line_and_status_130(toy):
     # var-stream: the pool and its encoder thread, which must stop on the way out too.
     search = ["--search", "var-stream", "--beam", "5"]
@@ -19,7 +26,8 @@ def test_ctrl_c_in_one_process_ends_with_one_line_and_status_130(toy):
             "fairseq_stream", "--gen-subset", "valid", "--batch-size", "8", "--cpu", "--min-len", "150",
             "--max-len-b", "150", "--cpu-workers", "1"] + search
     proc = subprocess.Popen(argv, cwd=REPO, env=dict(tool_env(), OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=ctrl_c_as_a_terminal_gives_it)
     seen = ""
     for line in proc.stderr:
         seen += line
@@ -44,7 +52,9 @@ def test_a_program_building_the_generator_keeps_its_own_ctrl_c():
 
 def test_registered_stops_run_before_the_line_and_their_handler_goes_back(capsys):
     # The CPU workers' way in: their stop runs first, their words end the line, and withdrawing the last
-    # stop puts back the handler found before (pytest's here).
+    # stop puts back the handler found before (pytest's here). A suite started with SIGINT ignored (a
+    # background job) would keep it ignored, and nothing would be installed: Python's own handler first.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     before = signal.getsignal(signal.SIGINT)
     stopped = []
     withdraw_outer = interrupt.stop_first(lambda: stopped.append("outer"), "; outer")
@@ -62,7 +72,7 @@ def test_registered_stops_run_before_the_line_and_their_handler_goes_back(capsys
     except SystemExit as e:
         assert e.code == 130
     finally:
-        signal.signal(signal.SIGINT, before)
+        signal.signal(signal.SIGINT, inherited)
     assert stopped == ["workers"]
     assert capsys.readouterr().err == "fairseq-stream: interrupted; the CPU workers are stopped\n"
 
@@ -73,6 +83,7 @@ def run_as_a_fairseq_tool(tmp_path, body, **popen):
 
     script = tmp_path / "fairseq-fake-tool"
     script.write_text("import os, signal, sys, time\nfrom fairseq_stream import interrupt\n" + body)
+    popen.setdefault("preexec_fn", ctrl_c_as_a_terminal_gives_it)
     return subprocess.run([sys.executable, str(script)], cwd=REPO, env=tool_env(), capture_output=True, text=True,
                           timeout=120, **popen)
 

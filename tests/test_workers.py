@@ -212,7 +212,8 @@ def test_ctrl_c_stops_the_workers_with_one_line_and_status_130(toy):
             "fairseq_stream", "--gen-subset", "valid", "--batch-size", "8", "--cpu", "--search", "fixed",
             "--beam", "5", "--runner", "lean", "--min-len", "150", "--max-len-b", "150", "--cpu-workers", "2"]
     proc = subprocess.Popen(argv, cwd=REPO, env=dict(tool_env(), OMP_NUM_THREADS="2"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # test_interrupt.py
     seen = ""
     for line in proc.stderr:
         seen += line
