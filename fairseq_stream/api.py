@@ -25,7 +25,7 @@ from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.inference_mode import decoding, released
 from fairseq_stream.engine import CohortDecoder
 from fairseq_stream.schedule.read_ahead import encoder_queue_for, read_ahead
-from fairseq_stream.text_input import check_sentence
+from fairseq_stream.text_input import check_sentence, text_lines
 
 
 # Stream options of fairseq-generate's that the API has no use for, and why.
@@ -423,8 +423,7 @@ def _undecodable_line(items, encoding: str) -> Optional[int]:
                     return index
                 except LookupError:
                     return None
-                # The text layer's universal newlines: \r\n, \n or a lone \r ends a line.
-                index += len(text.replace("\r\n", "\n").replace("\r", "\n").rstrip("\n").split("\n")) or 1
+                index += len(text_lines(text))
     except OSError:
         return None
     return None

@@ -238,6 +238,7 @@ def _lay_out_threads(runner, models, spec: DecoderSpec, workers_by_default: bool
     """Our runners on the CPU: threads to our kernels, torch's ops on one (ops/threads.py says why); the
     layout, or None where the runner keeps torch's threads (and so one worker: said where more were asked)."""
     from fairseq_stream.ops.threads import apply_layout, choose_layout
+    from fairseq_stream.runners import say_once
     from fairseq_stream.runners.own_step import OwnStepRunner
 
     on_cpu = all(p.device.type == "cpu" for m in models for p in m.parameters())
@@ -249,15 +250,9 @@ def _lay_out_threads(runner, models, spec: DecoderSpec, workers_by_default: bool
         if apply_layout(layout):
             return layout
     if spec.cpu_workers not in (None, 1):
-        message = ("fairseq-stream: --cpu-workers {} is for our runners (lean, static, rnn) on the CPU with the "
-                   "kernels built; this decode runs on one".format(spec.cpu_workers))
-        if message not in _WARNED:  # once: some searches build their decoder twice (--search fixed)
-            _WARNED.add(message)
-            logger.warning(message)
+        say_once("fairseq-stream: --cpu-workers %d is for our runners (lean, static, rnn) on the CPU with the "
+                 "kernels built; this decode runs on one", spec.cpu_workers, level=logging.WARNING)
     return None
-
-
-_WARNED = set()
 
 
 def _release_float_weights(runner, quantize: str):

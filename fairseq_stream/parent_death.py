@@ -29,9 +29,9 @@ def set_parent_death_signal() -> bool:
 
 
 def die_with_parent(parent: int) -> bool:
-    """In a child of process ``parent``: SIGKILL when it exits. False where the parent is gone already (the
-    caller exits then) or the signal is not available."""
+    """In a child of process ``parent``: ask for SIGKILL when it exits (where the kernel offers that). False
+    where the parent is gone already, before or while the signal was armed: the caller exits then."""
     if os.getppid() != parent:
         return False
-    armed = set_parent_death_signal()
-    return armed and os.getppid() == parent  # the parent died between the two looks: no signal will come
+    set_parent_death_signal()
+    return os.getppid() == parent  # else the parent died between the two looks: no signal will come

@@ -10,11 +10,20 @@ translated as if it were the input.
 """
 
 import sys
-from typing import Iterator
+from typing import Iterator, List
 
 from fairseq_stream.errors import FairseqStreamError
 
 FIX_HINT = "re-encode the input as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8, or iconv -c to drop bad bytes)"
+
+
+def text_lines(text: str) -> List[str]:
+    """The lines of ``text`` as Python's text mode splits them (universal newlines: ``\\n``, ``\\r\\n`` or a lone
+    ``\\r`` ends a line), line ends removed."""
+    parts = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if parts[-1] == "":
+        parts.pop()
+    return parts
 
 
 def read_lines(path: str) -> Iterator[str]:
@@ -38,10 +47,7 @@ def read_lines(path: str) -> Iterator[str]:
                 raise FairseqStreamError(
                     "input line {} is not valid UTF-8 (byte 0x{:02x} at byte offset {} of the line); {}"
                     .format(number, raw[e.start], e.start, FIX_HINT)) from None
-            parts = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-            if parts[-1] == "":
-                parts.pop()
-            yield from parts
+            yield from text_lines(text)
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()

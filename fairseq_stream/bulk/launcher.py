@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 
-from fairseq_stream.parent_death import set_parent_death_signal
+from fairseq_stream.parent_death import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +37,7 @@ def die_with_launcher():
     if not launched_by_torchrun():
         return
     parent = os.getppid()
-    if parent == 1:
-        _exit_orphaned()
-    set_parent_death_signal()
-    if os.getppid() != parent:  # the launcher died between the two looks, before the signal was armed
+    if parent == 1 or not die_with_parent(parent):  # init: the launcher is gone already
         _exit_orphaned()
     threading.Thread(target=_watch, args=(parent,), name="bulk-launcher-watchdog", daemon=True).start()
 

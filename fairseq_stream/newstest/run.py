@@ -262,11 +262,15 @@ def summary_line(row: dict) -> str:
         row["bleu"], row["decode_s"], row["wall_s"], extra)
 
 
+# A language pair as newstest.sh and newstest_all.sh take it: SRC-TGT codes.
+PAIR = re.compile(r"[a-z]{2,3}-[a-z]{2,3}")
+
+
 def run(argv: List[str]) -> List[dict]:
     """Parse ``argv``, prepare once, decode ``--runs`` times; return the rows appended."""
     ours, extra = split_argv(argv)
     args = parser().parse_args(ours)
-    if not re.fullmatch(r"[a-z]{2,3}-[a-z]{2,3}", args.pair):
+    if not PAIR.fullmatch(args.pair):
         raise NewstestError("PAIR {!r}: give SRC-TGT language codes, e.g. de-en".format(args.pair))
     if args.runs < 1 or (args.limit is not None and args.limit < 1):
         raise NewstestError("--runs and --limit must be at least 1")

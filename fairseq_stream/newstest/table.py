@@ -67,9 +67,7 @@ def cells(args, passthrough: List[str]):
 def _shared_problem(args, passthrough: List[str]) -> Optional[str]:
     """What is wrong with an option every cell shares (the grid's own, and --models/--limit passed through to
     each newstest.sh run), or None."""
-    import re
-
-    bad_pairs = [p for p in args.pairs if not re.fullmatch(r"[a-z]{2,3}-[a-z]{2,3}", p)]
+    bad_pairs = [p for p in args.pairs if not run.PAIR.fullmatch(p)]
     if bad_pairs:
         return "--pairs {}: give SRC-TGT language codes, e.g. de-en".format(" ".join(bad_pairs))
     if args.runs < 1:

@@ -44,12 +44,13 @@ QUANTIZE = ("none",) + quantized_linear.CHOICES
 _said = set()
 
 
-def say_once(message, *args):
-    """Log ``message % args`` at INFO, once per process (decoders are built per batch by some callers)."""
+def say_once(message, *args, level=logging.INFO):
+    """Log ``message % args`` (at INFO unless ``level``), once per process (decoders are built per batch by
+    some callers, and twice by ``--search fixed``)."""
     key = message % args
     if key not in _said:
         _said.add(key)
-        logger.info(message, *args)
+        logger.log(level, message, *args)
 
 
 def check_runner(kind: str, int16: bool = False, quantize: str = "none"):

@@ -192,7 +192,7 @@ def _serve(index: int, inbox, results, decode, stats, parent: int):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
     # A parent killed (SIGTERM, SIGKILL, the OOM killer) runs no cleanup: its workers kept running under init,
     # each holding its memory, waiting for tasks that never came.
-    if not die_with_parent(parent) and os.getppid() != parent:
+    if not die_with_parent(parent):
         os._exit(1)
     while True:
         message = inbox.get()
