@@ -11,5 +11,12 @@ from dataclasses import field
 
 
 def option(default, help: str):
-    """A dataclass field for fairseq's parser: ``default``, and ``help`` as ``--help`` prints it."""
+    """A dataclass field for fairseq's parser: ``default``, and ``help`` as ``--help`` prints it.
+
+    fairseq's parser does not print defaults, so a help that does not say its
+    default itself gets ``(default: X)`` appended; a flag (False) and an
+    unset value (None, "") say nothing: their help says what leaving them out means.
+    """
+    if default not in (None, False, "") and "default" not in help:
+        help = "{} (default: {})".format(help, default)
     return field(default=default, metadata={"help": help})

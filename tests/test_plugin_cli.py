@@ -42,6 +42,16 @@ def test_options_of_the_chosen_search_appear_in_help(capsys, search, flags):
         assert flag in out
 
 
+def test_help_gives_each_option_its_default(capsys):
+    """fairseq's parser prints no defaults: --stream-max-wait's help left its 64 unsaid."""
+    out = " ".join(help_text(capsys, "--search", "var-stream").split())
+    assert "(0: off) (default: 64)" in out
+    assert re.search(r"--runner \{[^}]*\} model runner: .*?\(default: auto\)", out)
+    # A help that already says its default says it once.
+    assert "--stream-pool STREAM_POOL n, the most sentences decoded at once (default: --batch-size" in out
+    assert "(default: None)" not in out and "(default: False)" not in out
+
+
 def test_without_the_plugin_there_is_no_search_option():
     out = run_tool(GEN + ["--help"]).stdout
     assert "--search" not in out and "--generator" not in out
