@@ -41,6 +41,11 @@ fail() {
     exit 1
 }
 
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+    # The header above is the help: every comment line up to the first blank one.
+    sed -n '2,/^$/{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+fi
 if [[ $# -ne 2 ]]; then
     echo "usage: $PROG PAIR DIR   (PAIR: de-en or ru-en)" >&2
     exit 2

@@ -169,3 +169,13 @@ def test_usage_errors_exit_2(tmp_path, args, message):
     assert proc.returncode == 2
     assert one_line_error(proc).startswith(message)
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_the_header_and_exits_0(flag):
+    """--help was taken for a missing DIR: the usage line, status 2."""
+    proc = download(flag, env=OFFLINE)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout.startswith("Fetch fairseq's published WMT'19 transformer ensemble")
+    assert "Usage: scripts/download_wmt19.sh PAIR DIR" in proc.stdout
+    assert "WMT19_MIN_MODEL_BYTES" in proc.stdout and "set -euo" not in proc.stdout
