@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 
@@ -77,12 +78,22 @@ def test_user_errors_are_one_line(toy, tmp_path, work_dir):
     with pytest.raises(newstest.NewstestError, match=r"--models wmt19/wmt19.de-en.joined-dict.ensemble: no such "
                        r"directory \(fetch it: scripts/download_wmt19.sh de-en wmt19\)"):
         newstest.run(["de-en", "2018", "beam", "--text-dir", str(tmp_path)])
-    with pytest.raises(CorpusError, match="newstest0.src: no such file|cannot read"):
+    with pytest.raises(CorpusError) as e:
         newstest.run(base + ["--text-dir", str(tmp_path)])
+    # The path once: "PATH: cannot read input file PATH: ..." named it twice.
+    assert str(e.value) == "cannot read input file {}: No such file or directory".format(tmp_path / "newstest0.src")
+    bad = tmp_path / "bad.src"
+    bad.write_bytes(b"ok\n\xff\n")
+    with pytest.raises(CorpusError, match=r"^{}: input line 2 is not valid UTF-8".format(re.escape(str(bad)))):
+        newstest.run(base + ["--source", str(bad), "--reference", str(toy.raw / "test.tgt")])
     short = tmp_path / "short.tgt"
     short.write_text("t1\n")
     with pytest.raises(CorpusError, match="test: 37 source lines but 1 reference lines"):
         newstest.run(base + ["--source", str(toy.raw / "test.src"), "--reference", str(short)])
+    # --beam 0 ran fairseq-generate, to fail there, with its log named "...k.run1.log".
+    for option in ("--beam", "--batch-size", "--runs", "--limit"):
+        with pytest.raises(newstest.NewstestError, match="^{} must be at least 1, got 0$".format(option)):
+            newstest.run(base + [option, "0"])
     with pytest.raises(newstest.NewstestError, match="--gpu-memory needs --beam 5 or 50"):
         newstest.run(["src-tgt", "0", "beam", "--beam", "7", "--gpu-memory", "16", "--source",
                       str(toy.raw / "test.src"), "--reference", str(toy.raw / "test.tgt"), "--limit", "2"]

@@ -272,8 +272,10 @@ def run(argv: List[str]) -> List[dict]:
     args = parser().parse_args(ours)
     if not PAIR.fullmatch(args.pair):
         raise NewstestError("PAIR {!r}: give SRC-TGT language codes, e.g. de-en".format(args.pair))
-    if args.runs < 1 or (args.limit is not None and args.limit < 1):
-        raise NewstestError("--runs and --limit must be at least 1")
+    for option, value in (("--runs", args.runs), ("--limit", args.limit), ("--beam", args.beam),
+                          ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise NewstestError("{} must be at least 1, got {}".format(option, value))
     if args.method not in methods() and not os.path.isfile(args.method):
         raise NewstestError("unknown METHOD {!r} (choose from: {}, or a preset file)".format(
             args.method, ", ".join(methods())))

@@ -30,7 +30,8 @@ def read_lines(path: str) -> List[str]:
     try:
         return list(text_input.read_lines(path))
     except FairseqStreamError as e:
-        raise CorpusError("{}: {}".format(path, e)) from None
+        # "cannot read input file PATH" names it already; a bad line's message does not.
+        raise CorpusError(str(e) if path in str(e) else "{}: {}".format(path, e)) from None
 
 
 def load(pair: str, year: str, text_dir: Optional[str] = None, source: Optional[str] = None,
