@@ -137,6 +137,7 @@ def main(argv=None):
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     from fairseq_stream.api import Translator
     from fairseq_stream.errors import FairseqStreamError
+    from fairseq_stream.jacobi.decoder import JacobiUnsupported
 
     try:
         lines = _checked_input(args)
@@ -149,6 +150,9 @@ def main(argv=None):
         # Inputs are numbered by their place in the list given to translate().
         decoder.trace_ids = set(range(len(chosen)))
         results = {t.index: t for t in translator.translate([lines[i] for i in chosen])}
+    except JacobiUnsupported as e:
+        # DDGviz has no --search: fairseq-generate's advice to use greedy means nothing here.
+        sys.exit("fairseq-stream: error: DDGviz draws Jacobi decoding, which {}".format(e.reason))
     except FairseqStreamError as e:
         sys.exit("fairseq-stream: error: {}".format(e))
     os.makedirs(args.out, exist_ok=True)

@@ -409,6 +409,20 @@ def test_ddgviz_refuses_bad_input_in_one_line(toy, tmp_path, case, says):
     assert str(exit_.value.code).startswith("fairseq-stream: error: " + says.format(tmp=tmp_path))
 
 
+def test_ddgviz_on_an_lstm_does_not_advise_a_search_it_has_not(toy, tmp_path):
+    """It said "use --search greedy": DDGviz has no --search, and draws Jacobi decoding only."""
+    from fairseq_stream import ddgviz
+
+    text = tmp_path / "in.txt"
+    text.write_text("s1 s2\n")
+    with pytest.raises(SystemExit) as exit_:
+        ddgviz.main(["--path", str(toy.lstm), "--data", str(toy.data_bin), "--input", str(text),
+                     "--sentences", "0", "--out", str(tmp_path / "out"), "--cpu"])
+    assert exit_.value.code == ("fairseq-stream: error: DDGviz draws Jacobi decoding, which runs fairseq "
+                                "transformers on the lean runner only (this model: LSTMModel is not a fairseq "
+                                "transformer)")
+
+
 def test_ddgviz_writes_a_picture_and_its_json(toy, tmp_path, capsys):
     from fairseq_stream import ddgviz
 

@@ -738,16 +738,26 @@ def _accepted_path(window: List[int], parents: List[int], outputs: List[int], eo
     return path, guesses
 
 
+class JacobiUnsupported(FairseqStreamError):
+    """Jacobi decoding cannot run this model or option: ``--search jacobi REASON; use --search greedy``.
+
+    The advice is for fairseq-generate's users; a tool that only draws Jacobi
+    decoding (DDGviz) words it with ``reason`` alone.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__("--search jacobi {}; use --search greedy".format(reason))
+        self.reason = reason
+
+
 def _lean_runner_of(greedy: GreedyDecoder) -> LeanRunner:
     """The greedy decoder's runner, which the windows run on; a one-line error where Jacobi cannot use it."""
     runner = greedy.runner
     if not isinstance(runner, LeanRunner):
-        raise FairseqStreamError(
-            "--search jacobi runs fairseq transformers on the lean runner only (this model: {}); "
-            "use --search greedy".format(_why_not_lean(runner)))
+        raise JacobiUnsupported("runs fairseq transformers on the lean runner only (this model: {})".format(
+            _why_not_lean(runner)))
     if greedy.repeat_ngram_blocker is not None:
-        raise FairseqStreamError("--search jacobi does not support --no-repeat-ngram-size "
-                                 "(use --search greedy)")
+        raise JacobiUnsupported("does not support --no-repeat-ngram-size")
     return runner
 
 
