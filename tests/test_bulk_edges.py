@@ -219,6 +219,19 @@ def test_a_bad_option_is_one_line_before_any_work(toy, corpus, tmp_path):  # noq
     assert not os.path.exists(str(out) + ".chunks")
 
 
+def test_a_run_that_fails_before_any_chunk_leaves_no_empty_work_dir(toy, corpus, tmp_path):  # noqa: F811
+    """The Translator refused stream_eps=2 after OUTPUT.chunks/chunks was made: it was left behind, empty."""
+    out = tmp_path / "out.txt"
+    with pytest.raises(FairseqStreamError, match=r"--stream-eps must be in \(0, 1\], got 2"):
+        bulk_main(toy, "translate", "--input", corpus[0], "--output", out, "--option", "stream_eps=2")
+    assert sorted(os.listdir(tmp_path)) == []
+    # A work dir holding a finished chunk stays, for the re-run to resume from.
+    bulk_main(toy, "translate", "--input", corpus[0], "--output", out)
+    with pytest.raises(FairseqStreamError, match="--stream-eps"):
+        bulk_main(toy, "translate", "--input", corpus[0], "--output", out, "--option", "stream_eps=2")
+    assert os.listdir(str(out) + ".chunks/chunks")
+
+
 def test_nbest_writes_every_hypothesis_in_generate_format(toy, corpus, expected, tmp_path):  # noqa: F811
     out = tmp_path / "out.txt"
     with pytest.raises(FairseqStreamError, match="give --format generate"):

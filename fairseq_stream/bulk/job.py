@@ -171,11 +171,12 @@ def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: 
         raise FairseqStreamError("--long-lines must be one of {}, got {}".format(", ".join(LONG_LINES), long_lines))
     started = time.perf_counter()
     ranks = Ranks(use_cuda=torch.cuda.is_available() and not cpu, startup_timeout=startup_timeout)
+    made = []  # the work directories this run created, to remove if it fails before writing into them
     try:
         if ranks.rank == 0:
             ch.check_output(output)  # before hours of work, not after
             index = ch.index_input(input_path, chunk_size)
-            os.makedirs(os.path.join(work_dir, "chunks"), exist_ok=True)
+            made = _make_dirs(os.path.join(work_dir, "chunks"))  # an unwritable place fails now, not at chunk 1
             ranks.store.set(INDEX, index.to_json())
         else:
             index = ranks.get_index()
@@ -206,8 +207,30 @@ def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: 
         logger.info("fairseq-stream bulk: waited %.2f s for the other ranks, merged %d lines in %.2f s",
                     merging - finished, index.lines, time.perf_counter() - merging)
         return summary
+    except BaseException:
+        _remove_empty(made)
+        raise
     finally:
         ranks.close()
+
+
+def _make_dirs(path: str) -> List[str]:
+    """``os.makedirs(path)``; the directories it created, deepest first."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    os.makedirs(missing[0] if missing else path, exist_ok=True)
+    return missing
+
+
+def _remove_empty(dirs: List[str]):
+    """Remove each of ``dirs`` (deepest first) that is still empty: a failed run leaves no empty work dir."""
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:  # written into (kept, for the re-run to resume), or already gone
+            return
 
 
 class _Worker:
