@@ -8,6 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+
+# One torch thread in every test process, whichever test modules are collected: the tools the tests start
+# run with OMP_NUM_THREADS=1 (tool_env), and a score compared bit for bit with theirs must come from the same
+# thread count. (Modules set it at import, so `pytest tests/test_bulk_edges.py` alone ran on every core and
+# its comparison with fairseq-generate's scores failed on a 2-core machine.)
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -16,8 +16,6 @@ from fairseq_stream.checkpoint import is_trusted, load_state, trust_checkpoints,
 from fairseq_stream.cli import plugin_dir
 from fairseq_stream.errors import CheckpointError, FairseqStreamError, UnsafeCheckpointError
 
-torch.set_num_threads(1)
-
 
 def translator(toy, path, **kwargs):
     from fairseq_stream.api import Translator

@@ -20,8 +20,6 @@ from fairseq_stream.ops import beam_step, loader
 from fairseq_stream.search import policies, selection
 from fairseq_stream.search.pruning import Pruning
 
-torch.set_num_threads(1)
-
 pytestmark = pytest.mark.skipif(not beam_step.available(torch.device("cpu")),
                                 reason="the CPU extension is not built (python setup.py build_ext --inplace)")
 

@@ -286,6 +286,20 @@ def test_generate_format_is_fairseq_generates_s_and_h_lines(toy, tmp_path, nbest
     assert ours == printed_lines(plain)
 
 
+def test_generate_format_prints_sources_as_fairseq_splits_them(toy, tmp_path):
+    """A tab inside a line made its S- line one field longer; a whitespace-only line was printed raw."""
+    from fairseq_stream.bulk import main
+
+    source, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    words = toy.raw.joinpath("test.src").read_text().splitlines()[0].split()
+    source.write_text("  {}\t{}  \n \t \n{}\n".format(words[0], " ".join(words[1:]), " ".join(words)))
+    main([str(a) for a in ["translate", "--input", source, "--output", out, "--format", "generate"]
+          + common(toy, "translate")])
+    ours = printed_lines(out.read_text())
+    assert [lines[0] for lines in ours.values()] == ["S-0\t" + " ".join(words), "S-1\t", "S-2\t" + " ".join(words)]
+    assert ours[0][1].split("\t")[2] == ours[2][1].split("\t")[2]  # the same sentence, the same translation
+
+
 # --- Ctrl-C ----------------------------------------------------------------------------------------
 
 def test_ctrl_c_is_one_line_and_a_rerun_resumes(toy, tmp_path):

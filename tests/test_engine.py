@@ -16,8 +16,6 @@ from conftest import decode, decoder_options, differences, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.engine import Bookkeeping, CohortDecoder, CohortSteps, SearchPolicy, StepModel
 
-torch.set_num_threads(1)
-
 
 def recording(dec, log):
     """Wrap ``dec``'s three step parts so that each call is logged (name, cohort ids); the real methods run."""

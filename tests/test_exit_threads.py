@@ -24,7 +24,6 @@ from conftest import REPO, tool_env
 PRELUDE = """
 import builtins, threading, time, torch
 import fairseq_stream  # the plugin as --user-dir loads it: its patches of fairseq
-torch.set_num_threads(1)
 a = torch.randn(1536, 1536)
 began = time.perf_counter(); a.mm(a); product_s = time.perf_counter() - began
 inside = threading.Event()

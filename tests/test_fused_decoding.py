@@ -19,8 +19,6 @@ from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import loader, output_layer
 
-torch.set_num_threads(1)
-
 needs_cpu_kernel = pytest.mark.skipif(
     output_layer.auto_backend("cpu") != "cpu",
     reason="the CPU output-layer kernel is not built (fairseq_stream._ops_cpu: {})".format(

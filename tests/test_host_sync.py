@@ -19,8 +19,6 @@ from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.host_sync import STEP_METHODS, HostSyncCounter, OpTrace, count_update_syncs
 from fairseq_stream.schedule.pool import StreamPool
 
-torch.set_num_threads(1)
-
 SEARCHES = sorted(DECODER_OPTIONS)
 
 

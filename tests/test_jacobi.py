@@ -22,8 +22,6 @@ from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.jacobi.decoder import JacobiDecoder
 from fairseq_stream.jacobi.drafts import AcceptanceRates, NgramPool, likely_draft, likely_tree, next_draft
 
-torch.set_num_threads(1)
-
 RULES = dict(unk_penalty=-6.0, temperature=0.8, min_len=3, max_len_a=0.5, max_len_b=2)
 SETTINGS = [("pj", 3, "pad"), ("pgj", 3, "pad"), ("pgj", 5, "ngram"), ("hgj", 3, "pad"), ("hgj", 3, "ngram"),
             ("hgj", 1, "ngram")]

@@ -25,8 +25,6 @@ from fairseq_stream.jacobi import calibration
 from fairseq_stream.jacobi.calibration import FIRST_PROBE, MIN_CALLS, Chooser, Costs, RowCosts
 from fairseq_stream.jacobi.decoder import JacobiDecoder, check_options
 
-torch.set_num_threads(1)
-
 
 def greedy_decoder(models, task):
     return BeamDecoder(models, task.target_dictionary, beam_size=1, runner="lean", output_layer="auto",

@@ -29,8 +29,6 @@ pytestmark = pytest.mark.skipif(EXT is None or not hasattr(EXT, "Product"),
 SHAPES = int(os.environ.get("FAIRSEQ_STREAM_FUZZ_SHAPES", "25"))
 ATTENTION_TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-12}
 
-torch.set_num_threads(1)
-
 
 def shapes(seed):
     """SHAPES random generators, one a shape: (python's random for sizes, torch's for values)."""

@@ -24,8 +24,6 @@ pytestmark = pytest.mark.skipif(EXT is None or not hasattr(EXT, "Product"),
                                 reason="the compiled CPU extension is not built")
 INF, NAN = math.inf, math.nan
 
-torch.set_num_threads(1)
-
 
 # -- rows the integers cannot hold ------------------------------------------------------------------------------
 

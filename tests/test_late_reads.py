@@ -25,8 +25,6 @@ from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.host_sync import count_update_syncs
 from test_stacked import SCHEDULERS
 
-torch.set_num_threads(1)
-
 SENTENCES = 12
 # One row bucket above every step's rows (a stream pool of 8 sentences at k=5: 40 rows): the products have the
 # same shape whatever the lag leaves running.

@@ -17,8 +17,6 @@ from fairseq_stream.runners import lean_encoder
 from fairseq_stream.runners.lean_model import LeanModel
 from test_lean_runner import models64, random_transformer  # noqa: F401  (a fixture, and its helper)
 
-torch.set_num_threads(1)
-
 SENTENCES = {"transformer": 24, "prenorm-learned": 16, "wmt19-big": 3}
 
 

@@ -23,8 +23,6 @@ from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.runners import build_runner
 from fairseq_stream.runners.lean import LeanRunner, unsupported_reason
 
-torch.set_num_threads(1)
-
 SEARCHES = ("greedy", "fixed", "fixed-stay", "var-batch")
 SCHEDULERS = {
     "batch": None,

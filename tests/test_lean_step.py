@@ -1,7 +1,6 @@
 """The compiled lean step (all layers of a step in one call) against the Python step: bitwise, in real decoding."""
 
 import pytest
-import torch
 
 from conftest import decode, decoder_options, differences, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
@@ -9,8 +8,6 @@ from fairseq_stream.ops import lean_step
 from test_lean_runner import SCHEDULERS, random_transformer
 
 pytestmark = pytest.mark.skipif(not lean_step.available(), reason="the compiled CPU extension is not built")
-
-torch.set_num_threads(1)
 
 
 def decode_both(models, task, search, scheduler, monkeypatch, limit=24, **opts):

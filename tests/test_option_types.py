@@ -1,11 +1,8 @@
 """Option values are checked by their field's type before any checkpoint loads: the Python API and bulk alike."""
 
 import pytest
-import torch
 
 from fairseq_stream.errors import FairseqStreamError
-
-torch.set_num_threads(1)
 
 # (keyword arguments, the one-line error): each once failed inside translate() or after the checkpoints loaded.
 BAD = [

@@ -38,8 +38,6 @@ from fairseq_stream.ops import loader
 from fairseq_stream.ops import output_layer as ol
 from fairseq_stream.ops import auto_backend, available_backends, greedy_log_softmax, topk_log_softmax
 
-torch.set_num_threads(1)
-
 TOL = {torch.float32: (2e-5, 2e-6), torch.float64: (1e-12, 1e-14)}  # (absolute, relative)
 PAD, EOS, UNK = 1, 2, 3
 

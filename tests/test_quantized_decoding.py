@@ -14,8 +14,6 @@ from test_lean_runner import SCHEDULERS
 
 pytestmark = pytest.mark.skipif(not quantized_linear.kernels(), reason="the compiled CPU extension is not built")
 
-torch.set_num_threads(1)
-
 
 def quantized_decoder(models, task, search, quantize="int8", **opts):
     return BeamDecoder(models, task.target_dictionary, runner="lean", output_layer="auto", keep_reference=False,

@@ -30,8 +30,6 @@ from fairseq_stream.runners.fairseq_runner import ModelRunner
 from fairseq_stream.runners import build_runner
 from fairseq_stream.runners.rnn import RnnOptions, RnnRunner, unsupported_reason
 
-torch.set_num_threads(1)
-
 # int16 against float32 (toy LSTM, 237 sentences): the largest score difference
 # seen where tokens agree (a score is the mean log-probability per token, so
 # two-token sentences show one token's error undiluted): 2.3e-4 on the toy

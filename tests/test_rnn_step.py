@@ -18,8 +18,6 @@ from fairseq_stream.ops import rnn_step
 from fairseq_stream.runners.rnn import RnnOptions, RnnRunner
 from test_rnn_runner import SCHEDULERS, agreement, perturbed_copy, toy_sentences, two_layer_lstm
 
-torch.set_num_threads(1)
-
 pytestmark = pytest.mark.skipif(not rnn_step.available(),
                                 reason="the CPU extension is not built (python setup.py build_ext --inplace)")
 

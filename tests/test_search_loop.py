@@ -11,8 +11,6 @@ from fairseq_stream.ops import search_loop
 
 pytestmark = pytest.mark.skipif(search_loop._extension() is None, reason="the compiled CPU extension is not built")
 
-torch.set_num_threads(1)
-
 
 def python_loop(models, task, quantize="none", beam=1, **rules):
     dec = BeamDecoder(models, task.target_dictionary, beam_size=beam, runner="lean", output_layer="auto",

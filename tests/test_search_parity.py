@@ -19,8 +19,6 @@ from conftest import hypotheses, run_plain_fairseq_generate, run_tool
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.search.pruning import Pruning
 
-torch.set_num_threads(1)
-
 
 def batches(task, size=8):
     dataset = task.dataset("test")

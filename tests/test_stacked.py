@@ -18,8 +18,6 @@ from fairseq_stream.jacobi.decoder import JacobiDecoder
 from fairseq_stream.runners import build_runner
 from fairseq_stream.runners.lean import LeanRunner
 
-torch.set_num_threads(1)
-
 SEARCHES = ("greedy", "fixed", "fixed-stay", "var-batch", "var-fairseq")
 SCHEDULERS = {
     "batch": None,

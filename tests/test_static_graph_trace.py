@@ -17,8 +17,6 @@ from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.host_sync import HostSyncCounter, OpTrace
 from fairseq_stream.schedule.pool import StreamPool
 
-torch.set_num_threads(1)
-
 ROW_BUCKETS = (8, 16, 32, 64, 128)
 LENGTH_BUCKET = 16
 

@@ -22,8 +22,6 @@ from fairseq_stream.runners.static_slots import StaticSlotRunner
 # lengths join, rows at their own lengths in one call).
 from test_stacked import SCHEDULERS, SEARCHES
 
-torch.set_num_threads(1)
-
 TOLERANCE = 1e-12
 
 

@@ -20,8 +20,6 @@ from test_static_slots import compare
 from fairseq_stream.runners import build_runner
 from fairseq_stream.runners.static_slots import StaticSlotRunner
 
-torch.set_num_threads(1)
-
 
 @pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
 @pytest.mark.parametrize("search", SEARCHES)

@@ -28,8 +28,6 @@ import torch
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.search.pruning import Pruning
 
-torch.set_num_threads(1)
-
 
 @dataclass
 class Entry:

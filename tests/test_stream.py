@@ -33,8 +33,6 @@ from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.schedule.pool import StreamPool
 from fairseq_stream.search.pruning import Pruning
 
-torch.set_num_threads(1)
-
 SEARCHES = {
     "var-batch": dict(finalize="stay", pruning=Pruning(ap=1.5, mc=5)),
     "fixed": dict(finalize="fairseq"),

@@ -21,8 +21,6 @@ from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.ops import output_layer, search_loop
 from fairseq_stream.schedule.pool import StreamPool
 
-torch.set_num_threads(1)
-
 needs_cpu_kernel = pytest.mark.skipif(output_layer.auto_backend("cpu") != "cpu",
                                       reason="the CPU output-layer kernel is not built")
 

@@ -429,6 +429,7 @@ def _formatted(n: int, record: dict, source: Optional[str], fmt: str) -> str:
         return "{}\t{}\n".format(_score(record["score"]), record["text"])
     # generate: every hypothesis of an n-best list (nbest > 1), else the best one.
     hypotheses = record.get("hypotheses") or [[record["score"], record["text"]]]
-    return "S-{n}\t{src}\n".format(n=n, src=source) + "".join(
+    # The source as fairseq prints it, its tokens split on whitespace: a tab inside the line would add a field.
+    return "S-{n}\t{src}\n".format(n=n, src=" ".join((source or "").split())) + "".join(
         "H-{n}\t{score}\t{text}\n".format(n=n, score=generate_score(score), text=text)
         for score, text in hypotheses)
