@@ -1,7 +1,10 @@
 """The suite's warm tool runs (tests/warm_tools.py) print and exit as fresh processes do."""
 
+import os
+import signal
 import subprocess
 import sys
+import time
 
 from conftest import REPO, run_tool, tool_env, warm_tools
 
@@ -52,3 +55,22 @@ def warm_tools_bin(name):
     from pathlib import Path
 
     return Path(sys.executable).parent / name
+
+
+def test_close_does_not_wait_for_a_forked_process_holding_the_servers_input():
+    """A process this one forked (a --cpu-workers worker) holds the write end of the server's stdin: closing it
+    was no end of input, and close() waited 30 s, then raised TimeoutExpired in an atexit hook."""
+    server = warm_tools.Server(tool_env())
+    assert server.run([sys.executable, "-c", "pass"], REPO).returncode == 0
+    holder = os.fork()
+    if holder == 0:  # the forked process: it holds every descriptor of this one, and sleeps
+        time.sleep(60)
+        os._exit(0)
+    try:
+        start = time.monotonic()
+        server.close()
+        assert time.monotonic() - start < 10
+        assert server._proc.returncode == 0  # it quit when asked, not killed
+    finally:
+        os.kill(holder, signal.SIGKILL)
+        os.waitpid(holder, 0)

@@ -71,9 +71,24 @@ class Server:
                                                (tmp / "stderr").read_text())
 
     def close(self):
+        """Ask the server to quit, and wait for it (killed if it does not go within 30 s).
+
+        The server is asked in words, not by closing its stdin: a process this
+        test worker forked (a --cpu-workers worker of an in-process run) holds
+        a copy of the pipe's write end, so the server would not see the end of
+        its input while such a process lives.
+        """
         if self._proc.poll() is None:
-            self._proc.stdin.close()
-            self._proc.wait(timeout=30)
+            try:
+                self._proc.stdin.write(b'{"quit": true}\n')
+                self._proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
         os.unlink(self._log.name)
 
 
@@ -118,6 +133,8 @@ def _serve():
             pending += chunk
         line, pending = pending.split(b"\n", 1)
         request = json.loads(line)
+        if request.get("quit"):
+            return
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
