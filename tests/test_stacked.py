@@ -136,6 +136,27 @@ def test_stack_members_option(toy, capsys, caplog, monkeypatch):
     assert len(printed["on"]) == 37 and printed["on"] == printed["off"] == printed["auto"]
 
 
+def test_stack_members_on_is_never_dropped_silently(toy, loaded, capsys, caplog, monkeypatch):
+    """With fixed on the batch generator (where auto keeps fairseq's runner) or --runner fairseq, on was
+    ignored with no word; it now takes the lean runner there, as --quantize does, or is refused in one line."""
+    from fairseq_stream import runners
+    from fairseq_stream.errors import FairseqStreamError
+
+    monkeypatch.setattr(runners, "_said", set())
+    common = [toy.data_bin, "--path", "{}:{}".format(toy.transformer, toy.transformer2), "--user-dir",
+              "fairseq_stream", "--gen-subset", "test", "--batch-size", "8", "--search", "fixed", "--cpu"]
+    with caplog.at_level("INFO"):
+        generate_in_process(common + ["--stack-members", "on"])
+    assert any("using the lean runner (2 models, stacked" in r.getMessage() for r in caplog.records)
+    assert len([line for line in capsys.readouterr().out.splitlines() if line[:2] == "H-"]) == 37
+    for kind in ("fairseq", "rnn"):
+        with pytest.raises(FairseqStreamError, match=r"^--stack-members on runs on our transformer runners "
+                                                     r"\(lean, static\), not --runner {}$".format(kind)):
+            build_runner(kind, loaded("ensemble")[0], stack_members=True)
+    with pytest.raises(FairseqStreamError, match="these are fairseq LSTM models$"):
+        build_runner("auto", loaded("lstm")[0], stack_members=True)
+
+
 def test_stack_members_in_the_python_api(toy):
     """The API's ``stack_members``: the same translations stacked and not; a bad value refused before loading."""
     from fairseq_stream.api import Translator

@@ -207,7 +207,7 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
         raise FairseqStreamError("--sampling needs --nbest equal to --beam (got --nbest {}, --beam {})"
                                  .format(gen_cfg.nbest, gen_cfg.beam))
     check_runner(str(getattr(search_cfg, "runner", "auto")), RnnOptions.from_config(search_cfg).int16,
-                 str(getattr(search_cfg, "quantize", "none")))
+                 str(getattr(search_cfg, "quantize", "none")), str(getattr(search_cfg, "stack_members", "auto")))
     check_output_layer(getattr(search_cfg, "output_layer", "auto"))
     _check_static_buckets(search_cfg)
     if hasattr(search_cls, "pruning"):

@@ -53,8 +53,12 @@ def say_once(message, *args, level=logging.INFO):
         logger.log(level, message, *args)
 
 
-def check_runner(kind: str, int16: bool = False, quantize: str = "none"):
-    """Refuse an unknown runner or ``--quantize``, and combinations no runner runs, in one line."""
+def check_runner(kind: str, int16: bool = False, quantize: str = "none", stack_members=None):
+    """Refuse an unknown runner or ``--quantize``, and combinations no runner runs, in one line.
+
+    ``stack_members``: True where ``--stack-members on`` was asked for (the
+    lean and static runners' form), "on" as the option's text is taken too.
+    """
     if kind not in RUNNERS:
         raise FairseqStreamError("--runner must be one of {}, got {}".format(", ".join(RUNNERS), kind))
     if quantize not in QUANTIZE:
@@ -65,6 +69,9 @@ def check_runner(kind: str, int16: bool = False, quantize: str = "none"):
         raise FairseqStreamError("--quantize runs on our runners (lean, rnn), not --runner {}".format(kind))
     if int16 and quantize in INT8_KINDS:
         raise FairseqStreamError("--rnn-int16 and --quantize {} ask for two precisions; use one".format(quantize))
+    if stack_members in (True, "on") and (kind in ("fairseq", "rnn") or int16):
+        raise FairseqStreamError("--stack-members on runs on our transformer runners (lean, static), not {}"
+                                 .format("--rnn-int16" if int16 else "--runner " + kind))
 
 
 def build_runner(kind: str, models, temperature: float = 1.0, keep_fairseq: bool = False, rnn_options=None,
@@ -108,7 +115,7 @@ def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantiz
     from fairseq_stream.runners import rnn
 
     options = rnn_options or rnn.RnnOptions()
-    check_runner(kind, options.int16, quantize)
+    check_runner(kind, options.int16, quantize, stack_members)
     members = list(getattr(models, "models", models))
     dropout = retained_dropout(members)
     if dropout:
@@ -129,12 +136,16 @@ def _choose_runner(kind, models, temperature, keep_fairseq, rnn_options, quantiz
             raise FairseqStreamError("--rnn-int16 runs fairseq LSTM models only: {}".format(rnn_reason))
         say_once("fairseq-stream: using the rnn runner (%s; %s)", options.describe(), _int16_kernel_line())
         return rnn.RnnRunner(members, temperature=temperature, options=options)
-    if kind == "fairseq" or (kind == "auto" and keep_fairseq):
+    # --stack-members on asks for the lean runner as --quantize does: it wins over keeping fairseq's.
+    if kind == "fairseq" or (kind == "auto" and keep_fairseq and stack_members is not True):
         if kind == "auto":
             say_once("fairseq-stream: using the fairseq runner (--search fixed --finalize fairseq "
                       "is bitwise fairseq's; --runner lean to change)")
         return ModelRunner(models, temperature=temperature)
     if kind == "rnn" or (kind == "auto" and not rnn_reason):
+        if stack_members is True:
+            raise FairseqStreamError("--stack-members on runs on our transformer runners (lean, static); these "
+                                     "are fairseq LSTM models")
         if rnn_reason:
             say_once("fairseq-stream: --runner rnn: %s; using the fairseq runner", rnn_reason)
             return ModelRunner(models, temperature=temperature)
