@@ -93,6 +93,9 @@ def is_trusted(path):
 
 def check_readable(path):
     """Raise a one-line :class:`CheckpointError` if ``path`` is not a readable file."""
+    if not path:
+        # fairseq splits --path on ':' and keeps the empty names a stray ':' leaves.
+        raise CheckpointError("--path has an empty checkpoint name (a ':' at its start or end, or '::')")
     if not os.path.exists(path):
         raise CheckpointError("checkpoint {} does not exist".format(path))
     if os.path.isdir(path):
@@ -196,3 +199,45 @@ def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
             checkpoint_utils.overwrite_args_by_name(state["cfg"], arg_overrides)
 
     return checkpoint_utils._upgrade_state_dict(state)
+
+
+# torch's load_state_dict error, one entry per parameter: "size mismatch for KEY: copying a param with shape
+# torch.Size([612, 16]) from checkpoint, the shape in current model is torch.Size([608, 16])."
+_SIZE_MISMATCH = re.compile(r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) "
+                            r"from checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
+
+
+def size_mismatch_error(error: Exception, paths: Sequence[str]):
+    """A one-line :class:`CheckpointError` for torch's multi-line "size mismatch" ``error``, raised where a
+    checkpoint of ``paths`` does not fit the model fairseq built for it; None for any other error.
+
+    The usual cause is a data directory whose dictionaries are not the ones
+    the checkpoint was trained with (another ensemble member's, or a
+    dictionary with words added): the embedding tables then have another
+    number of rows. The file is found by reading the parameter's shape in
+    each checkpoint again (this runs only on the error's path).
+    """
+    found = _SIZE_MISMATCH.search(str(error))
+    if not isinstance(error, RuntimeError) or found is None:
+        return None
+    key, saved, built = found.group(1), _shape(found.group(2)), _shape(found.group(3))
+    culprit = next((p for p in paths if _saved_shape(p, key) == saved), None)
+    named = "checkpoint {}".format(culprit) if culprit else "a checkpoint of --path"
+    message = "{} does not fit the model built for it: its {} is {}, the model's {}".format(
+        named, key, "x".join(map(str, saved)), "x".join(map(str, built)))
+    if "embed_tokens" in key or "output_projection" in key:
+        message += ("; the data directory's dictionary has {} words and the checkpoint's {}: give the data "
+                    "directory (the dictionaries) it was trained with".format(built[0], saved[0]))
+    return CheckpointError(message)
+
+
+def _shape(text: str):
+    return tuple(int(n) for n in text.split(",") if n.strip())
+
+
+def _saved_shape(path: str, key: str):
+    try:
+        tensor = load_checkpoint_to_cpu(path)["model"].get(key)
+    except Exception:  # noqa: BLE001 - only naming the file is at stake here; the error is raised anyway
+        return None
+    return tuple(tensor.shape) if tensor is not None else None

@@ -633,7 +633,7 @@ def _patch_dictionary_string():
 def _patch_checkpoint_loading():
     from fairseq import checkpoint_utils
 
-    from fairseq_stream.checkpoint import check_readable, load_checkpoint_to_cpu
+    from fairseq_stream.checkpoint import check_readable, load_checkpoint_to_cpu, size_mismatch_error
 
     def load_checkpoint_to_cpu_safely(original, *args, **kwargs):
         # Ours in place of fairseq's, not around it: fairseq's torch.load with no allow-list fails on torch >= 2.6.
@@ -650,8 +650,15 @@ def _patch_checkpoint_loading():
                         filename, suffix, shard, num_shards)
                     if "://" not in name:
                         check_readable(name)
-        return original(filenames, arg_overrides=arg_overrides, task=task, strict=strict,
-                        suffix=suffix, num_shards=num_shards, state=state)
+        try:
+            return original(filenames, arg_overrides=arg_overrides, task=task, strict=strict,
+                            suffix=suffix, num_shards=num_shards, state=state)
+        except RuntimeError as error:
+            # torch's dozens of "size mismatch" lines, most often a data directory of other dictionaries.
+            one_line = size_mismatch_error(error, filenames)
+            if one_line is None:
+                raise
+            raise one_line from None
 
     _patch(checkpoint_utils, "load_checkpoint_to_cpu", load_checkpoint_to_cpu_safely)
     _patch(checkpoint_utils, "load_model_ensemble_and_task", load_model_ensemble_and_task)

@@ -135,6 +135,41 @@ def test_bad_checkpoint_on_the_command_line(toy, tmp_path, tool):
         assert last.startswith("fairseq-stream: error:") and str(path) in last and says in last
 
 
+def test_a_data_directory_of_other_dictionaries_is_one_line_naming_the_checkpoint(toy, tmp_path):
+    """torch's load_state_dict listed every mismatched table in a multi-line RuntimeError, naming no file."""
+    import shutil
+
+    other = tmp_path / "data-bin"
+    shutil.copytree(toy.data_bin, other)
+    for side in ("src", "tgt"):  # the toy shares its embeddings: one dictionary on both sides
+        with open(other / "dict.{}.txt".format(side), "a") as f:
+            f.write("".join("extra{} 1\n".format(i) for i in range(8)))
+    size = len((toy.data_bin / "dict.src.txt").read_text().splitlines()) + 4  # the specials fairseq adds
+    says = ("checkpoint {} does not fit the model built for it: its encoder.embed_tokens.weight is {}x"
+            .format(toy.transformer, size))
+    tail = ("the data directory's dictionary has {} words and the checkpoint's {}: give the data directory "
+            "(the dictionaries) it was trained with".format(size + 8, size))
+    from fairseq_stream.api import Translator
+
+    with pytest.raises(CheckpointError) as err:
+        Translator([str(toy.transformer2), str(toy.transformer)], data=str(other), cpu=True)
+    assert str(err.value).startswith(says.replace(str(toy.transformer), str(toy.transformer2)))
+    assert str(err.value).endswith(tail)
+    last = one_line_error(run_tool(["fairseq-generate", other, "--path", toy.transformer, "--user-dir",
+                                    "fairseq_stream", "--search", "var-batch", "--cpu", "--gen-subset", "test"],
+                                   check=False))
+    assert last.startswith("fairseq-stream: error: " + says) and last.endswith(tail)
+
+
+@pytest.mark.parametrize("path", ["{}:", ":{}", "{0}::{0}"])
+def test_an_empty_name_in_path_is_named_as_such(toy, path):
+    """``--path a.pt:`` said "checkpoint  does not exist", naming a file with no name."""
+    last = one_line_error(run_tool(["fairseq-generate", toy.data_bin, "--path", path.format(toy.transformer),
+                                    "--user-dir", "fairseq_stream", "--search", "greedy", "--cpu", "--gen-subset",
+                                    "test"], check=False))
+    assert last == "fairseq-stream: error: --path has an empty checkpoint name (a ':' at its start or end, or '::')"
+
+
 # -- input text ------------------------------------------------------------------
 
 
