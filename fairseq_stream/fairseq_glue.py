@@ -216,7 +216,7 @@ def _check_after_parsing(parser, args, input_args):
     """Check the parsed selection and generation options, keep --maxi-batch, trust --trust-checkpoint's files."""
     error = check_selection(
         getattr(args, "search", None), getattr(args, "generator", None)
-    ) or check_generation(getattr(args, "search", None), args)
+    ) or check_generation(getattr(args, "search", None), args) or _model_overrides_problem(args)
     if error:
         refuse(parser, error)
     _log_ignored_beam(args, input_args)
@@ -227,6 +227,24 @@ def _check_after_parsing(parser, args, input_args):
         from fairseq_stream.checkpoint import trust_checkpoints
 
         trust_checkpoints(utils.split_paths(args.path))
+
+
+def _model_overrides_problem(args) -> Optional[str]:
+    """What is wrong with ``--model-overrides``, which fairseq-generate reads with ``ast.literal_eval`` after
+    loading the task (a SyntaxError traceback); None where it is a dict."""
+    import ast
+
+    text = getattr(args, "model_overrides", None)
+    if not text:
+        return None
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return "--model-overrides {!r} is not a Python dict literal, e.g. \"{{'max_source_positions': 2048}}\"".format(
+            text)
+    if not isinstance(value, dict):
+        return "--model-overrides must be a dict, e.g. \"{{'max_source_positions': 2048}}\", got {!r}".format(text)
+    return None
 
 
 def _set_maxi_batch(parser, m):

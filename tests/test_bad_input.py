@@ -321,6 +321,10 @@ def generate_args(toy, *extra):
     (["--search", "beam", "--min-len", "300"], "--min-len 300 is larger than the maximum length --max-len-b 200"),
     (["--search", "fixed", "--min-len", "30", "--max-len-b", "20"], "--min-len 30 is larger than the maximum "
      "length --max-len-b 20; adjust --max-len-a/-b"),
+    # fairseq-generate's literal_eval after loading the task: a SyntaxError traceback.
+    (["--search", "beam", "--model-overrides", "{bad"], "--model-overrides '{bad' is not a Python dict literal, "
+     "e.g. \"{'max_source_positions': 2048}\""),
+    (["--search", "var-stream", "--model-overrides", "[1]"], "--model-overrides must be a dict"),
 ])
 def test_option_errors_are_caught_when_parsing(toy, capsys, extra, says):
     args, error = parse_generate(generate_args(toy, *extra), capsys)
