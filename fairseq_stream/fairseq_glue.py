@@ -88,6 +88,7 @@ def install():
     _patch_interactive_input()
     _patch_background_consumer()
     _patch_dictionary_string()
+    _patch_lstm_encoder()
     install.done = True
 
 
@@ -643,6 +644,21 @@ def _patch_dictionary_string():
 
     _patch(Dictionary, "string", dictionary_string)
     _patch(Dictionary, "encode_line", dictionary_encode_line)
+
+
+def _patch_lstm_encoder():
+    """fairseq's LSTM encoder on sources without a ``<pad>`` inside a sentence (:mod:`.inner_padding`)."""
+    from fairseq.models.lstm import LSTMEncoder
+
+    from fairseq_stream.inner_padding import without_inner_padding
+
+    def forward(original, self, src_tokens, src_lengths, *args, **kwargs):
+        tokens, lengths = without_inner_padding(src_tokens, self.padding_idx, self.left_pad)
+        if tokens is not src_tokens:
+            src_lengths = lengths.to(src_lengths.dtype)
+        return original(self, tokens, src_lengths, *args, **kwargs)
+
+    _patch(LSTMEncoder, "forward", forward)
 
 
 # --- checkpoints ----------------------------------------------------------

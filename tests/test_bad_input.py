@@ -173,6 +173,38 @@ def test_an_empty_name_in_path_is_named_as_such(toy, path):
 # -- input text ------------------------------------------------------------------
 
 
+def test_a_pad_symbol_inside_a_line_is_read_as_the_line_without_it_on_an_lstm(toy):
+    """A literal <pad> in the longest line of a batch ended an LSTM decode with fairseq's AssertionError (every
+    later line lost); a transformer reads such a line as the line without it, and now an LSTM does too."""
+    from fairseq_stream.api import Translator
+
+    words = "s4 s5 s6 s7 s8 s9 s10 s11 s12 s13".split()
+    padded = ["{} <pad> {}".format(words[0], " ".join(words[1:])), "<pad> s3", "s1 s2 <pad>", "s3"]
+    plain = [" ".join(words), "s3", "s1 s2", "s3"]
+    for search in ("greedy", "var-stream"):  # the rnn runner, on fairseq's LSTM encoder
+        lstm = Translator([str(toy.lstm)], data=str(toy.data_bin), search=search, pool=8, cpu=True)
+        assert [t.text for t in lstm.translate(padded)] == [t.text for t in lstm.translate(plain)]
+    common = [toy.data_bin, "--path", toy.lstm, "--user-dir", "fairseq_stream", "--source-lang", "src",
+              "--target-lang", "tgt", "--cpu", "--buffer-size", "8", "--batch-size", "8", "--search", "beam"]
+    ours = run_tool(["fairseq-interactive"] + common, input="\n".join(padded) + "\n")
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    again = run_tool(["fairseq-interactive"] + common, input="\n".join(plain) + "\n")
+    assert hypotheses(ours.stdout) == hypotheses(again.stdout) and len(hypotheses(ours.stdout)) == 4
+
+
+def test_without_inner_padding_moves_each_pad_to_the_padding_side():
+    from fairseq_stream.inner_padding import without_inner_padding
+
+    left = torch.tensor([[5, 1, 6, 2], [1, 1, 7, 2], [1, 8, 1, 2]])
+    tokens, lengths = without_inner_padding(left, pad=1, left_pad=True)
+    assert tokens.tolist() == [[5, 6, 2], [1, 7, 2], [1, 8, 2]] and lengths.tolist() == [3, 2, 2]
+    right = torch.tensor([[5, 1, 6, 2], [7, 2, 1, 1]])
+    tokens, lengths = without_inner_padding(right, pad=1, left_pad=False)
+    assert tokens.tolist() == [[5, 6, 2], [7, 2, 1]] and lengths.tolist() == [3, 2]
+    usual = torch.tensor([[5, 6, 2], [1, 7, 2]])
+    assert without_inner_padding(usual, pad=1, left_pad=True)[0] is usual
+
+
 def test_interactive_names_the_line_that_is_not_utf8(toy, tmp_path):
     text = b"s1 s2 s3\ns4 \xff\xfe s5\ns6\n"
     (tmp_path / "in.txt").write_bytes(text)
