@@ -15,6 +15,7 @@ that builds a generator itself (the Python API, ``task.build_generator`` in
 a notebook, the tests) keeps its own Ctrl-C.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -25,6 +26,9 @@ INTERRUPTED = "fairseq-stream: interrupted"
 # What must stop before the process ends (the CPU workers), newest first, with
 # the words it adds to the line and the SIGINT handler to put back after it.
 _stops: List[Tuple[Callable[[], None], str, object]] = []
+# The process that installed the handler. A process forked from it (fairseq's DataLoader worker) inherits
+# the handler; there SIGINT is Python's KeyboardInterrupt, and the line is the parent's alone.
+_owner = {"pid": None}
 
 
 def in_fairseq_tool() -> bool:
@@ -52,6 +56,7 @@ def exit_on_ctrl_c() -> bool:
         signal.signal(signal.SIGINT, _interrupted)
     except ValueError:  # not the main thread
         return False
+    _owner["pid"] = os.getpid()
     return True
 
 
@@ -72,6 +77,7 @@ def stop_first(stop: Callable[[], None], words: str) -> Callable[[], None]:
         before = signal.signal(signal.SIGINT, _interrupted)
     except ValueError:  # not the main thread
         return lambda: None
+    _owner["pid"] = os.getpid()
     entry = (stop, words, before)
     _stops.append(entry)
 
@@ -84,6 +90,28 @@ def stop_first(stop: Callable[[], None], words: str) -> Callable[[], None]:
         except ValueError:  # withdrawn from another thread (at exit): the process is ending anyway
             pass
     return withdraw
+
+
+@contextlib.contextmanager
+def sigint_held():
+    """Hold SIGINT back in this thread for the block (a fork): it is delivered at the block's end.
+
+    A SIGINT that lands inside ``os.fork`` raises KeyboardInterrupt in an
+    after-fork hook (logging's), where Python reports it as "Exception
+    ignored" and drops it: the run went on as if no Ctrl-C had come. A
+    process forked in the block starts with SIGINT held too, and must let it
+    go (:func:`release_sigint`) once its own handler is set.
+    """
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def release_sigint():
+    """In a process forked under :func:`sigint_held`: take SIGINT again."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def interrupted():
@@ -102,6 +130,9 @@ def interrupted():
 
 
 def _interrupted(signum, frame):
+    if os.getpid() != _owner["pid"]:
+        # A forked helper (torch's DataLoader worker catches this and ends quietly): the parent says the line.
+        raise KeyboardInterrupt
     interrupted()
 
 

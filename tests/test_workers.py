@@ -206,6 +206,35 @@ def test_a_vanished_worker_is_named_in_one_line(toy):
     assert our_workers() == []
 
 
+_ctrl_c_in_fork = []  # armed: the next fork's after-fork hook in this process sends SIGINT to it
+
+
+def _sigint_after_fork():
+    if _ctrl_c_in_fork:
+        _ctrl_c_in_fork.clear()
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+os.register_at_fork(after_in_parent=_sigint_after_fork)
+
+
+def test_a_ctrl_c_that_lands_inside_a_fork_is_not_dropped():
+    """Inside os.fork, the KeyboardInterrupt came up in logging's after-fork hook, where Python reports
+    "Exception ignored" and drops it: the bulk tool (a fork per chunk) then ran on to the end, status 0."""
+    from fairseq_stream.schedule.workers import Workers
+
+    _ctrl_c_in_fork.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Workers(2, abs)
+    finally:
+        _ctrl_c_in_fork.clear()
+        for child in our_workers():
+            child.kill()
+            child.join()
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set()  # nothing left held
+
+
 def test_ctrl_c_stops_the_workers_with_one_line_and_status_130(toy):
     # Every sentence forced to 150 tokens: the decode runs long enough to be interrupted mid-way.
     argv = [str(BIN / "fairseq-generate"), str(toy.data_bin), "--path", str(toy.transformer), "--user-dir",

@@ -84,12 +84,13 @@ class Workers:
         self._tasks = context.Queue()  # every worker takes the next task when it is free
         self._tasks.cancel_join_thread()  # at exit, workers that are gone read no more: do not wait for them
         self._processes = []
-        for index in range(n):
-            process = context.Process(target=_serve, args=(index, self._tasks, self._results, decode,
-                                                           stats, os.getpid()), name="fairseq-stream-worker-{}".format(index),
-                                      daemon=True)
-            process.start()
-            self._processes.append(process)
+        with interrupt.sigint_held():  # a Ctrl-C inside a fork is otherwise dropped; held, it lands after the forks
+            for index in range(n):
+                process = context.Process(target=_serve, args=(index, self._tasks, self._results, decode,
+                                                               stats, os.getpid()),
+                                          name="fairseq-stream-worker-{}".format(index), daemon=True)
+                process.start()
+                self._processes.append(process)
         logger.info("fairseq-stream: %d CPU workers started (processes %s)", n,
                     " ".join(str(p.pid) for p in self._processes))
         self._closed = False
@@ -190,6 +191,7 @@ def _close_if_alive(ref):
 def _serve(index: int, inbox, results, decode, stats, parent: int):
     """A worker's loop: decode each task of ``inbox`` and put its result (or its error) in ``results``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
+    interrupt.release_sigint()  # held while the parent forked
     # A parent killed (SIGTERM, SIGKILL, the OOM killer) runs no cleanup: its workers kept running under init,
     # each holding its memory, waiting for tasks that never came.
     if not die_with_parent(parent):
