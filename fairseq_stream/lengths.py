@@ -6,10 +6,10 @@ Functions of the decoder's settings (``max_len_a``, ``max_len_b``,
 """
 
 import logging
-import struct
+import math
+import sys
 from typing import Tuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -22,9 +22,9 @@ def max_lengths(src_tokens: Tensor, max_len_a: float, max_len_b: int, min_len: i
                 warned: bool) -> Tuple[Tensor, bool]:
     """Each sentence's maximum output length, as fairseq computes it for this batch, and whether the caller has
     now said that the model's positions cap it (``warned``: it had already)."""
-    # fairseq bounds the length by the batch's padded source length.
-    max_lens = torch.full((src_tokens.size(0),), src_tokens.size(1), dtype=torch.long, device=src_tokens.device)
-    max_lens = (max_lens.float() * max_len_a + max_len_b).long()
+    # fairseq bounds the length by the batch's padded source length, one bound for the whole batch.
+    longest = batch_max_len(src_tokens.size(1), max_len_a, max_len_b)
+    max_lens = torch.full((src_tokens.size(0),), longest, dtype=torch.long, device=src_tokens.device)
     capped = int(max_lens.gt(max_len - 1).sum())
     if capped and not warned:
         # fairseq caps silently; say so once, since it can truncate translations.
@@ -38,11 +38,24 @@ def max_lengths(src_tokens: Tensor, max_len_a: float, max_len_b: int, min_len: i
     return max_lens, warned
 
 
+def batch_max_len(width: int, max_len_a: float, max_len_b: int) -> int:
+    """fairseq's ``int(max_len_a * src_len + max_len_b)`` for a batch whose padded source is ``width`` tokens
+    wide, in Python's double arithmetic as fairseq computes it (``sequence_generator.py``), before the cap
+    by the model's positions.
+
+    In float32 the product rounds otherwise: ``1.16 * 25`` is 28.999999999999996
+    in double and 29.0 in float32, maximum lengths of 28 and 29.
+    """
+    value = max_len_a * width + max_len_b
+    if not math.isfinite(value):
+        return 0 if value != value or value < 0 else sys.maxsize  # nan, -inf: no length; +inf: the cap
+    return int(value)
+
+
 def longest_max_len(source: int, max_len_a: float, max_len_b: int, max_len: int) -> int:
     """The maximum length :func:`max_lengths` gives a batch whose padded source is ``source`` tokens wide, on
-    the host (its float32 arithmetic: ``source * a + b``, truncated, capped by the model's positions)."""
-    value = np.float32(source) * np.float32(max_len_a) + np.float32(max_len_b)
-    return int(min(max(int(value), 0), max_len - 1))
+    the host (:func:`batch_max_len`, capped by the model's positions)."""
+    return int(min(max(batch_max_len(source, max_len_a, max_len_b), 0), max_len - 1))
 
 
 def shortest_max_len(max_len_a: float, max_len_b: int, max_len: int) -> int:
@@ -54,9 +67,6 @@ def shortest_max_len(max_len_a: float, max_len_b: int, max_len: int) -> int:
     """
     if not max_len_a >= 0:
         return 0
-    try:
-        # max_lengths: (width * a + b) in float32, truncated, and width * a >= 0.
-        floor = int(struct.unpack("f", struct.pack("f", max_len_b))[0])
-    except (OverflowError, ValueError, struct.error):
-        return 0
-    return min(floor, max_len - 1)
+    # max_lengths: int(width * a + b), and width * a >= 0: at least b's whole part.
+    floor = batch_max_len(0, 0.0, max_len_b)
+    return max(min(floor, max_len - 1), 0)

@@ -120,6 +120,25 @@ def test_fixed_equals_sequence_generator_when_length_limits_bind(loaded, name, o
     assert len(at_length_limit(task, ref, opts["max_len_a"], opts["max_len_b"], max_positions)) >= 5
 
 
+@pytest.mark.parametrize("name", ["transformer", "lstm"])
+def test_the_maximum_length_rounds_as_fairseqs_double_arithmetic(loaded, name):
+    """fairseq's int(1.16 * 25 + 0) is 28 (28.999999999999996 in double); in float32 it is 29, our cap was 29,
+    and every hypothesis that ran to the cap was one token longer than fairseq's."""
+    models, task = loaded(name)
+    eos = task.target_dictionary.eos()
+    words = [t[t.ne(eos)] for t in task.dataset("test")[0]["source"].unsqueeze(0)] * 4
+    width = 25  # 24 tokens and EOS: no padding, the batch as wide as each source
+    src = torch.stack([torch.cat([w.repeat(width)[:width - 1], torch.tensor([eos])]) for w in words])
+    sample = {"id": torch.arange(len(words)), "net_input": {"src_tokens": src,
+                                                            "src_lengths": torch.full((len(words),), width)}}
+    opts = dict(beam_size=5, max_len_a=1.16, max_len_b=0, unk_penalty=-100)  # <unk> each step: to the cap
+    with torch.no_grad():
+        ref = dict(enumerate(SequenceGenerator(models, task.target_dictionary, **opts).generate(models, sample)))
+        ours = dict(enumerate(BeamDecoder(models, task.target_dictionary, **opts).generate(models, sample)))
+    assert int(1.16 * width) == 28 and ref[0][0]["tokens"].numel() == 28 + 1
+    assert mismatches(ref, ours) == []
+
+
 @pytest.mark.parametrize("finalize", ["fairseq", "stay"])
 @pytest.mark.parametrize("name", ["transformer", "lstm"])
 def test_var_with_no_heuristic_equals_fixed_when_length_limits_bind(loaded, name, finalize):
