@@ -357,6 +357,15 @@ def generate_args(toy, *extra):
     (["--search", "beam", "--model-overrides", "{bad"], "--model-overrides '{bad' is not a Python dict literal, "
      "e.g. \"{'max_source_positions': 2048}\""),
     (["--search", "var-stream", "--model-overrides", "[1]"], "--model-overrides must be a dict"),
+    # Ignored by our searches (fairseq asserts them when it builds its generator: a traceback).
+    (["--search", "fixed", "--sampling-topk", "5"], "--sampling-topk 5 needs --sampling"),
+    (["--search", "greedy", "--sampling-topp", "0.5"], "--sampling-topp 0.5 needs --sampling"),
+    (["--search", "beam", "--sampling-topk", "5"], "--sampling-topk 5 needs --sampling"),
+    (["--search", "beam", "--temperature", "0"], "--temperature must be greater than 0, got 0.0"),
+    # Refused after the model had loaded, status 1.
+    (["--search", "fixed", "--temperature", "-1"], "--temperature must be greater than 0, got -1.0"),
+    (["--search", "jacobi", "--no-repeat-ngram-size", "2"], "--search jacobi does not support "
+     "--no-repeat-ngram-size (use --search greedy)"),
 ])
 def test_option_errors_are_caught_when_parsing(toy, capsys, extra, says):
     args, error = parse_generate(generate_args(toy, *extra), capsys)

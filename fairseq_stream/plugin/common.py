@@ -131,6 +131,23 @@ def check_lengths(gen_cfg):
                                  "--max-len-a/-b".format(min_len, max_len_b))
 
 
+def check_sampling_and_temperature(gen_cfg):
+    """Refuse what fairseq's generator asserts when it is built (a traceback there), for every search.
+
+    ``--sampling-topk``/``--sampling-topp`` without ``--sampling``: fairseq
+    refuses them; our searches, which do not sample, ignored them silently.
+    """
+    sampling = getattr(gen_cfg, "sampling", False)
+    for attr, flag in (("sampling_topk", "--sampling-topk"), ("sampling_topp", "--sampling-topp")):
+        value = getattr(gen_cfg, attr, -1)
+        if value is not None and value >= 0 and not sampling:
+            raise FairseqStreamError("{} {} needs --sampling (it chooses what sampling draws from)".format(
+                flag, value))
+    temperature = getattr(gen_cfg, "temperature", 1.0)
+    if temperature is not None and not temperature > 0:
+        raise FairseqStreamError("--temperature must be greater than 0, got {}".format(temperature))
+
+
 def check_nbest(search_name, search_cls, gen_cfg):
     """Refuse an ``--nbest`` our search cannot give (fairseq-generate would print fewer, silently).
 
@@ -199,6 +216,10 @@ def check_search_options(search_name, search_cls, gen_cfg, search_cfg, stream_cf
     if getattr(search_cls, "uses_beam", True):
         check_beam(getattr(gen_cfg, "beam", 5))
     check_lengths(gen_cfg)
+    check_sampling_and_temperature(gen_cfg)
+    if not getattr(search_cls, "supports_no_repeat_ngram", True) and getattr(gen_cfg, "no_repeat_ngram_size", 0):
+        raise FairseqStreamError("--search {} does not support --no-repeat-ngram-size (use --search greedy)"
+                                 .format(search_name))
     if not getattr(search_cls, "fairseq_generator", False):
         check_nbest(search_name, search_cls, gen_cfg)
         check_generation_options(search_name, gen_cfg)

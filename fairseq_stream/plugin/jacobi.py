@@ -62,6 +62,7 @@ class JacobiSearch(OurSearch):
     generators = ("batch",)
     default_generator = "batch"
     uses_beam = False  # --beam is ignored: greedy
+    supports_no_repeat_ngram = False  # --no-repeat-ngram-size: a window's tokens are drafts, not greedy's choices yet
 
     @classmethod
     def check(cls, search_cfg):
