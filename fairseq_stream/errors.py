@@ -44,7 +44,23 @@ def install_excepthook():
             # the exit's flush of the output would fail again (Python's documented way out, SIGPIPE's).
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return
+        if issubclass(exc_type, OSError) and interrupt.in_fairseq_tool():
+            # A full disk, /dev/full, a --results-path that cannot be made: the system's words and the file
+            # say what is wrong; fairseq's frames do not.
+            sys.stderr.write("fairseq-stream: error: {}\n".format(exc))
+            sys.stderr.flush()
+            _drop_unwritable_stdout()
+            return
         previous(exc_type, exc, tb)
 
     hook._fairseq_stream = True
     sys.excepthook = hook
+
+
+def _drop_unwritable_stdout():
+    """Where standard output cannot take what is buffered for it (the disk the error was about), point it
+    at /dev/null: the exit's flush would fail again, as an "Exception ignored" traceback."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -170,6 +170,24 @@ def test_an_empty_name_in_path_is_named_as_such(toy, path):
     assert last == "fairseq-stream: error: --path has an empty checkpoint name (a ':' at its start or end, or '::')"
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a disk that is always full)")
+def test_a_full_disk_or_an_unmakeable_results_path_is_one_line(toy, tmp_path):
+    """Each ended in a traceback: OSError from fairseq-generate's print, FileNotFoundError from its makedirs."""
+    common = ["fairseq-generate", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
+              "--search", "var-batch", "--cpu", "--gen-subset", "test"]
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "generate-test.txt").symlink_to("/dev/full")
+    last = one_line_error(run_tool(common + ["--results-path", results], check=False))
+    assert "fairseq-stream: error: [Errno 28] No space left on device" in last or \
+        last.startswith("INFO:fairseq_stream:")  # the run's counters, logged at exit, may follow the line
+    proc = run_tool(["bash", "-c", 'exec "$@" > /dev/full', "--"] + common, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    assert "fairseq-stream: error: [Errno 28] No space left on device" in proc.stderr.splitlines()
+    last = one_line_error(run_tool(common + ["--results-path", "/proc/nope"], check=False))
+    assert last == "fairseq-stream: error: [Errno 2] No such file or directory: '/proc/nope'"
+
+
 # -- input text ------------------------------------------------------------------
 
 

@@ -148,7 +148,6 @@ def _serve():
 
 def _become(request):
     """In the forked child: the run's stdio, directory and argv, then its script or code as ``__main__``."""
-    import runpy
     import types
 
     for fd, path, flags in ((0, request["stdin"], os.O_RDONLY),
@@ -159,16 +158,20 @@ def _become(request):
         os.close(opened)
     os.chdir(request["cwd"])
     argv = request["argv"]
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
     if argv[1:2] == ["-c"]:
         sys.argv = ["-c"] + argv[3:]
         sys.path[0] = ""
-        main = types.ModuleType("__main__")
-        sys.modules["__main__"] = main
-        exec(compile(argv[2], "<string>", "exec"), main.__dict__)
+        code = compile(argv[2], "<string>", "exec")
     else:
         sys.argv = list(argv)
         sys.path[0] = str(Path(argv[0]).parent)
-        runpy.run_path(argv[0], run_name="__main__")
+        # The script's module stays __main__ to the end, as in a fresh process (runpy.run_path puts the
+        # server's back before an uncaught error reaches sys.excepthook, which asks what tool this is).
+        main.__file__ = argv[0]
+        code = compile(Path(argv[0]).read_text(), argv[0], "exec")
+    exec(code, main.__dict__)
     sys.exit(0)
 
 
