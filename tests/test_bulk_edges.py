@@ -232,6 +232,27 @@ def test_a_run_that_fails_before_any_chunk_leaves_no_empty_work_dir(toy, corpus,
     assert os.listdir(str(out) + ".chunks/chunks")
 
 
+def test_a_second_run_into_the_same_work_dir_is_refused(toy, corpus, tmp_path):  # noqa: F811
+    """Two runs into one output each translated every chunk; with other settings both then failed at the
+    merge, each finding the other's chunks stale."""
+    import fcntl
+
+    out = tmp_path / "out.txt"
+    work = tmp_path / "out.txt.chunks"
+    (work / "chunks").mkdir(parents=True)
+    other_run = os.open(str(work), os.O_RDONLY)
+    fcntl.flock(other_run, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the first run holds it
+    try:
+        with pytest.raises(FairseqStreamError, match="^another fairseq-stream-bulk run is translating into {}; "
+                           "wait for it to end, or give this one another --output or --work-dir$".format(work)):
+            bulk_main(toy, "translate", "--input", corpus[0], "--output", out)
+        assert not out.exists() and os.listdir(str(work / "chunks")) == []
+    finally:
+        os.close(other_run)
+    bulk_main(toy, "translate", "--input", corpus[0], "--output", out)  # the first run over: this one runs
+    assert len(out.read_text().splitlines()) == len(corpus[1])
+
+
 def test_nbest_writes_every_hypothesis_in_generate_format(toy, corpus, expected, tmp_path):  # noqa: F811
     out = tmp_path / "out.txt"
     with pytest.raises(FairseqStreamError, match="give --format generate"):

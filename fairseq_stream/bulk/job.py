@@ -172,11 +172,13 @@ def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: 
     started = time.perf_counter()
     ranks = Ranks(use_cuda=torch.cuda.is_available() and not cpu, startup_timeout=startup_timeout)
     made = []  # the work directories this run created, to remove if it fails before writing into them
+    lock = None
     try:
         if ranks.rank == 0:
             ch.check_output(output)  # before hours of work, not after
             index = ch.index_input(input_path, chunk_size)
             made = _make_dirs(os.path.join(work_dir, "chunks"))  # an unwritable place fails now, not at chunk 1
+            lock = _lock_work_dir(work_dir)
             ranks.store.set(INDEX, index.to_json())
         else:
             index = ranks.get_index()
@@ -211,7 +213,35 @@ def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: 
         _remove_empty(made)
         raise
     finally:
+        if lock is not None:
+            os.close(lock)
         ranks.close()
+
+
+def _lock_work_dir(work_dir: str) -> Optional[int]:
+    """Hold ``work_dir`` for this run (an exclusive ``flock`` on the directory, released when the process
+    ends); a one-line error where another run holds it.
+
+    Two runs into one work dir each translated every chunk, and with other
+    settings both then failed at the merge, each finding the other's chunks
+    stale. Where the file system takes no lock (some network file systems),
+    the run goes on without one.
+    """
+    import fcntl
+
+    fd = os.open(work_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FairseqStreamError("another fairseq-stream-bulk run is translating into {}; wait for it to end, "
+                                 "or give this one another --output or --work-dir".format(work_dir)) from None
+    except OSError as e:
+        os.close(fd)
+        logger.warning("fairseq-stream bulk: cannot lock %s (%s); two runs into it would each do every chunk",
+                       work_dir, e.strerror or e)
+        return None
+    return fd
 
 
 def _make_dirs(path: str) -> List[str]:
