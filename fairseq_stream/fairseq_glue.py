@@ -217,7 +217,8 @@ def _check_after_parsing(parser, args, input_args):
     """Check the parsed selection and generation options, keep --maxi-batch, trust --trust-checkpoint's files."""
     error = check_selection(
         getattr(args, "search", None), getattr(args, "generator", None)
-    ) or check_generation(getattr(args, "search", None), args) or _model_overrides_problem(args)
+    ) or check_generation(getattr(args, "search", None), args) or _model_overrides_problem(args) or \
+        _buffer_problem(args)
     if error:
         refuse(parser, error)
     _log_ignored_beam(args, input_args)
@@ -228,6 +229,18 @@ def _check_after_parsing(parser, args, input_args):
         from fairseq_stream.checkpoint import trust_checkpoints
 
         trust_checkpoints(utils.split_paths(args.path))
+
+
+def _buffer_problem(args) -> Optional[str]:
+    """fairseq-interactive's ``--batch-size`` above ``--buffer-size``, which it asserts after loading the
+    model (a traceback); None elsewhere (only fairseq-interactive has ``--buffer-size``)."""
+    if not hasattr(args, "buffer_size"):
+        return None
+    buffer, batch = max(args.buffer_size or 0, 1), getattr(args, "batch_size", None)  # fairseq: 0 is 1
+    if batch and batch > buffer:
+        return ("--batch-size {} cannot be larger than --buffer-size {} (the lines read at once; give "
+                "--buffer-size {} or more)".format(batch, buffer, batch))
+    return None
 
 
 def _model_overrides_problem(args) -> Optional[str]:

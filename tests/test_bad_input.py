@@ -399,6 +399,17 @@ def test_options_for_other_generators_are_one_line_errors_before_any_output(toy,
     assert one_line_error(proc).startswith("{}: error: --search greedy does not support {}".format(tool, option))
 
 
+@pytest.mark.parametrize("buffer", [[], ["--buffer-size", "4"]])
+def test_interactive_batch_larger_than_its_buffer_is_one_line(toy, buffer):
+    """fairseq-interactive asserted it after loading the model: an AssertionError traceback."""
+    proc = run_tool(["fairseq-interactive"] + generate_args(toy, "--search", "greedy", "--batch-size", "8")
+                    + buffer, check=False, input="s1 s2\n")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert one_line_error(proc) == ("fairseq-interactive: error: --batch-size 8 cannot be larger than --buffer-size "
+                                    "{} (the lines read at once; give --buffer-size 8 or more)".format(
+                                        buffer[1] if buffer else 1))
+
+
 def test_greedy_ignores_the_beam_option(toy, capsys):
     args, error = parse_generate(generate_args(toy, "--search", "greedy", "--beam", "0"), capsys)
     assert error is None and args.search == "greedy"
