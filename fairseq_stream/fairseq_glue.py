@@ -528,11 +528,22 @@ class OverLongInput(FairseqStreamError):
     tokens, EOS included) for fairseq-interactive to name the input line."""
 
     def __init__(self, error: Exception, dataset, max_positions):
-        super().__init__("an input is longer than the model's positions: {}".format(error))
         self.index = int(str(error)[len("Size of sample #"):].split()[0])
         sizes = getattr(dataset, "src_sizes", None)
         self.length = int(sizes[self.index]) if sizes is not None else None
         self.limit = max_positions[0] if isinstance(max_positions, tuple) else max_positions
+        # fairseq's words, with plain numbers where it printed numpy's reprs ("(np.int32(17), np.int32(17))").
+        super().__init__("an input is longer than the model's positions: sentence {} is {} tokens long (EOS "
+                         "included; source, target), the model takes {}; skip such inputs with "
+                         "--skip-invalid-size-inputs-valid-test".format(self.index, _plain(dataset.size(self.index)),
+                                                                         _plain(max_positions)))
+
+
+def _plain(value) -> str:
+    """A size or a tuple of sizes as plain integers: ``17`` or ``(17, 17)``."""
+    if isinstance(value, (tuple, list)):
+        return "({})".format(", ".join(_plain(v) for v in value))
+    return str(value) if value is None else str(int(value))
 
 
 def _patch_filter_indices_by_size():

@@ -160,8 +160,10 @@ def test_over_long_input_is_a_one_line_error_or_an_explicit_warning(toy, tmp_pat
     proc = run_tool(args, check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("fairseq-stream: error: an input is longer than the model's positions")
-    assert "--skip-invalid-size-inputs-valid-test" in last
+    # Plain numbers: fairseq's text printed "(=(np.int32(1101), np.int32(2)))".
+    assert last == ("fairseq-stream: error: an input is longer than the model's positions: sentence 1 is (1101, 2) "
+                    "tokens long (EOS included; source, target), the model takes (1024, 1024); skip such inputs "
+                    "with --skip-invalid-size-inputs-valid-test")
 
     proc = run_tool(args + ["--skip-invalid-size-inputs-valid-test"])
     assert sorted(hypotheses(proc.stdout)) == [0]
