@@ -363,7 +363,8 @@ def generate_args(toy, *extra):
      "iterative refinement returns (--task translation_lev)"),
     (["--search", "fixed", "--retain-iter-history"], "--search fixed does not support --retain-iter-history"),
     (["--search", "fixed", "--replace-unk"], "--search fixed does not support --replace-unk: it needs alignments, "
-     "which our searches do not produce (use --search beam --print-alignment for it)"),
+     "which our searches do not produce (fairseq's own beam search has them: --search beam --print-alignment, "
+     "where fairseq reads raw text, as fairseq-interactive does)"),
     (["--search", "jacobi", "--replace-unk", "align.txt"], "--search jacobi does not support --replace-unk"),
     # A ZeroDivisionError after the whole run; fairseq's AssertionError at the first batch.
     (["--search", "var-stream", "--nbest", "0"], "--nbest must be at least 1, got 0"),

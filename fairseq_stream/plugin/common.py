@@ -194,7 +194,8 @@ def check_generation_options(search_name, gen_cfg):
     # Set even when empty (fairseq then copies the aligned source word).
     if getattr(gen_cfg, "replace_unk", None) is not None:
         raise FairseqStreamError("--search {} does not support --replace-unk: it needs alignments, which our "
-                                 "searches do not produce (use --search beam --print-alignment for it)"
+                                 "searches do not produce (fairseq's own beam search has them: --search beam "
+                                 "--print-alignment, where fairseq reads raw text, as fairseq-interactive does)"
                                  .format(search_name))
 
 
