@@ -122,6 +122,8 @@ def test_the_layout_combines_workers_and_threads(monkeypatch):
     assert (given.workers, given.kernel_threads, given.reason) == (2, 3, "--cpu-workers 2, --cpu-threads 3")
     with pytest.raises(FairseqStreamError, match="--cpu-workers must be a whole number of at least 1, got 0"):
         threads.choose_layout(None, 0)
+    many = threads.choose_layout(None, 200)
+    assert many.workers == 200 and many.reason.endswith("; more workers than the 4 usable cores take turns on them")
 
 
 def test_fairseq_generate_refuses_a_bad_worker_count(toy):
