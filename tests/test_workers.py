@@ -225,12 +225,15 @@ def test_a_ctrl_c_that_lands_inside_a_fork_is_not_dropped():
     "Exception ignored" and drops it: the bulk tool (a fork per chunk) then ran on to the end, status 0."""
     from fairseq_stream.schedule.workers import Workers
 
+    # Python's own Ctrl-C, also where this test runs with SIGINT ignored (a background job).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     _ctrl_c_in_fork.append(True)
     try:
         with pytest.raises(KeyboardInterrupt):
             Workers(2, abs)
     finally:
         _ctrl_c_in_fork.clear()
+        signal.signal(signal.SIGINT, before)
         for child in our_workers():
             child.kill()
             child.join()

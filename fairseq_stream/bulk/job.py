@@ -73,6 +73,15 @@ class JobSettings:
                 values[name] = os.path.abspath(values[name])
         return ch.settings_digest(values)
 
+    def translator(self, **how):
+        """The :class:`~fairseq_stream.api.Translator` of these settings; ``how``: the Translator's other
+        arguments (pool, batch size, device, ...), which decide how fast, not what."""
+        from fairseq_stream.api import Translator
+
+        return Translator(self.paths, data=self.data, search=self.search, beam=self.beam, bpe=self.bpe,
+                          tokenizer=self.tokenizer, sentencepiece_model=self.sentencepiece_model,
+                          bpe_codes=self.bpe_codes, **how, **self.options)
+
 
 class Ranks:
     """This process's place in the job: rank, world size, the shared store, the device.
@@ -163,31 +172,24 @@ def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: 
     Returns the merge's summary on rank 0 (see :func:`~fairseq_stream.bulk.chunks.merge`), None on the
     other ranks.
     """
-    from fairseq_stream.api import Translator
-
     if fmt not in ch.FORMATS:
         raise FairseqStreamError("--format must be one of {}, got {}".format(", ".join(ch.FORMATS), fmt))
     if long_lines not in LONG_LINES:
         raise FairseqStreamError("--long-lines must be one of {}, got {}".format(", ".join(LONG_LINES), long_lines))
     started = time.perf_counter()
     ranks = Ranks(use_cuda=torch.cuda.is_available() and not cpu, startup_timeout=startup_timeout)
-    made = []  # the work directories this run created, to remove if it fails before writing into them
-    lock = None
+    held = _WorkDir(work_dir)
     try:
         if ranks.rank == 0:
             ch.check_output(output)  # before hours of work, not after
             index = ch.index_input(input_path, chunk_size)
-            made = _make_dirs(os.path.join(work_dir, "chunks"))  # an unwritable place fails now, not at chunk 1
-            lock = _lock_work_dir(work_dir)
+            held.take()
             ranks.store.set(INDEX, index.to_json())
         else:
             index = ranks.get_index()
         settings_sha = settings.digest()
-        translator = Translator(settings.paths, data=settings.data, search=settings.search, beam=settings.beam,
-                                pool=pool, batch_size=batch_size, maxi_batch=maxi_batch, bpe=settings.bpe,
-                                tokenizer=settings.tokenizer,
-                                sentencepiece_model=settings.sentencepiece_model, bpe_codes=settings.bpe_codes,
-                                cpu=cpu, trust_checkpoint=trust_checkpoint, **settings.options)
+        translator = settings.translator(pool=pool, batch_size=batch_size, maxi_batch=maxi_batch, cpu=cpu,
+                                         trust_checkpoint=trust_checkpoint)
         loaded = time.perf_counter()
         bar = _ProgressBar(ranks, index.lines) if progress and ranks.rank == 0 else None
         try:
@@ -210,12 +212,34 @@ def run(input_path: str, output: str, work_dir: str, chunk_size: int, settings: 
                     merging - finished, index.lines, time.perf_counter() - merging)
         return summary
     except BaseException:
-        _remove_empty(made)
+        held.remove_if_empty()
         raise
     finally:
-        if lock is not None:
-            os.close(lock)
+        held.release()
         ranks.close()
+
+
+class _WorkDir:
+    """Rank 0's hold on the work dir for a run: made where missing, locked against a second run."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.made: List[str] = []  # the directories this run created, removed if it fails before writing
+        self.lock: Optional[int] = None
+
+    def take(self):
+        """Make ``path/chunks`` (an unwritable place fails now, not at chunk 1) and lock ``path``."""
+        self.made = _make_dirs(os.path.join(self.path, "chunks"))
+        self.lock = _lock_work_dir(self.path)
+
+    def remove_if_empty(self):
+        """A failed run leaves no empty work dir of its making (:func:`_remove_empty`)."""
+        _remove_empty(self.made)
+
+    def release(self):
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
 
 
 def _lock_work_dir(work_dir: str) -> Optional[int]:
