@@ -89,6 +89,7 @@ def install():
     _patch_background_consumer()
     _patch_dictionary_string()
     _patch_lstm_encoder()
+    _patch_diverse_beam_search()
     install.done = True
 
 
@@ -683,6 +684,32 @@ def _patch_lstm_encoder():
         return original(self, tokens, src_lengths, *args, **kwargs)
 
     _patch(LSTMEncoder, "forward", forward)
+
+
+def _patch_diverse_beam_search():
+    """fairseq 0.12's diverse beam search (``--diverse-beam-groups``) on any batch, not the first alone.
+
+    It keeps each sentence's group overlap in a tensor of the batch's rows
+    but indexes it by the sentences' ids, so fairseq-generate failed with an
+    IndexError at the second step of a batch whose ids pass its size (every
+    batch but, by chance, the first). Here the ids become the rows they had
+    at the batch's first step; where the ids are those rows (0..bsz-1) the
+    result is fairseq's own.
+    """
+    import torch
+    from fairseq.search import DiverseBeamSearch
+
+    def step(original, self, step, lprobs, scores, prev_output_tokens=None, original_batch_idxs=None):
+        if original_batch_idxs is not None:
+            if step == 0:
+                self._first_ids = original_batch_idxs.clone()
+            first = self._first_ids
+            rows = first.new_full((int(first.max()) + 1,), -1)
+            rows[first] = torch.arange(first.numel(), device=first.device, dtype=first.dtype)
+            original_batch_idxs = rows[original_batch_idxs]
+        return original(self, step, lprobs, scores, prev_output_tokens, original_batch_idxs)
+
+    _patch(DiverseBeamSearch, "step", step)
 
 
 # --- checkpoints ----------------------------------------------------------

@@ -139,6 +139,23 @@ def test_the_maximum_length_rounds_as_fairseqs_double_arithmetic(loaded, name):
     assert mismatches(ref, ours) == []
 
 
+def test_fairseqs_diverse_beam_search_runs_any_batch_as_its_first(loaded):
+    """fairseq 0.12's --diverse-beam-groups indexed a batch-sized tensor by sentence ids: fairseq-generate's
+    --search beam died with an IndexError at its first batch whose ids passed its size. With the ids as rows
+    (0..bsz-1), where fairseq's worked, and with any others, the n-best lists are now the same."""
+    from fairseq.search import DiverseBeamSearch
+
+    models, task = loaded("transformer")  # the plugin's import patched fairseq's search (fairseq_glue)
+    sample = batches(task)[1]
+    generator = SequenceGenerator(models, task.target_dictionary, beam_size=4,
+                                  search_strategy=DiverseBeamSearch(task.target_dictionary, 2, 0.5))
+    bsz = sample["id"].numel()
+    with torch.no_grad():
+        as_rows = generator.generate(models, dict(sample, id=torch.arange(bsz)))
+        as_ids = generator.generate(models, dict(sample, id=torch.arange(bsz) + 100))
+    assert mismatches(dict(enumerate(as_rows)), dict(enumerate(as_ids))) == []
+
+
 @pytest.mark.parametrize("finalize", ["fairseq", "stay"])
 @pytest.mark.parametrize("name", ["transformer", "lstm"])
 def test_var_with_no_heuristic_equals_fixed_when_length_limits_bind(loaded, name, finalize):
