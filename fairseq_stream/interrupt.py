@@ -94,24 +94,30 @@ def stop_first(stop: Callable[[], None], words: str) -> Callable[[], None]:
 
 @contextlib.contextmanager
 def sigint_held():
-    """Hold SIGINT back in this thread for the block (a fork): it is delivered at the block's end.
+    """Hold a Ctrl-C that comes during the block (a fork) until the block's end, then handle it as before.
 
-    A SIGINT that lands inside ``os.fork`` raises KeyboardInterrupt in an
+    A SIGINT that lands inside ``os.fork`` raised KeyboardInterrupt in an
     after-fork hook (logging's), where Python reports it as "Exception
-    ignored" and drops it: the run went on as if no Ctrl-C had come. A
-    process forked in the block starts with SIGINT held too, and must let it
-    go (:func:`release_sigint`) once its own handler is set.
+    ignored" and drops it: the run went on as if no Ctrl-C had come. Masking
+    the signal does not hold it in a process with other threads (the kernel
+    hands it to one of them, and the main thread still runs the handler
+    inside the hook), so during the block the handler only records it. A
+    process forked in the block inherits that recorder and must set its own.
     """
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    caught = []
+    try:
+        before = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    except ValueError:  # not the main thread: Python runs no handler here
+        before = None
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-
-
-def release_sigint():
-    """In a process forked under :func:`sigint_held`: take SIGINT again."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
+            if caught and callable(before):
+                before(signal.SIGINT, caught[-1])
+            elif caught and before == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
 
 
 def interrupted():

@@ -84,7 +84,7 @@ class Workers:
         self._tasks = context.Queue()  # every worker takes the next task when it is free
         self._tasks.cancel_join_thread()  # at exit, workers that are gone read no more: do not wait for them
         self._processes = []
-        with interrupt.sigint_held():  # a Ctrl-C inside a fork is otherwise dropped; held, it lands after the forks
+        with interrupt.sigint_held():  # a Ctrl-C inside a fork is otherwise dropped; held, it comes after
             for index in range(n):
                 process = context.Process(target=_serve, args=(index, self._tasks, self._results, decode,
                                                                stats, os.getpid()),
@@ -191,7 +191,6 @@ def _close_if_alive(ref):
 def _serve(index: int, inbox, results, decode, stats, parent: int):
     """A worker's loop: decode each task of ``inbox`` and put its result (or its error) in ``results``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
-    interrupt.release_sigint()  # held while the parent forked
     # A parent killed (SIGTERM, SIGKILL, the OOM killer) runs no cleanup: its workers kept running under init,
     # each holding its memory, waiting for tasks that never came.
     if not die_with_parent(parent):
