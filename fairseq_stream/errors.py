@@ -42,7 +42,7 @@ def install_excepthook():
         if issubclass(exc_type, BrokenPipeError) and interrupt.in_fairseq_tool():
             # The reader of the output is gone (`fairseq-interactive ... | head`): nothing to say to it, and
             # the exit's flush of the output would fail again (Python's documented way out, SIGPIPE's).
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _stdout_to_devnull()
             return
         if issubclass(exc_type, OSError) and interrupt.in_fairseq_tool():
             # A full disk, /dev/full, a --results-path that cannot be made: the system's words and the file
@@ -63,4 +63,8 @@ def _drop_unwritable_stdout():
     try:
         sys.stdout.flush()
     except OSError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_devnull()
+
+
+def _stdout_to_devnull():
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -701,12 +701,11 @@ def _patch_diverse_beam_search():
 
     def step(original, self, step, lprobs, scores, prev_output_tokens=None, original_batch_idxs=None):
         if original_batch_idxs is not None:
-            if step == 0:
-                self._first_ids = original_batch_idxs.clone()
-            first = self._first_ids
-            rows = first.new_full((int(first.max()) + 1,), -1)
-            rows[first] = torch.arange(first.numel(), device=first.device, dtype=first.dtype)
-            original_batch_idxs = rows[original_batch_idxs]
+            if step == 0:  # the batch's rows by sentence id, once a batch
+                first = original_batch_idxs
+                self._row_of_id = first.new_full((int(first.max()) + 1,), -1)
+                self._row_of_id[first] = torch.arange(first.numel(), device=first.device, dtype=first.dtype)
+            original_batch_idxs = self._row_of_id[original_batch_idxs]
         return original(self, step, lprobs, scores, prev_output_tokens, original_batch_idxs)
 
     _patch(DiverseBeamSearch, "step", step)

@@ -53,11 +53,21 @@ def exit_on_ctrl_c() -> bool:
     if not in_fairseq_tool() or _ignored():
         return False
     try:
-        signal.signal(signal.SIGINT, _interrupted)
+        _install()
     except ValueError:  # not the main thread
         return False
-    _owner["pid"] = os.getpid()
     return True
+
+
+def _install():
+    """Make the one-line handler SIGINT's, owned by this process; the handler it replaced.
+
+    Raises:
+        ValueError: not called from the main thread.
+    """
+    before = signal.signal(signal.SIGINT, _interrupted)
+    _owner["pid"] = os.getpid()
+    return before
 
 
 def stop_first(stop: Callable[[], None], words: str) -> Callable[[], None]:
@@ -74,10 +84,9 @@ def stop_first(stop: Callable[[], None], words: str) -> Callable[[], None]:
     if _ignored():
         return lambda: None
     try:
-        before = signal.signal(signal.SIGINT, _interrupted)
+        before = _install()
     except ValueError:  # not the main thread
         return lambda: None
-    _owner["pid"] = os.getpid()
     entry = (stop, words, before)
     _stops.append(entry)
 
