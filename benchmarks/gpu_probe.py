@@ -29,7 +29,12 @@ per decoder call:
   50 ms between the first and the last decoder call; needs pynvml
   (nvidia-ml-py); coarse for runs under a second;
 * ``peak_mib``/``peak_reserved_mib``: ``torch.cuda.max_memory_allocated``
-  and ``max_memory_reserved`` over the run (model weights included).
+  and ``max_memory_reserved`` over the run (model weights included);
+* ``models_kept``: with the plan's ``"keep_models": true`` (gpu_bench's),
+  the members are loaded once per checkpoint list and precision and kept for
+  the plan's later runs (loading four WMT-sized members took 13-17 s a run on
+  an H200, longer than most decodes): such a run's ``process_s`` leaves the
+  loading out, and ``models_kept`` says so.
 
 On the CPU the GPU figures are ``null``.
 """
@@ -84,6 +89,40 @@ class CallLog:
         return self.ours or self.fairseq
 
 
+class KeptModels:
+    """fairseq-generate's ``load_model_ensemble``, loading each checkpoint list once for the plan's runs.
+
+    A run gets the same member objects as the run before it with the same
+    paths, overrides and precision flags (fairseq-generate then calls
+    ``half()``, ``cuda()`` and ``prepare_for_inference_`` on them again, which
+    change nothing the second time). Nothing else is kept: the task, the data
+    and every runner's own weights are built again per run."""
+
+    def __init__(self):
+        self.kept, self.hit = {}, False
+
+    def install(self):
+        from fairseq import checkpoint_utils
+
+        load = checkpoint_utils.load_model_ensemble
+        kept = self
+
+        def load_model_ensemble(filenames, *args, **kwargs):
+            # sys.argv is the run's command line (measure sets it): a member halved by an --fp16 run must
+            # not serve a float32 run, nor a CPU run's one a CUDA run.
+            flags = tuple(flag for flag in ("--fp16", "--cpu", "--bf16") if flag in sys.argv)
+            # The task is built anew per run (same data, same dictionaries): not part of the key.
+            options = sorted((k, v) for k, v in kwargs.items() if k != "task")
+            key = repr((list(filenames), args, options, flags))
+            kept.hit = key in kept.kept
+            if not kept.hit:
+                kept.kept[key] = load(filenames, *args, **kwargs)
+            models, cfg = kept.kept[key]
+            return list(models), cfg
+
+        checkpoint_utils.load_model_ensemble = load_model_ensemble
+
+
 class Sampler(threading.Thread):
     """``torch.cuda.utilization()`` every 50 ms, with the time of each sample."""
 
@@ -121,12 +160,14 @@ class LineCatcher(logging.Handler):
             self.translated = match
 
 
-def measure(run, calls, cuda):
-    """Run one fairseq-generate command line; the result dict."""
+def measure(run, calls, cuda, kept=None):
+    """Run one fairseq-generate command line; the result dict (``kept``: a :class:`KeptModels` in use)."""
     import torch
     from fairseq_cli import generate
 
     calls.reset()
+    if kept is not None:
+        kept.hit = False
     catcher = LineCatcher()
     logging.getLogger("fairseq_cli.generate").addHandler(catcher)
     sampler = None
@@ -164,6 +205,7 @@ def measure(run, calls, cuda):
         result["decode_s"] = round(sentences / per_s, 4) if per_s > 0 else float(match.group(3))
     else:
         result["sentences"] = result["decode_s"] = None
+    result["models_kept"] = bool(kept is not None and kept.hit)
     result["ms_per_call"] = (round(1000 * result["decode_s"] / len(stamps), 4)
                              if stamps and result["decode_s"] else None)
     result["gpu_busy"] = result["peak_mib"] = result["peak_reserved_mib"] = result["gpu_busy_note"] = None
@@ -206,6 +248,10 @@ def main(argv=None):
         sys.exit("gpu_probe: the plan asks for cuda, but torch sees no CUDA device")
     calls = CallLog()
     calls.install()
+    kept = None
+    if plan.get("keep_models"):
+        kept = KeptModels()
+        kept.install()
     for run in plan["runs"]:
         if os.path.exists(run["result"]):
             continue
@@ -214,7 +260,7 @@ def main(argv=None):
         print("gpu_probe: {}: fairseq-generate {}".format(run["name"], " ".join(run["argv"])),
               file=sys.stderr, flush=True)
         os.makedirs(run["results"], exist_ok=True)
-        write_json(run["result"], measure(run, calls, cuda))
+        write_json(run["result"], measure(run, calls, cuda, kept))
 
 
 if __name__ == "__main__":

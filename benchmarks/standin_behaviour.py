@@ -60,19 +60,28 @@ def behaviour(fixed_output, var_output, fixed_rows, var_rows, max_len=FAIRSEQ_MA
     lengths = [len(hyps[i][1].split()) for i in ids]
     # A hypothesis of max_len tokens plus EOS is one fairseq stopped: the EOS was forced.
     ended = sum(1 for n in lengths if n + 1 < max_len)
-    src_tokens = sum(len(srcs[i].split()) for i in ids)
+    source_lengths = sorted(len(srcs[i].split()) for i in ids)
+    src_tokens = sum(source_lengths)
     result = {
         "sentences": len(ids),
         "max_len": max_len,
         "eos_share": round(ended / len(ids), 3),
         "length_ratio": round(sum(lengths) / max(src_tokens, 1), 3),
         "mean_hypothesis_tokens": round(sum(lengths) / len(ids), 1),
+        "median_source_tokens": source_lengths[len(source_lengths) // 2],
         "expansions_ratio": round(var_rows / fixed_rows, 3) if fixed_rows and var_rows is not None else None,
         "multi30k_expansions_ratio": MULTI30K_EXPANSIONS_RATIO_K5,
         "var_batch_sentences": len(hypotheses(var_output) or {}),
     }
     result["trained_like"] = all(result[k] is not None and lo <= result[k] <= hi for k, (lo, hi) in LIMITS.items())
     return result
+
+
+def too_short(result):
+    """Hypotheses far shorter than their sources (a model that says EOS at once): no upper length bound
+    makes its decodes take a trained model's steps."""
+    return bool(result.get("length_ratio") is not None and result["length_ratio"] < LIMITS["length_ratio"][0]
+                and result.get("median_source_tokens"))
 
 
 def describe(result):

@@ -12,6 +12,7 @@ top-up and stream generators, two beams.
 import json
 import tarfile
 import types
+from pathlib import Path
 
 import pytest
 
@@ -116,9 +117,9 @@ def load_benchmark(name):
     return module
 
 
-def probe(tmp_path, runs):
+def probe(tmp_path, runs, keep_models=False):
     """Decode ``runs`` ({name: argv}) through gpu_probe.py on the CPU; {name: (result, generate-test.txt)}."""
-    plan = {"device": "cpu", "runs": [{"name": n, "argv": argv, "results": str(tmp_path / n),
+    plan = {"device": "cpu", "keep_models": keep_models, "runs": [{"name": n, "argv": argv, "results": str(tmp_path / n),
                                        "result": str(tmp_path / (n + ".json"))} for n, argv in runs.items()]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     run_tool(["python", REPO / "benchmarks" / "gpu_probe.py", tmp_path / "plan.json"])
@@ -140,6 +141,62 @@ def test_behaviour_check_finds_the_trained_toy_trained_like(toy, tmp_path):
     assert found["trained_like"] and "trained-like" in behaviour.describe(found)
     # A bound the toy's hypotheses reach makes every one of them count as cut.
     assert behaviour.behaviour(fixed_out, var_out, fixed["rows"], var["rows"], max_len=2)["eos_share"] == 0.0
+
+
+def test_the_probe_loads_each_checkpoint_list_once_and_prints_the_same(toy, tmp_path):
+    """gpu_bench's plans keep the members between runs (loading four WMT-sized members took longer than most
+    decodes): a later run with the same list and precision reuses them and prints a fresh load's lines."""
+    common = [toy.data_bin, "--user-dir", REPO / "fairseq_stream", "--gen-subset", "test", "--batch-size", "16",
+              "--num-workers", "0", "--cpu", "--cpu-workers", "1", "--beam", "5"]
+    pair = "{}:{}".format(toy.transformer, toy.transformer2)
+    runs = {"fixed": ["--path", pair, "--preset", "fixed"], "var-batch": ["--path", pair, "--preset", "var-batch"],
+            "one": ["--path", toy.transformer, "--preset", "fixed"], "fixed-again": ["--path", pair, "--preset", "fixed"]}
+    out = probe(tmp_path, {n: [str(a) for a in common + argv] for n, argv in runs.items()}, keep_models=True)
+    assert {n: r["models_kept"] for n, (r, _) in out.items()} == {"fixed": False, "var-batch": True, "one": False,
+                                                                  "fixed-again": True}
+    (tmp_path / "fresh").mkdir()
+    fresh = probe(tmp_path / "fresh", {"var-batch": [str(a) for a in common + runs["var-batch"]]})
+    assert fresh["var-batch"][0]["models_kept"] is False
+    lines = lambda path: sorted(l for l in Path(path).read_text().splitlines() if l[:2] in ("H-", "P-"))  # noqa: E731
+    assert lines(out["var-batch"][1]) == lines(fresh["var-batch"][1])
+    assert lines(out["fixed-again"][1]) == lines(out["fixed"][1])
+    assert all(r["sentences"] == 37 for r, _ in out.values())
+
+
+def test_the_timed_decodes_length_options_follow_the_behaviour_check():
+    """Trained-like: fairseq's bound; hypotheses too long (untrained): ours; far too short (the H200's 60 s
+    stand-in said "The ."): at least the sample's median source length, within a bound fairseq accepts."""
+    bench = load_benchmark("gpu_bench")
+    args = bench.parser().parse_args(["out"])
+    options = lambda found, **kw: bench.length_options(  # noqa: E731
+        types.SimpleNamespace(results={"behaviour": found}), args if not kw else bench.parser().parse_args(
+            ["out", "--max-len", kw["max_len"]]))
+    trained = {"trained_like": True, "length_ratio": 0.96, "median_source_tokens": 21}
+    long = {"trained_like": False, "length_ratio": 3.5, "median_source_tokens": 21}
+    short = {"trained_like": False, "length_ratio": 0.08, "median_source_tokens": 21}
+    assert options(trained) == [] and options(long) == bench.BOUND
+    assert options(short) == ["--max-len-a", "1.2", "--max-len-b", "21", "--min-len", "21"]
+    assert options(short, max_len="bound") == bench.BOUND and options(trained, max_len="bound") == bench.BOUND
+    assert options({"error": "no hypotheses"}) == bench.BOUND
+
+
+def test_the_short_stand_ins_options_decode_every_sentence_at_least_that_long(toy, tmp_path):
+    """fairseq's beam and ours under those options: no min_len > max_len assertion on a short source, every
+    hypothesis at least --min-len tokens before its EOS."""
+    bench = load_benchmark("gpu_bench")
+    least = 30  # above most of the toy's own lengths (10-25 tokens): the bound decides
+    extra = bench.length_options(types.SimpleNamespace(results={"behaviour": {
+        "trained_like": False, "length_ratio": 0.08, "median_source_tokens": least}}), bench.parser().parse_args(
+        ["out"]))
+    common = [toy.data_bin, "--path", toy.transformer, "--user-dir", REPO / "fairseq_stream", "--gen-subset",
+              "test", "--batch-size", "16", "--num-workers", "0", "--cpu", "--beam", "5"]
+    methods = {"beam": [], "var-stream": ["--cpu-workers", "1"]}  # one process: the probe counts its own calls
+    out = probe(tmp_path, {m: [str(a) for a in common + ["--preset", m] + extra + more] for m, more in methods.items()})
+    for result, path in out.values():
+        assert result["error"] is None and result["sentences"] == 37
+        lengths = [len(line.split("\t")[2].split()) for line in Path(path).read_text().splitlines()
+                   if line.startswith("H-")]
+        assert len(lengths) == 37 and min(lengths) >= least
 
 
 @pytest.mark.slow
