@@ -20,6 +20,10 @@ class UnsafeCheckpointError(CheckpointError):
     """A checkpoint holds a pickled global that fairseq checkpoints never need."""
 
 
+# fairseq's SequenceGenerator asserts this per batch (sequence_generator.py, _generate).
+FAIRSEQ_MIN_LEN = "min_len cannot be larger than max_len"
+
+
 def install_excepthook():
     """Print uncaught :class:`FairseqStreamError` as one line, and in a fairseq tool an uncaught Ctrl-C
     (before our handler of :mod:`fairseq_stream.interrupt` is set: while fairseq loads the data and the
@@ -43,6 +47,14 @@ def install_excepthook():
             # The reader of the output is gone (`fairseq-interactive ... | head`): nothing to say to it, and
             # the exit's flush of the output would fail again (Python's documented way out, SIGPIPE's).
             _stdout_to_devnull()
+            return
+        if issubclass(exc_type, AssertionError) and interrupt.in_fairseq_tool() and FAIRSEQ_MIN_LEN in str(exc):
+            # --search beam's SequenceGenerator checks each batch; ours say it so (lengths.max_lengths). A
+            # maximum that does not grow with the source is refused before any output (plugin.common).
+            from fairseq_stream.lengths import MIN_LEN_ABOVE_MAX
+
+            sys.stderr.write("fairseq-stream: error: {}\n".format(MIN_LEN_ABOVE_MAX))
+            sys.stderr.flush()
             return
         if issubclass(exc_type, OSError) and interrupt.in_fairseq_tool():
             # A full disk, /dev/full, a --results-path that cannot be made: the system's words and the file

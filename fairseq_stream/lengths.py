@@ -18,6 +18,11 @@ from fairseq_stream.errors import FairseqStreamError
 logger = logging.getLogger(__name__)
 
 
+# A batch whose maximum length (--max-len-a times its source plus --max-len-b) is below --min-len; fairseq's own
+# generator asserts it (errors.py says it in these words too).
+MIN_LEN_ABOVE_MAX = "--min-len is larger than the maximum length of a batch; adjust --max-len-a/-b"
+
+
 def max_lengths(src_tokens: Tensor, max_len_a: float, max_len_b: int, min_len: int, max_len: int,
                 warned: bool) -> Tuple[Tensor, bool]:
     """Each sentence's maximum output length, as fairseq computes it for this batch, and whether the caller has
@@ -34,7 +39,7 @@ def max_lengths(src_tokens: Tensor, max_len_a: float, max_len_b: int, min_len: i
         warned = True
     max_lens = max_lens.clamp(max=max_len - 1)
     if (max_lens < min_len).any():
-        raise FairseqStreamError("--min-len is larger than the maximum length; adjust --max-len-a/-b")
+        raise FairseqStreamError(MIN_LEN_ABOVE_MAX)
     return max_lens, warned
 
 

@@ -400,6 +400,16 @@ def test_options_for_other_generators_are_one_line_errors_before_any_output(toy,
     assert one_line_error(proc).startswith("{}: error: --search greedy does not support {}".format(tool, option))
 
 
+@pytest.mark.parametrize("search", ["beam", "var-stream"])
+def test_a_batch_whose_maximum_length_is_below_min_len_is_one_line(toy, search):
+    """A maximum that grows with the source is known per batch: fairseq's beam asserted (a traceback)."""
+    proc = run_tool(["fairseq-generate"] + generate_args(toy, "--search", search, "--min-len", "30", "--max-len-a",
+                                                         "0.5", "--max-len-b", "5"), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert one_line_error(proc) == ("fairseq-stream: error: --min-len is larger than the maximum length of a "
+                                    "batch; adjust --max-len-a/-b")
+
+
 @pytest.mark.parametrize("buffer", [[], ["--buffer-size", "4"]])
 def test_interactive_batch_larger_than_its_buffer_is_one_line(toy, buffer):
     """fairseq-interactive asserted it after loading the model: an AssertionError traceback."""
