@@ -122,6 +122,10 @@ def parser():
                         "fairseq's defaults; auto (default): free when the behaviour step finds the stand-in "
                         "trained-like; where its hypotheses are under half their sources' length, --min-len "
                         "and --max-len-b the sample's median source length (--max-len-a 1.2); else bound")
+    p.add_argument("--warm-up", choices=["auto", "on", "off"], default="auto",
+                   help="decode each timed run twice in a row and measure the second (the first's time is kept "
+                        "as cold_decode_s): what a process pays once per shape is not charged to the method that "
+                        "meets it first; auto (default): on with CUDA")
     p.add_argument("--run-timeout", type=float, default=300, metavar="S",
                    help="a decode run making no progress this long is killed (default %(default)s)")
     return p
@@ -315,7 +319,8 @@ def decode_step(session, args):
         if not session.results.get("data_bin"):
             raise StepError("no prepared input (the prepare step did not pass)")
         runs = ordered_runs(session, args)
-        results = session.run_plan("decode", runs, args.run_timeout, args.device, keep_models=True)
+        warm = args.warm_up == "on" or (args.warm_up == "auto" and session.cuda)
+        results = session.run_plan("decode", runs, args.run_timeout, args.device, keep_models=True, warm_up=warm)
         for run in runs:
             results[run["name"]].update(method=run["method"], beam=run["beam"])
         failed = [n for n, r in results.items() if r.get("error") or not r.get("sentences")]
@@ -404,18 +409,19 @@ def render(results):
     rows = [r for s in results["steps"].values() for r in (s.get("runs") or {}).values()]
     if rows:
         lines += ["", "## Runs", "",
-                  "decode s: fairseq's own decoding time; process s: the whole fairseq-generate run, model "
-                  "loading included; host ms/call: median time between decoder calls' starts, no "
+                  "decode s: fairseq's own decoding time (with --warm-up, of the second of two decodes in a "
+                  "row; cold s: the first's); process s: the whole fairseq-generate run, model loading included "
+                  "unless the plan had already loaded the members (models_kept); host ms/call: median time between decoder calls' starts, no "
                   "synchronization; ms/call: decode s over calls; GPU busy: NVML utilization between the "
                   "first and the last call; peak MiB: torch.cuda.max_memory_allocated.", "",
-                  "| method | k | sentences | decode s | process s | calls | rows/call | host ms/call | ms/call | "
-                  "GPU busy | peak MiB | error |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+                  "| method | k | sentences | decode s | cold s | process s | calls | rows/call | host ms/call | "
+                  "ms/call | GPU busy | peak MiB | error |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for r in rows:
             busy = r.get("gpu_busy")
-            lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
                 r.get("method", r["name"]), fmt(r.get("beam")), fmt(r.get("sentences")), fmt(r.get("decode_s"), ".2f"),
-                fmt(r.get("process_s"), ".1f"), fmt(r.get("calls")), fmt(r.get("rows_per_call"), ".1f"),
+                fmt(r.get("cold_decode_s"), ".2f"), fmt(r.get("process_s"), ".1f"), fmt(r.get("calls")), fmt(r.get("rows_per_call"), ".1f"),
                 fmt(r.get("host_ms_per_call"), ".2f"), fmt(r.get("ms_per_call"), ".2f"),
                 na if busy is None else "{:.0%}".format(busy), fmt(r.get("peak_mib"), ".0f", na),
                 (r.get("error") or "").replace("|", "/")))

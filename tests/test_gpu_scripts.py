@@ -63,7 +63,7 @@ def test_gpu_bench_cpu_mode(tmp_path):
     proc = run_tool(["bash", REPO / "scripts" / "gpu_bench.sh", out, "--device", "cpu", "--work-dir", tmp_path / "w",
                      "--train-text", WMT / "newstest2016.de", WMT / "newstest2016.en",
                      "--source", WMT / "newstest2017.de", "--reference", WMT / "newstest2017.en",
-                     "--limit", "2", "--models-count", "1", "--beams", "5",
+                     "--limit", "2", "--models-count", "1", "--beams", "5", "--warm-up", "on",
                      "--methods", "var-stream-rows", "greedy"], check=False)
     results, summary = read(out)
     assert proc.returncode == 0, summary
@@ -73,6 +73,7 @@ def test_gpu_bench_cpu_mode(tmp_path):
     # One beam here to keep CI's time (the script's default is k=5 and k=50, the same code path).
     # Greedy first: a target's run (gpu_bench.PRIORITY) decodes before the others.
     assert list(steps["decode"]["runs"]) == ["greedy", "var-stream-rows-k5"]
+    assert all(r["cold_decode_s"] > 0 and r["models_kept"] for r in steps["decode"]["runs"].values())
     rows = steps["report"]["rows"]
     assert [(r["method"], r["beam"]) for r in rows] == [("greedy", None), ("var-stream-rows", 5)]
     for r in rows:
@@ -117,9 +118,9 @@ def load_benchmark(name):
     return module
 
 
-def probe(tmp_path, runs, keep_models=False):
+def probe(tmp_path, runs, keep_models=False, warm_up=False):
     """Decode ``runs`` ({name: argv}) through gpu_probe.py on the CPU; {name: (result, generate-test.txt)}."""
-    plan = {"device": "cpu", "keep_models": keep_models, "runs": [{"name": n, "argv": argv, "results": str(tmp_path / n),
+    plan = {"device": "cpu", "keep_models": keep_models, "warm_up": warm_up, "runs": [{"name": n, "argv": argv, "results": str(tmp_path / n),
                                        "result": str(tmp_path / (n + ".json"))} for n, argv in runs.items()]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     run_tool(["python", REPO / "benchmarks" / "gpu_probe.py", tmp_path / "plan.json"])
@@ -145,18 +146,24 @@ def test_behaviour_check_finds_the_trained_toy_trained_like(toy, tmp_path):
 
 def test_the_probe_loads_each_checkpoint_list_once_and_prints_the_same(toy, tmp_path):
     """gpu_bench's plans keep the members between runs (loading four WMT-sized members took longer than most
-    decodes): a later run with the same list and precision reuses them and prints a fresh load's lines."""
+    decodes) and, on a GPU, measure each run's second decode: a later run with the same list and precision
+    reuses the members and prints a fresh load's lines."""
     common = [toy.data_bin, "--user-dir", REPO / "fairseq_stream", "--gen-subset", "test", "--batch-size", "16",
               "--num-workers", "0", "--cpu", "--cpu-workers", "1", "--beam", "5"]
     pair = "{}:{}".format(toy.transformer, toy.transformer2)
     runs = {"fixed": ["--path", pair, "--preset", "fixed"], "var-batch": ["--path", pair, "--preset", "var-batch"],
             "one": ["--path", toy.transformer, "--preset", "fixed"], "fixed-again": ["--path", pair, "--preset", "fixed"]}
-    out = probe(tmp_path, {n: [str(a) for a in common + argv] for n, argv in runs.items()}, keep_models=True)
-    assert {n: r["models_kept"] for n, (r, _) in out.items()} == {"fixed": False, "var-batch": True, "one": False,
-                                                                  "fixed-again": True}
+    out = probe(tmp_path, {n: [str(a) for a in common + argv] for n, argv in runs.items()}, keep_models=True,
+                warm_up=True)
+    # Warmed up: each run's measured decode is its second, after one that loaded (or reused) the members.
+    assert {n: r["models_kept"] for n, (r, _) in out.items()} == dict.fromkeys(runs, True)
+    assert all(r["cold_decode_s"] > 0 and r["decode_s"] > 0 for r, _ in out.values())
     (tmp_path / "fresh").mkdir()
-    fresh = probe(tmp_path / "fresh", {"var-batch": [str(a) for a in common + runs["var-batch"]]})
-    assert fresh["var-batch"][0]["models_kept"] is False
+    fresh = probe(tmp_path / "fresh", {"var-batch": [str(a) for a in common + runs["var-batch"]],
+                                        "one": [str(a) for a in common + runs["one"]],
+                                        "fixed": [str(a) for a in common + runs["fixed"]]}, keep_models=True)
+    assert {n: r["models_kept"] for n, (r, _) in fresh.items()} == {"var-batch": False, "one": False, "fixed": True}
+    assert "cold_decode_s" not in fresh["var-batch"][0]
     lines = lambda path: sorted(l for l in Path(path).read_text().splitlines() if l[:2] in ("H-", "P-"))  # noqa: E731
     assert lines(out["var-batch"][1]) == lines(fresh["var-batch"][1])
     assert lines(out["fixed-again"][1]) == lines(out["fixed"][1])
