@@ -22,6 +22,9 @@ class UnsafeCheckpointError(CheckpointError):
 
 # fairseq's SequenceGenerator asserts this per batch (sequence_generator.py, _generate).
 FAIRSEQ_MIN_LEN = "min_len cannot be larger than max_len"
+# What our searches (lengths.max_lengths) and the hook below say of it: a batch whose maximum length
+# (--max-len-a times its source plus --max-len-b) is below --min-len.
+MIN_LEN_ABOVE_MAX = "--min-len is larger than the maximum length of a batch; adjust --max-len-a/-b"
 
 
 def install_excepthook():
@@ -51,8 +54,6 @@ def install_excepthook():
         if issubclass(exc_type, AssertionError) and interrupt.in_fairseq_tool() and FAIRSEQ_MIN_LEN in str(exc):
             # --search beam's SequenceGenerator checks each batch; ours say it so (lengths.max_lengths). A
             # maximum that does not grow with the source is refused before any output (plugin.common).
-            from fairseq_stream.lengths import MIN_LEN_ABOVE_MAX
-
             sys.stderr.write("fairseq-stream: error: {}\n".format(MIN_LEN_ABOVE_MAX))
             sys.stderr.flush()
             return

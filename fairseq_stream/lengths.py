@@ -13,14 +13,9 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.errors import MIN_LEN_ABOVE_MAX, FairseqStreamError
 
 logger = logging.getLogger(__name__)
-
-
-# A batch whose maximum length (--max-len-a times its source plus --max-len-b) is below --min-len; fairseq's own
-# generator asserts it (errors.py says it in these words too).
-MIN_LEN_ABOVE_MAX = "--min-len is larger than the maximum length of a batch; adjust --max-len-a/-b"
 
 
 def max_lengths(src_tokens: Tensor, max_len_a: float, max_len_b: int, min_len: int, max_len: int,
