@@ -130,7 +130,6 @@ CU=("$SRC_DIR"/*.cu)
 CPP=("$SRC_DIR"/*.cpp)
 [ ${#CU[@]} -gt 0 ] || { echo "FAIL: no .cu under $SRC_DIR"; exit 1; }
 rm -f "$OUT"/*.o "$OUT"/*.o.log "$OUT/commands.txt"
-cu_objects=()
 for src in "${CU[@]}"; do
   name=$(basename "$src" .cu)
   while IFS=$'\t' read -r tag sm gencode; do
@@ -139,7 +138,6 @@ for src in "${CU[@]}"; do
     # shellcheck disable=SC2086  # the flag lists are shell-quoted by Python's shlex
     eval "set -- $NVCC_FLAGS $gencode"
     run "$src sm_$sm (nvcc)" "$obj" "$NVCC" -I"$SHIM" -c "$ROOT/$src" -o "$obj" "$@"
-    [ -f "$obj" ] && cu_objects+=("$obj")
   done <<<"$FLAGS"
 done
 cpp_objects=()
@@ -150,19 +148,21 @@ for src in "${CPP[@]}"; do
   [ -f "$obj" ] && cpp_objects+=("$obj")
 done
 # Header/definition agreement, short of linking (no libtorch_cuda here): every
-# fairseq_stream:: function the binding calls is defined, with the same signature, in every
-# arch's object of the .cu sources.
+# fairseq_stream:: function the bindings call is defined, with the same signature, by the .cu
+# sources' objects of each arch together. A template's name is printed after its return type.
 if [ $failed -eq 0 ] && command -v nm >/dev/null; then
-  for cu_obj in "${cu_objects[@]}"; do
-    missing=$(comm -23 \
-      <(nm -C "${cpp_objects[@]}" | sed -n 's/^ *U \(fairseq_stream::.*\)$/\1/p' | sort -u) \
-      <(nm -C "$cu_obj" | sed -n 's/^[0-9a-f]* [TW] \(fairseq_stream::.*\)$/\1/p' | sort -u))
+  needed=$(nm -C "${cpp_objects[@]}" | sed -n 's/^ *U \(.*fairseq_stream::.*\)$/\1/p' | sort -u)
+  for arch in $ARCHS; do
+    sm=${arch/./}
+    arch_objects=("$OUT"/*.sm_"$sm".o)
+    missing=$(comm -23 <(printf '%s\n' "$needed") \
+      <(nm -C "${arch_objects[@]}" | sed -n 's/^[0-9a-f]* [TW] \(.*fairseq_stream::.*\)$/\1/p' | sort -u))
     if [ -n "$missing" ]; then
-      echo "FAIL  $(basename "$cu_obj") does not define what the binding calls:"
+      echo "FAIL  the sm_$sm objects do not define what the bindings call:"
       echo "$missing"
       failed=1
     else
-      echo "ok    symbols: the binding's fairseq_stream:: calls are defined in $(basename "$cu_obj")"
+      echo "ok    symbols: the bindings' $(printf '%s\n' "$needed" | grep -c .) fairseq_stream:: calls are defined in the sm_$sm objects"
     fi
   done
 fi

@@ -20,8 +20,14 @@ step's few hundred numbers (``csrc/cpu/beam_step_cpu.cpp``):
 * :func:`reorder_beam_` — the move of the token and score histories to the
   next beam, in place, for any search (the torch version is its reference).
 
-Both run on CPU tensors where the extension is built (:func:`available`);
-elsewhere (CUDA, no build) the torch code runs, with the same results.
+All three run on CPU tensors where the extension is built (:func:`available`).
+On CUDA, :func:`fairseq_select` runs the CUDA module's kernel for float32 and
+float64 candidates (:func:`fairseq_select_available`: a thread per sentence
+runs the CPU op's loop body, ``csrc/beam_select_row.h``, after ``at::topk`` on
+the device; the torch reference there is about 57 small kernels a step, each
+launched from the host). Elsewhere (the stay rule and the reorder on CUDA,
+half-precision candidates, no build) the torch code runs, with the same
+results.
 """
 
 from typing import List, Optional
@@ -43,6 +49,20 @@ def available(device: torch.device) -> bool:
     return device.type == "cpu" and _extension() is not None
 
 
+def _cuda_extension():
+    """The CUDA module where it is built with the search step; None: the torch code runs on CUDA."""
+    module = compiled_module("cuda")
+    return module if hasattr(module, "fairseq_select") else None
+
+
+def fairseq_select_available(cand: Tensor) -> bool:
+    """Whether :func:`fairseq_select` runs compiled for candidates ``cand``: on the CPU as :func:`available`
+    says, on CUDA for float32 and float64 where the CUDA module is built."""
+    if cand.device.type == "cuda":
+        return cand.dtype in (torch.float32, torch.float64) and _cuda_extension() is not None
+    return available(cand.device)
+
+
 def _pruning(pruning):
     """The heuristics as the ops take them: a negative value is off."""
     off = -1.0
@@ -53,7 +73,8 @@ def _pruning(pruning):
 def fairseq_select(cand: Tensor, local: Optional[Tensor], word_of: Optional[Tensor], per_slot: int, k: int,
                    eos: int, step: int, done_len: Tensor, best_finished: Tensor, max_lens: Tensor, empty: Tensor,
                    ids: Tensor, pruning) -> List[Tensor]:
-    """The compiled :func:`~fairseq_stream.search.selection.fairseq_step`, CPU only.
+    """The compiled :func:`~fairseq_stream.search.selection.fairseq_step`, on the CPU or CUDA
+    (:func:`fairseq_select_available`).
 
     Returns [parent, token, score, live, eos_mask, top_slot, top_score,
     done_len, best_finished, finished_now, summary, flat_parent, no_live,
@@ -62,8 +83,9 @@ def fairseq_select(cand: Tensor, local: Optional[Tensor], word_of: Optional[Tens
     beam holds no live hypothesis; ``zeros``: an (S, k) bool for its empty
     ``done`` and ``fresh``).
     """
-    return _extension().fairseq_select(cand, local, word_of, per_slot, k, eos, step, done_len, best_finished,
-                                       max_lens, empty, ids, *_pruning(pruning))
+    module = _cuda_extension() if cand.device.type == "cuda" else _extension()
+    return module.fairseq_select(cand, local, word_of, per_slot, k, eos, step, done_len, best_finished, max_lens,
+                                 empty, ids, *_pruning(pruning))
 
 
 def stay_select(cand: Tensor, local: Optional[Tensor], word_of: Optional[Tensor], per_slot: int, k: int, eos: int,

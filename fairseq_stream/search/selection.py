@@ -161,13 +161,14 @@ def fairseq_step(cand, local, k, vocab, eos, pruning: Pruning, step, done_len, b
     finalized, at its maximum length (``max_lens`` <= ``step``), with an
     empty beam (pruning), or at once for an empty source.
 
-    ``compiled`` (default: on CPU tensors where the extension is built) runs
-    the op of :mod:`fairseq_stream.ops.beam_step`, one call instead of about
-    40 torch ops, with identical results; not with ``ignore``
-    (:func:`select_fairseq`), which the op does not take.
+    ``compiled`` (default: where the extension is built, on the CPU, and on
+    CUDA for float32 and float64 candidates) runs the op of
+    :mod:`fairseq_stream.ops.beam_step`, one call instead of about 40 torch
+    ops, with identical results; not with ``ignore`` (:func:`select_fairseq`),
+    which the op does not take.
     """
     if compiled is None:
-        compiled = beam_step.available(cand.device) and ignore is None
+        compiled = beam_step.fairseq_select_available(cand) and ignore is None
     if compiled:
         (parent, token, score, live, eos_mask, top_slot, top_score, new_done_len, best, finished_now,
          summary, flat_parent, no_live, none) = beam_step.fairseq_select(

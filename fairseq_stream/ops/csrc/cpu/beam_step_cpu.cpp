@@ -19,6 +19,8 @@
 
 #include "beam_step_cpu.h"
 
+#include "../beam_select_row.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -35,146 +37,45 @@ namespace {
 
 using at::Tensor;
 
-// Freitag & Al-Onaizan's heuristics (search/pruning.py: Pruning.keep); a negative value is "off".
-struct PruneOptions {
-  double rp = -1, ap = -1, rpl = -1;
-  int64_t mc = -1;
-  bool active() const { return rp >= 0 || ap >= 0 || rpl >= 0 || mc >= 0; }
-};
+using fairseq_stream::keep_row;
+using fairseq_stream::PruneOptions;
 
-// Which of one sentence's n candidates (sorted best first) survive: Pruning.keep, row by row.
-template <typename scalar_t>
-void keep_row(const scalar_t* score, const scalar_t* local, const int64_t* parent, const char* carried,
-              int64_t n, scalar_t best_finished, const PruneOptions& o, char* keep) {
-  for (int64_t c = 0; c < n; ++c) keep[c] = std::isfinite(static_cast<double>(score[c]));
-  if (!o.active() || n == 0) return;
-  const scalar_t best = std::max(score[0], best_finished);
-  if (o.rp >= 0) {
-    const scalar_t bound = best + static_cast<scalar_t>(std::log(o.rp));
-    for (int64_t c = 0; c < n; ++c) keep[c] = keep[c] && score[c] >= bound;
-  }
-  if (o.ap >= 0) {
-    const scalar_t bound = best - static_cast<scalar_t>(o.ap);
-    for (int64_t c = 0; c < n; ++c) keep[c] = keep[c] && score[c] >= bound;
-  }
-  if (o.rpl >= 0) {
-    scalar_t best_local = -std::numeric_limits<scalar_t>::infinity();
-    for (int64_t c = 0; c < n; ++c) {
-      if (!carried[c] && std::isfinite(static_cast<double>(score[c]))) best_local = std::max(best_local, local[c]);
-    }
-    const scalar_t bound = best_local + static_cast<scalar_t>(std::log(o.rpl));
-    for (int64_t c = 0; c < n; ++c) keep[c] = keep[c] && (carried[c] || local[c] >= bound);
-  }
-  if (o.mc >= 0) {
-    // Rank among the earlier eligible candidates extending the same slot (parents clamped at 0).
-    for (int64_t c = 0; c < n; ++c) {
-      const bool eligible = !carried[c] && std::isfinite(static_cast<double>(score[c]));
-      if (!eligible) continue;
-      int64_t rank = 0;
-      for (int64_t e = 0; e < c; ++e) {
-        rank += !carried[e] && std::isfinite(static_cast<double>(score[e])) &&
-                std::max<int64_t>(parent[e], 0) == std::max<int64_t>(parent[c], 0);
-      }
-      keep[c] = keep[c] && rank < o.mc;
-    }
-  }
-}
-
+// Each sentence in turn through fairseq_select_row (../beam_select_row.h), which the CUDA kernel runs a
+// thread per sentence. The inputs are contiguous (fairseq_select makes them so).
 template <typename scalar_t>
 void select_loop(const Tensor& top_scores, const Tensor& top_idx, const std::optional<Tensor>& word_of,
                  int64_t per_slot, int64_t k, int64_t eos, int64_t step, const Tensor& done_len,
                  const Tensor& best_finished, const Tensor& max_lens, const Tensor& empty, const Tensor& ids,
                  const std::optional<Tensor>& local, const PruneOptions& prune, std::vector<Tensor>& out) {
-  const int64_t S = top_scores.size(0), n = top_scores.size(1);
-  auto ts = top_scores.accessor<scalar_t, 2>();
-  auto ti = top_idx.accessor<int64_t, 2>();
-  auto dl = done_len.accessor<int64_t, 2>();
-  auto bf = best_finished.accessor<scalar_t, 1>();
-  auto ml = max_lens.accessor<int64_t, 1>();
-  auto em = empty.accessor<bool, 1>();
-  auto id = ids.accessor<int64_t, 1>();
-  std::optional<at::TensorAccessor<int64_t, 2>> wo;
-  if (word_of) wo.emplace(word_of->accessor<int64_t, 2>());
-
-  auto parent = out[0].accessor<int64_t, 2>();
-  auto token = out[1].accessor<int64_t, 2>();
-  auto score = out[2].accessor<scalar_t, 2>();
-  auto live = out[3].accessor<bool, 2>();
-  auto eos_mask = out[4].accessor<bool, 2>();
-  auto top_slot = out[5].accessor<int64_t, 2>();
-  auto top_score = out[6].accessor<scalar_t, 2>();
-  auto new_done_len = out[7].accessor<int64_t, 2>();
-  auto new_best = out[8].accessor<scalar_t, 1>();
-  auto finished_now = out[9].accessor<bool, 1>();
-  auto summary = out[10].accessor<int64_t, 1>();
-  auto flat_parent = out[11].accessor<int64_t, 1>();
-  auto emptied = out[12].accessor<bool, 1>();
-
-  std::optional<at::TensorAccessor<scalar_t, 2>> lo;
-  if (local) lo.emplace(local->accessor<scalar_t, 2>());
+  using namespace fairseq_stream;
+  const int64_t S = top_scores.size(0), n = top_scores.size(1), W = word_of ? word_of->size(1) : 0;
+  const int64_t L = local ? local->size(1) : 0;
+  const SelectShape sh{S, n, k, per_slot, eos, step, prune};
+  const SelectOut<scalar_t> o{out[0].data_ptr<int64_t>(),  out[1].data_ptr<int64_t>(), out[2].data_ptr<scalar_t>(),
+                              out[3].data_ptr<bool>(),     out[4].data_ptr<bool>(),    out[5].data_ptr<int64_t>(),
+                              out[6].data_ptr<scalar_t>(), out[7].data_ptr<int64_t>(), out[8].data_ptr<scalar_t>(),
+                              out[9].data_ptr<bool>(),     out[10].data_ptr<int64_t>(), out[11].data_ptr<int64_t>(),
+                              out[12].data_ptr<bool>()};
   std::vector<int64_t> words(n), beams(n);
   std::vector<char> is_eos(n), keep(n), carried(n, 0);
   std::vector<scalar_t> row_score(n), row_local(n, 0);
+  const SelectScratch<scalar_t> w{words.data(), beams.data(), is_eos.data(), keep.data(), carried.data(),
+                                  row_score.data(), row_local.data()};
+  const scalar_t* ts = top_scores.data_ptr<scalar_t>();
+  const int64_t* ti = top_idx.data_ptr<int64_t>();
+  const int64_t* dl = done_len.data_ptr<int64_t>();
+  const scalar_t* bf = best_finished.data_ptr<scalar_t>();
+  const int64_t* ml = max_lens.data_ptr<int64_t>();
+  const bool* em = empty.data_ptr<bool>();
+  const int64_t* id = ids.data_ptr<int64_t>();
   int64_t live_left = 0;
   for (int64_t s = 0; s < S; ++s) {
-    for (int64_t c = 0; c < n; ++c) {
-      const int64_t idx = ti[s][c];
-      beams[c] = idx / per_slot;
-      words[c] = wo ? (*wo)[s][idx] : idx % per_slot;
-      // select_fairseq: words.eq(eos) & isfinite(top_scores)
-      is_eos[c] = words[c] == eos && std::isfinite(static_cast<double>(ts[s][c]));
-      row_score[c] = ts[s][c];
-      if (lo) row_local[c] = (*lo)[s][idx];
-    }
-    // Pruning sees no carried candidates here; the best finished score may be the best.
-    keep_row<scalar_t>(row_score.data(), row_local.data(), beams.data(), carried.data(), n, bf[s], prune,
-                       keep.data());
-    // The best k candidates of this rank: finalized where they end in EOS.
-    int64_t n_final = 0;
-    scalar_t best = -std::numeric_limits<scalar_t>::infinity();
-    for (int64_t c = 0; c < k; ++c) {
-      eos_mask[s][c] = is_eos[c] && keep[c];
-      top_slot[s][c] = beams[c];
-      top_score[s][c] = ts[s][c];
-      if (eos_mask[s][c]) {
-        ++n_final;
-        best = std::max(best, ts[s][c]);
-      }
-    }
-    // The next beam: the best k candidates not ending in EOS, then (too few of those) the EOS
-    // ones, each group by rank (the reference's topk of is_eos * n + rank, smallest first).
-    int64_t j = 0;
-    bool any_live = false;
-    for (int pass = 0; pass < 2 && j < k; ++pass) {
-      for (int64_t c = 0; c < n && j < k; ++c) {
-        if (static_cast<bool>(is_eos[c]) != (pass == 1)) continue;
-        parent[s][j] = beams[c];
-        flat_parent[s * k + j] = s * k + beams[c];
-        token[s][j] = words[c];
-        score[s][j] = ts[s][c];
-        const bool l = keep[c] && !is_eos[c];
-        live[s][j] = l;
-        any_live = any_live || l;
-        ++j;
-      }
-    }
-    // done_len counts the finalized hypotheses: slots [had, now) get this step's length.
-    int64_t had = 0;
-    for (int64_t c = 0; c < k; ++c) had += dl[s][c] > 0;
-    const int64_t now = std::min(had + n_final, k);
-    for (int64_t c = 0; c < k; ++c) new_done_len[s][c] = (c >= had && c < now) ? step + 1 : dl[s][c];
-    emptied[s] = !any_live;
-    new_best[s] = std::max(bf[s], best);
-    const bool finished = !any_live || now >= k || ml[s] <= step;
-    finished_now[s] = finished || em[s];
-    summary[s] = static_cast<int64_t>(finished_now[s]) + 2 * static_cast<int64_t>(em[s]);
-    summary[S + s] = id[s];
-    summary[2 * S + s] = n_final;
-    if (!finished_now[s]) {
-      for (int64_t c = 0; c < k; ++c) live_left += live[s][c];
-    }
+    const SelectRowIn<scalar_t> in{ts + s * n, ti + s * n, word_of ? word_of->data_ptr<int64_t>() + s * W : nullptr,
+                                   local ? local->data_ptr<scalar_t>() + s * L : nullptr, dl + s * k, bf[s], ml[s],
+                                   id[s], em[s]};
+    live_left += fairseq_select_row<scalar_t>(s, sh, in, w, o);
   }
-  summary[3 * S] = live_left;
+  o.summary[3 * S] = live_left;
 }
 
 // Returns [parent, token, score, live, eos_mask, top_slot, top_score (all (S, k)), done_len (S, k),
@@ -186,6 +87,8 @@ PruneOptions prune_options(double rp, double ap, double rpl, int64_t mc) {
   o.ap = ap;
   o.rpl = rpl;
   o.mc = mc;
+  o.log_rp = rp >= 0 ? std::log(rp) : 0;
+  o.log_rpl = rpl >= 0 ? std::log(rpl) : 0;
   return o;
 }
 
@@ -248,9 +151,14 @@ std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tenso
       at::empty({S, k}, bol), at::empty({S, k}, lng), at::empty({S, k}, cand.options()), at::empty({S, k}, lng),
       at::empty({S}, cand.options()), at::empty({S}, bol), at::empty({3 * S + 1}, lng), at::empty({S * k}, lng),
       at::empty({S}, bol), at::zeros({S, k}, bol)};
+  // The loop reads raw rows: contiguous inputs (copies only where a caller passed a strided view).
+  std::optional<Tensor> word_rows, local_rows;
+  if (word_of) word_rows = word_of->contiguous();
+  if (local) local_rows = local->contiguous();
   AT_DISPATCH_FLOATING_TYPES(cand.scalar_type(), "fairseq_select", [&] {
-    select_loop<scalar_t>(top_scores, top_idx, word_of, per_slot, k, eos, step, done_len, best_finished, max_lens,
-                          empty, ids, local, prune, out);
+    select_loop<scalar_t>(top_scores.contiguous(), top_idx.contiguous(), word_rows, per_slot, k, eos, step,
+                          done_len.contiguous(), best_finished.contiguous(), max_lens.contiguous(),
+                          empty.contiguous(), ids.contiguous(), local_rows, prune, out);
   });
   return out;
 }

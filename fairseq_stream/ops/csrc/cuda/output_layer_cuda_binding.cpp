@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../output_layer_binding.h"
+#include "beam_step_cuda_binding.h"
 #include "output_layer_cuda.h"
 
 namespace {
@@ -115,6 +116,10 @@ std::vector<at::Tensor> topk_log_softmax(const std::vector<at::Tensor>& logits, 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "fairseq-stream fused output layer (CUDA): log-softmax + search rules + top-n per row";
+  m.doc() = "fairseq-stream CUDA kernels: the fused output layer (log-softmax + search rules + top-n per row) and "
+            "the search step";
   def_topk_log_softmax(m, &topk_log_softmax);
+  m.def("fairseq_select", &fairseq_select_cuda,
+        "One search step with fairseq's finalization on CUDA tensors (and the pruning heuristics rp, ap, rpl, mc; "
+        "negative: off); the CPU op's results, see fairseq_stream/ops/beam_step.py");
 }

@@ -1,4 +1,4 @@
-// Host emulation of the CUDA features that ../cuda/output_layer_cuda.cu uses, so that its
+// Host emulation of the CUDA features that ../cuda/output_layer_cuda.cu (and beam_step_cuda.cu) use, so that their
 // kernels' logic (tiles, shared-memory buffer, barriers, bitonic sorts, the split/merge path)
 // can be tested on a machine without a GPU (tests/test_output_layer.py compiles
 // emulate_output_layer.cpp against these headers). Not a CUDA implementation: blocks run one
@@ -99,6 +99,11 @@ T __shfl_xor_sync(unsigned, T value, int lane_mask) {
 
 inline int atomicAdd(int* address, int value) {
   const int old = *address;  // one OS thread: no other thread runs in between
+  *address = value + old;
+  return old;
+}
+inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
+  const unsigned long long old = *address;
   *address = value + old;
   return old;
 }

@@ -1,0 +1,194 @@
+// One sentence's search step with fairseq's finalization, on raw arrays: the body of the compiled
+// fairseq_select of cpu/beam_step_cpu.cpp (a loop over sentences) and of cuda/beam_step_cuda.cu
+// (a thread per sentence). fairseq_stream/ops/beam_step.py documents the op; the torch code of
+// fairseq_stream/search/selection.py (fairseq_step) is the reference both equal.
+//
+// Plain C++17 without the standard library's math, so that nvcc compiles it for the device: the
+// pruning's logarithms come from the host (PruneOptions), and finiteness is tested by arithmetic.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FS_HOST_DEVICE __host__ __device__
+#else
+#define FS_HOST_DEVICE
+#endif
+
+namespace fairseq_stream {
+
+// Freitag & Al-Onaizan's heuristics (search/pruning.py: Pruning.keep); a negative value is "off".
+// log_rp and log_rpl are std::log(rp) and std::log(rpl), computed on the host.
+struct PruneOptions {
+  double rp = -1, ap = -1, rpl = -1, log_rp = 0, log_rpl = 0;
+  int64_t mc = -1;
+  FS_HOST_DEVICE bool active() const { return rp >= 0 || ap >= 0 || rpl >= 0 || mc >= 0; }
+};
+
+// x - x is 0 for a finite x, NaN for an infinity or a NaN (std::isfinite, without <cmath> on the device).
+template <typename scalar_t>
+FS_HOST_DEVICE inline bool finite(scalar_t x) {
+  return x - x == scalar_t(0);
+}
+
+template <typename T>
+FS_HOST_DEVICE inline T larger(T a, T b) {
+  return a < b ? b : a;
+}
+
+template <typename scalar_t>
+FS_HOST_DEVICE inline scalar_t minus_infinity() {
+  return -scalar_t(1) / scalar_t(0);
+}
+
+// Which of one sentence's n candidates (sorted best first) survive: Pruning.keep, row by row.
+template <typename scalar_t>
+FS_HOST_DEVICE void keep_row(const scalar_t* score, const scalar_t* local, const int64_t* parent,
+                             const char* carried, int64_t n, scalar_t best_finished, const PruneOptions& o,
+                             char* keep) {
+  for (int64_t c = 0; c < n; ++c) keep[c] = finite(score[c]);
+  if (!o.active() || n == 0) return;
+  const scalar_t best = larger(score[0], best_finished);
+  if (o.rp >= 0) {
+    const scalar_t bound = best + static_cast<scalar_t>(o.log_rp);
+    for (int64_t c = 0; c < n; ++c) keep[c] = keep[c] && score[c] >= bound;
+  }
+  if (o.ap >= 0) {
+    const scalar_t bound = best - static_cast<scalar_t>(o.ap);
+    for (int64_t c = 0; c < n; ++c) keep[c] = keep[c] && score[c] >= bound;
+  }
+  if (o.rpl >= 0) {
+    scalar_t best_local = minus_infinity<scalar_t>();
+    for (int64_t c = 0; c < n; ++c) {
+      if (!carried[c] && finite(score[c])) best_local = larger(best_local, local[c]);
+    }
+    const scalar_t bound = best_local + static_cast<scalar_t>(o.log_rpl);
+    for (int64_t c = 0; c < n; ++c) keep[c] = keep[c] && (carried[c] || local[c] >= bound);
+  }
+  if (o.mc >= 0) {
+    // Rank among the earlier eligible candidates extending the same slot (parents clamped at 0).
+    for (int64_t c = 0; c < n; ++c) {
+      const bool eligible = !carried[c] && finite(score[c]);
+      if (!eligible) continue;
+      int64_t rank = 0;
+      for (int64_t e = 0; e < c; ++e) {
+        rank += !carried[e] && finite(score[e]) && larger<int64_t>(parent[e], 0) == larger<int64_t>(parent[c], 0);
+      }
+      keep[c] = keep[c] && rank < o.mc;
+    }
+  }
+}
+
+// Sentence s's inputs: its n best candidates (scores and flat indices, best first), the candidates'
+// words where pre-selected (word_of's row, else null) and local scores (local's row, else null), its
+// finalized lengths (k), best finished score, maximum length, whether its source is empty, its id.
+template <typename scalar_t>
+struct SelectRowIn {
+  const scalar_t* top_score;
+  const int64_t* top_idx;
+  const int64_t* word_of;
+  const scalar_t* local;
+  const int64_t* done_len;
+  scalar_t best_finished;
+  int64_t max_len, id;
+  bool empty;
+};
+
+// The step's shape and rules, the same for every sentence.
+struct SelectShape {
+  int64_t S, n, k, per_slot, eos, step;
+  PruneOptions prune;
+};
+
+// The outputs, whole tensors (contiguous): sentence s writes row s of each (S, k) one, entry s of the (S,)
+// ones, its summary entries and its k flat parents.
+template <typename scalar_t>
+struct SelectOut {
+  int64_t *parent, *token;
+  scalar_t* score;
+  bool *live, *eos_mask;
+  int64_t* top_slot;
+  scalar_t* top_score;
+  int64_t* done_len;
+  scalar_t* best_finished;
+  bool* finished_now;
+  int64_t *summary, *flat_parent;
+  bool* no_live;
+};
+
+// Scratch of n entries each, the sentence's own.
+template <typename scalar_t>
+struct SelectScratch {
+  int64_t *words, *beams;
+  char *is_eos, *keep, *carried;
+  scalar_t *score, *local;
+};
+
+// Sentence s's step; returns its live hypotheses left if it goes on (the summary's last entry sums them).
+template <typename scalar_t>
+FS_HOST_DEVICE int64_t fairseq_select_row(int64_t s, const SelectShape& sh, const SelectRowIn<scalar_t>& in,
+                                          const SelectScratch<scalar_t>& w, const SelectOut<scalar_t>& out) {
+  const int64_t n = sh.n, k = sh.k, S = sh.S;
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t idx = in.top_idx[c];
+    w.beams[c] = idx / sh.per_slot;
+    w.words[c] = in.word_of ? in.word_of[idx] : idx % sh.per_slot;
+    // select_fairseq: words.eq(eos) & isfinite(top_scores)
+    w.is_eos[c] = w.words[c] == sh.eos && finite(in.top_score[c]);
+    w.score[c] = in.top_score[c];
+    w.local[c] = in.local ? in.local[idx] : scalar_t(0);
+    w.carried[c] = 0;
+  }
+  // Pruning sees no carried candidates here; the best finished score may be the best.
+  keep_row<scalar_t>(w.score, w.local, w.beams, w.carried, n, in.best_finished, sh.prune, w.keep);
+  // The best k candidates of this rank: finalized where they end in EOS.
+  int64_t n_final = 0;
+  scalar_t best = minus_infinity<scalar_t>();
+  for (int64_t c = 0; c < k; ++c) {
+    const bool finalized = w.is_eos[c] && w.keep[c];
+    out.eos_mask[s * k + c] = finalized;
+    out.top_slot[s * k + c] = w.beams[c];
+    out.top_score[s * k + c] = in.top_score[c];
+    if (finalized) {
+      ++n_final;
+      best = larger(best, in.top_score[c]);
+    }
+  }
+  // The next beam: the best k candidates not ending in EOS, then (too few of those) the EOS
+  // ones, each group by rank (the reference's topk of is_eos * n + rank, smallest first).
+  int64_t j = 0;
+  bool any_live = false;
+  for (int pass = 0; pass < 2 && j < k; ++pass) {
+    for (int64_t c = 0; c < n && j < k; ++c) {
+      if (static_cast<bool>(w.is_eos[c]) != (pass == 1)) continue;
+      out.parent[s * k + j] = w.beams[c];
+      out.flat_parent[s * k + j] = s * k + w.beams[c];
+      out.token[s * k + j] = w.words[c];
+      out.score[s * k + j] = in.top_score[c];
+      const bool l = w.keep[c] && !w.is_eos[c];
+      out.live[s * k + j] = l;
+      any_live = any_live || l;
+      ++j;
+    }
+  }
+  // done_len counts the finalized hypotheses: slots [had, now) get this step's length.
+  int64_t had = 0;
+  for (int64_t c = 0; c < k; ++c) had += in.done_len[c] > 0;
+  const int64_t now = had + n_final < k ? had + n_final : k;
+  for (int64_t c = 0; c < k; ++c) out.done_len[s * k + c] = (c >= had && c < now) ? sh.step + 1 : in.done_len[c];
+  out.no_live[s] = !any_live;
+  out.best_finished[s] = larger(in.best_finished, best);
+  const bool finished = !any_live || now >= k || in.max_len <= sh.step;
+  const bool ends = finished || in.empty;
+  out.finished_now[s] = ends;
+  out.summary[s] = static_cast<int64_t>(ends) + 2 * static_cast<int64_t>(in.empty);
+  out.summary[S + s] = in.id;
+  out.summary[2 * S + s] = n_final;
+  int64_t live_left = 0;
+  if (!ends) {
+    for (int64_t c = 0; c < k; ++c) live_left += out.live[s * k + c];
+  }
+  return live_left;
+}
+
+}  // namespace fairseq_stream

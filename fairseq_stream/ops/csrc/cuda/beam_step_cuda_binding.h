@@ -1,0 +1,18 @@
+// The CUDA search step's ATen entry (beam_step_cuda_binding.cpp); output_layer_cuda_binding.cpp binds it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <vector>
+
+// fairseq_select of the CPU op (../cpu/beam_step_cpu.h) on CUDA tensors: one search step with fairseq's
+// finalization and the pruning heuristics rp, ap, rpl, mc (negative: off). Returns [parent, token, score, live,
+// eos_mask, top_slot, top_score, done_len, best_finished, finished_now, summary, flat_parent, no_live, zeros];
+// fairseq_stream/ops/beam_step.py documents them.
+std::vector<at::Tensor> fairseq_select_cuda(const at::Tensor& cand, const std::optional<at::Tensor>& local,
+                                            const std::optional<at::Tensor>& word_of, int64_t per_slot, int64_t k,
+                                            int64_t eos, int64_t step, const at::Tensor& done_len,
+                                            const at::Tensor& best_finished, const at::Tensor& max_lens,
+                                            const at::Tensor& empty, const at::Tensor& ids, double rp, double ap,
+                                            double rpl, int64_t mc);

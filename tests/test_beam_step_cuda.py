@@ -1,0 +1,155 @@
+"""The CUDA search step (``csrc/cuda/beam_step_cuda.cu``) against the torch reference.
+
+Without a GPU, the kernel is compiled against the host emulation of
+``csrc/cuda_emu`` (blocks of 256 threads as fibers) and stands in for
+``beam_step.fairseq_select`` on every step of real decoding on the CPU: the toy
+models, every search with fairseq's finalization, each pruning heuristic, both
+kinds of candidates (whole-vocabulary ones and the fused layer's pre-selected
+ones), float32 and float64. Each step's answer must equal the torch code of
+:func:`fairseq_stream.search.selection.fairseq_step` bit for bit. The
+binding's part (``at::topk`` over the candidates, the allocations) is done here
+in torch, as the binding does it in ATen. On a GPU (marked ``cuda``) the built
+op itself decodes on CUDA tensors under the same comparison.
+"""
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import decode, decoder_options, sorted_batches, toy_cache
+from fairseq_stream.decoder import BeamDecoder
+from fairseq_stream.ops import beam_step
+from fairseq_stream.search import policies, selection
+from fairseq_stream.search.pruning import Pruning
+from test_beam_step import assert_same_step
+
+CSRC = Path(beam_step.__file__).resolve().parent / "csrc"
+SOURCES = [CSRC / "beam_select_row.h", CSRC / "cuda" / "beam_step_cuda.cu", CSRC / "cuda" / "beam_step_cuda.h",
+           CSRC / "cuda_emu" / "cuda_runtime.h", CSRC / "cuda_emu" / "emulate_beam_step.cpp"]
+
+# The searches with fairseq's finalization (the stay rule runs the torch code on CUDA).
+SEARCHES = {
+    "greedy": decoder_options("greedy"),
+    "fixed": decoder_options("fixed"),
+    "var-fairseq": decoder_options("var-fairseq"),
+    "var-all-fairseq": dict(beam_size=5, finalize="fairseq", pruning=Pruning(rp=0.05, ap=2.0, rpl=0.1, mc=2)),
+}
+
+
+@pytest.fixture(scope="session")
+def emulation():
+    """The kernel's host build (cached per source hash in the toy's cache folder), via ctypes."""
+    digest = hashlib.sha1(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:12]
+    base = toy_cache.cache_base()
+    lib = base / "cuda-emu-beam-step-{}.so".format(digest)
+    base.mkdir(parents=True, exist_ok=True)
+    with open(str(lib) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not lib.exists():
+            tmp = lib.with_suffix(".tmp{}".format(os.getpid()))
+            cmd = [os.environ.get("CXX", "c++"), "-std=c++17", "-O1", "-shared", "-fPIC", "-I", str(CSRC / "cuda_emu"),
+                   "-I", str(CSRC / "cuda"), str(CSRC / "cuda_emu" / "emulate_beam_step.cpp"), "-o", str(tmp)]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as e:
+                pytest.skip("no C++ compiler for the CUDA emulation: {}".format(e))
+            assert proc.returncode == 0, "the kernel does not compile for the emulation:\n" + proc.stderr[-4000:]
+            tmp.rename(lib)
+    return ctypes.CDLL(str(lib))
+
+
+def emulated_select(lib, cand, local, word_of, per_slot, k, eos, step, done_len, best_finished, max_lens, empty,
+                    ids, pruning):
+    """``beam_step.fairseq_select`` through the emulated kernel: the binding's steps, in torch."""
+    S, W = cand.shape
+    n = min(2 * k, W - (0 if word_of is not None else 1))
+    top_scores, top_idx = torch.topk(cand, n, dim=1)
+    dtype, long, flag = cand.dtype, torch.long, torch.bool
+    out = [torch.empty(S, k, dtype=long), torch.empty(S, k, dtype=long), torch.empty(S, k, dtype=dtype),
+           torch.empty(S, k, dtype=flag), torch.empty(S, k, dtype=flag), torch.empty(S, k, dtype=long),
+           torch.empty(S, k, dtype=dtype), torch.empty(S, k, dtype=long), torch.empty(S, dtype=dtype),
+           torch.empty(S, dtype=flag), torch.zeros(3 * S + 1, dtype=long), torch.empty(S * k, dtype=long),
+           torch.empty(S, dtype=flag)]
+    rp, ap, rpl, mc = beam_step._pruning(pruning)
+    inputs = [top_scores.contiguous(), top_idx.contiguous(), None if word_of is None else word_of.contiguous(),
+              None if local is None else local.contiguous(), done_len.contiguous(), best_finished.contiguous(),
+              max_lens.contiguous(), empty.contiguous(), ids.contiguous()]
+    pointers = lambda ts: (ctypes.c_void_p * len(ts))(*[None if t is None else t.data_ptr() for t in ts])  # noqa: E731
+    dims = (ctypes.c_long * 9)(S, n, k, per_slot, eos, step, W if word_of is not None else 0,
+                               W if local is not None else 0, mc)
+    rc = lib.fs_emulate_fairseq_select(int(dtype == torch.float64), dims, (ctypes.c_double * 3)(rp, ap, rpl),
+                                       pointers(inputs), pointers(out))
+    assert rc == 0
+    return out + [torch.zeros(S, k, dtype=flag)]
+
+
+@pytest.fixture
+def checked_steps(monkeypatch):
+    """Every fairseq-rule step of the decoder runs compiled (the op under test) and in torch; they must agree."""
+    count = [0]
+    step = selection.fairseq_step
+
+    def both(*args, **kwargs):
+        compiled = step(*args, compiled=True, **kwargs)
+        assert_same_step(compiled, step(*args, compiled=False, **kwargs))
+        count[0] += 1
+        return compiled
+
+    monkeypatch.setattr(policies, "fairseq_step", both)
+    return count
+
+
+@pytest.mark.parametrize("model", ["transformer", "lstm"])
+@pytest.mark.parametrize("output_layer", ["torch", "fused"])
+@pytest.mark.parametrize("search", sorted(SEARCHES))
+def test_the_emulated_kernel_equals_the_reference_on_every_step(loaded, emulation, checked_steps, monkeypatch,
+                                                                model, output_layer, search):
+    monkeypatch.setattr(beam_step, "fairseq_select", lambda *a: emulated_select(emulation, *a))
+    models, task = loaded(model)
+    # max_len_b 12: some sentences end at their maximum length, others by k finalized hypotheses.
+    dec = BeamDecoder(models, task.target_dictionary, output_layer=output_layer, keep_reference=False,
+                      max_len_b=12, **SEARCHES[search])
+    out = decode(dec, models, sorted_batches(task, 6, 40), None)
+    assert len(out) == 37 and checked_steps[0] > 20
+
+
+def test_the_emulated_kernel_in_float64(exact, emulation, checked_steps, monkeypatch):
+    monkeypatch.setattr(beam_step, "fairseq_select", lambda *a: emulated_select(emulation, *a))
+    models, task = exact("transformer")
+    dec = BeamDecoder(models, task.target_dictionary, keep_reference=False, max_len_b=12, **SEARCHES["fixed"])
+    out = decode(dec, models, sorted_batches(task, 8, 40), None)
+    assert len(out) == 37 and checked_steps[0] > 20
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_emulated_kernel_past_one_block_of_threads(emulation, monkeypatch, dtype):
+    """600 sentences: three blocks of 256 threads, the last one partly idle; ties and -inf among the candidates,
+    sentences at their maximum length, empty ones, finalized counts already held."""
+    monkeypatch.setattr(beam_step, "fairseq_select", lambda *a: emulated_select(emulation, *a))
+    g = torch.Generator().manual_seed(0)
+    S, k, vocab = 600, 4, 10
+    cand = torch.randint(-6, 0, (S, k * vocab), generator=g).to(dtype)  # integers: many ties
+    cand[torch.rand(S, k * vocab, generator=g) < 0.2] = -float("inf")
+    done_len = torch.randint(0, 2, (S, k), generator=g) * 3
+    args = (cand, cand - 1, k, vocab, 2, Pruning(), 3, done_len.sort(dim=1, descending=True).values,
+            torch.full((S,), -float("inf"), dtype=dtype), torch.randint(2, 9, (S,), generator=g),
+            torch.rand(S, generator=g) < 0.05, torch.arange(S))
+    assert_same_step(selection.fairseq_step(*args, compiled=True), selection.fairseq_step(*args, compiled=False))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("search", sorted(SEARCHES))
+def test_cuda_op_equals_the_reference_on_every_step(loaded, checked_steps, search):
+    models, task = loaded("transformer")
+    assert beam_step.fairseq_select_available(torch.zeros(1, 2, device="cuda")), "the CUDA search step is not built"
+    models = [m.cuda() for m in models]
+    dec = BeamDecoder(models, task.target_dictionary, keep_reference=False, max_len_b=12, **SEARCHES[search])
+    out = decode(dec, models, sorted_batches(task, 6, 40), None)
+    assert len(out) == 37 and checked_steps[0] > 20
