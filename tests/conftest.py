@@ -46,6 +46,37 @@ def pytest_collection_modifyitems(config, items):
 
 # scripts/toy_cache.py: the one place that decides where the toy is cached (shared with the quickstart).
 toy_cache = load_script("toy_cache", REPO / "scripts" / "toy_cache.py")
+CSRC = REPO / "fairseq_stream" / "ops" / "csrc"
+
+
+def cuda_emulation_library(name, main, sources, std):
+    """CUDA kernels built for the host against ``csrc/cuda_emu`` (``main``: the entry file there, which
+    includes the .cu), via ctypes; cached per hash of ``sources`` in the toy's cache folder, one build at a
+    time across pytest's workers. Skips where there is no C++ compiler or it lacks ``std``."""
+    import ctypes
+    import fcntl
+    import hashlib
+
+    digest = hashlib.sha1(b"".join(Path(p).read_bytes() for p in sources)).hexdigest()[:12]
+    base = toy_cache.cache_base()  # XDG_CACHE_HOME honoured
+    lib = base / "{}-{}.so".format(name, digest)
+    base.mkdir(parents=True, exist_ok=True)
+    with open(str(lib) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not lib.exists():
+            tmp = lib.with_suffix(".tmp{}".format(os.getpid()))
+            cmd = [os.environ.get("CXX", "c++"), "-std=" + std, "-O1", "-shared", "-fPIC", "-I",
+                   str(CSRC / "cuda_emu"), "-I", str(CSRC / "cuda"), str(CSRC / "cuda_emu" / main), "-o", str(tmp)]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as e:
+                pytest.skip("no C++ compiler for the CUDA emulation: {}".format(e))
+            if proc.returncode != 0:
+                if "std=" + std in proc.stderr or "bit_cast" in proc.stderr:
+                    pytest.skip("the C++ compiler lacks {}: {}".format(std, proc.stderr.splitlines()[0]))
+                raise AssertionError("the CUDA kernels do not compile for the emulation:\n" + proc.stderr[-4000:])
+            tmp.rename(lib)
+    return ctypes.CDLL(str(lib))
 warm_tools = load_script("warm_tools", Path(__file__).resolve().parent / "warm_tools.py")
 
 

@@ -13,23 +13,17 @@ op itself decodes on CUDA tensors under the same comparison.
 """
 
 import ctypes
-import fcntl
-import hashlib
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import decode, decoder_options, sorted_batches, toy_cache
+from conftest import CSRC, cuda_emulation_library, decode, decoder_options, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.ops import beam_step
 from fairseq_stream.search import policies, selection
 from fairseq_stream.search.pruning import Pruning
 from test_beam_step import assert_same_step
 
-CSRC = Path(beam_step.__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "beam_select_row.h", CSRC / "cuda" / "beam_step_cuda.cu", CSRC / "cuda" / "beam_step_cuda.h",
            CSRC / "cuda_emu" / "cuda_runtime.h", CSRC / "cuda_emu" / "emulate_beam_step.cpp"]
 
@@ -44,24 +38,8 @@ SEARCHES = {
 
 @pytest.fixture(scope="session")
 def emulation():
-    """The kernel's host build (cached per source hash in the toy's cache folder), via ctypes."""
-    digest = hashlib.sha1(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:12]
-    base = toy_cache.cache_base()
-    lib = base / "cuda-emu-beam-step-{}.so".format(digest)
-    base.mkdir(parents=True, exist_ok=True)
-    with open(str(lib) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not lib.exists():
-            tmp = lib.with_suffix(".tmp{}".format(os.getpid()))
-            cmd = [os.environ.get("CXX", "c++"), "-std=c++17", "-O1", "-shared", "-fPIC", "-I", str(CSRC / "cuda_emu"),
-                   "-I", str(CSRC / "cuda"), str(CSRC / "cuda_emu" / "emulate_beam_step.cpp"), "-o", str(tmp)]
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-            except OSError as e:
-                pytest.skip("no C++ compiler for the CUDA emulation: {}".format(e))
-            assert proc.returncode == 0, "the kernel does not compile for the emulation:\n" + proc.stderr[-4000:]
-            tmp.rename(lib)
-    return ctypes.CDLL(str(lib))
+    """The kernel's host build, via ctypes."""
+    return cuda_emulation_library("cuda-emu-beam-step", "emulate_beam_step.cpp", SOURCES, "c++17")
 
 
 def emulated_select(lib, cand, local, word_of, per_slot, k, eos, step, done_len, best_finished, max_lens, empty,

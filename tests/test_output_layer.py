@@ -22,17 +22,13 @@ compiler. Everything is seeded, on the CPU, one thread.
 """
 
 import ctypes
-import fcntl
-import hashlib
 import math
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import sorted_batches, toy_cache
+from conftest import cuda_emulation_library, sorted_batches
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.ops import loader
 from fairseq_stream.ops import output_layer as ol
@@ -379,28 +375,8 @@ EMU_SOURCES = [CSRC / "cuda" / "output_layer_cuda.cu", CSRC / "cuda" / "output_l
 
 @pytest.fixture(scope="session")
 def cuda_emulation():
-    """csrc/cuda_emu's host build of the CUDA kernels (cached per source hash), via ctypes."""
-    digest = hashlib.sha1(b"".join(p.read_bytes() for p in EMU_SOURCES)).hexdigest()[:12]
-    base = toy_cache.cache_base()  # the toy's cache folder (XDG_CACHE_HOME honoured)
-    lib = base / "cuda-emu-{}.so".format(digest)
-    base.mkdir(parents=True, exist_ok=True)
-    with open(str(lib) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not lib.exists():
-            tmp = lib.with_suffix(".tmp{}".format(os.getpid()))
-            cmd = [os.environ.get("CXX", "c++"), "-std=c++20", "-O1", "-shared", "-fPIC",
-                   "-I", str(CSRC / "cuda_emu"), "-I", str(CSRC / "cuda"),
-                   str(CSRC / "cuda_emu" / "emulate_output_layer.cpp"), "-o", str(tmp)]
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-            except OSError as e:
-                pytest.skip("no C++ compiler for the CUDA emulation: {}".format(e))
-            if proc.returncode != 0:
-                if "std=c++20" in proc.stderr or "bit_cast" in proc.stderr:
-                    pytest.skip("the C++ compiler lacks C++20: {}".format(proc.stderr.splitlines()[0]))
-                raise AssertionError("the CUDA kernels do not compile for the emulation:\n" + proc.stderr[-4000:])
-            tmp.rename(lib)
-    return ctypes.CDLL(str(lib))
+    """csrc/cuda_emu's host build of the CUDA output layer's kernels, via ctypes."""
+    return cuda_emulation_library("cuda-emu", "emulate_output_layer.cpp", EMU_SOURCES, "c++20")
 
 
 def emulated(lib, logits, n, multiprocessors, pad, eos, unk=None, unk_penalty=0.0, temperature=1.0,
