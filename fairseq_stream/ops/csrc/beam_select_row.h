@@ -3,10 +3,12 @@
 // (a thread per sentence). fairseq_stream/ops/beam_step.py documents the op; the torch code of
 // fairseq_stream/search/selection.py (fairseq_step) is the reference both equal.
 //
-// Plain C++17 without the standard library's math, so that nvcc compiles it for the device: the
-// pruning's logarithms come from the host (PruneOptions), and finiteness is tested by arithmetic.
+// Plain C++17 without the standard library's math in device code, so that nvcc compiles it for the
+// device: the pruning's logarithms come from the host (prune_options), and finiteness is tested by
+// arithmetic.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -26,6 +28,18 @@ struct PruneOptions {
 };
 
 // x - x is 0 for a finite x, NaN for an infinity or a NaN (std::isfinite, without <cmath> on the device).
+// The options as the ops take them (a negative value: off), the logarithms taken here, on the host.
+inline PruneOptions prune_options(double rp, double ap, double rpl, int64_t mc) {
+  PruneOptions o;
+  o.rp = rp;
+  o.ap = ap;
+  o.rpl = rpl;
+  o.mc = mc;
+  o.log_rp = rp >= 0 ? std::log(rp) : 0;
+  o.log_rpl = rpl >= 0 ? std::log(rpl) : 0;
+  return o;
+}
+
 template <typename scalar_t>
 FS_HOST_DEVICE inline bool finite(scalar_t x) {
   return x - x == scalar_t(0);

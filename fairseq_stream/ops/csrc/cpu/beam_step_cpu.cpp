@@ -38,6 +38,7 @@ namespace {
 using at::Tensor;
 
 using fairseq_stream::keep_row;
+using fairseq_stream::prune_options;
 using fairseq_stream::PruneOptions;
 
 // Each sentence in turn through fairseq_select_row (../beam_select_row.h), which the CUDA kernel runs a
@@ -81,16 +82,6 @@ void select_loop(const Tensor& top_scores, const Tensor& top_idx, const std::opt
 // Returns [parent, token, score, live, eos_mask, top_slot, top_score (all (S, k)), done_len (S, k),
 // best_finished (S,), finished_now (S,), summary (3S + 1,), flat_parent (S*k,), no_live (S,), and an (S, k)
 // bool of zeros (the Step's done and fresh, which fairseq's rule leaves empty)].
-PruneOptions prune_options(double rp, double ap, double rpl, int64_t mc) {
-  PruneOptions o;
-  o.rp = rp;
-  o.ap = ap;
-  o.rpl = rpl;
-  o.mc = mc;
-  o.log_rp = rp >= 0 ? std::log(rp) : 0;
-  o.log_rpl = rpl >= 0 ? std::log(rpl) : 0;
-  return o;
-}
 
 void check_common(const Tensor& cand, const std::optional<Tensor>& local, const std::optional<Tensor>& word_of,
                   const char* op) {

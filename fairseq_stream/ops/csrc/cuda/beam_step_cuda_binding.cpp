@@ -13,7 +13,6 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "beam_step_cuda.h"
 
@@ -73,10 +72,10 @@ void launch(const fairseq_stream::SelectShape& sh, const Tensor& top_scores, con
 }  // namespace
 
 std::vector<Tensor> fairseq_select_cuda(const Tensor& cand, const std::optional<Tensor>& local,
-                                   const std::optional<Tensor>& word_of, int64_t per_slot, int64_t k, int64_t eos,
-                                   int64_t step, const Tensor& done_len, const Tensor& best_finished,
-                                   const Tensor& max_lens, const Tensor& empty, const Tensor& ids, double rp,
-                                   double ap, double rpl, int64_t mc) {
+                                        const std::optional<Tensor>& word_of, int64_t per_slot, int64_t k,
+                                        int64_t eos, int64_t step, const Tensor& done_len,
+                                        const Tensor& best_finished, const Tensor& max_lens, const Tensor& empty,
+                                        const Tensor& ids, double rp, double ap, double rpl, int64_t mc) {
   TORCH_CHECK(cand.is_cuda() && cand.dim() == 2, "fairseq_select: cand must be a 2-d CUDA tensor");
   TORCH_CHECK(cand.scalar_type() == at::kFloat || cand.scalar_type() == at::kDouble,
               "fairseq_select: cand must be float32 or float64");
@@ -103,13 +102,7 @@ std::vector<Tensor> fairseq_select_cuda(const Tensor& cand, const std::optional<
       at::empty({S, k}, bol), at::empty({S, k}, lng), at::empty({S, k}, cand.options()), at::empty({S, k}, lng),
       at::empty({S}, cand.options()), at::empty({S}, bol), at::zeros({3 * S + 1}, lng), at::empty({S * k}, lng),
       at::empty({S}, bol), at::zeros({S, k}, bol)};
-  fairseq_stream::SelectShape sh{S, n, k, per_slot, eos, step, {}};
-  sh.prune.rp = rp;
-  sh.prune.ap = ap;
-  sh.prune.rpl = rpl;
-  sh.prune.mc = mc;
-  sh.prune.log_rp = rp >= 0 ? std::log(rp) : 0;
-  sh.prune.log_rpl = rpl >= 0 ? std::log(rpl) : 0;
+  const fairseq_stream::SelectShape sh{S, n, k, per_slot, eos, step, fairseq_stream::prune_options(rp, ap, rpl, mc)};
   std::optional<Tensor> word_rows, local_rows;
   if (word_of) word_rows = word_of->contiguous();
   if (local) local_rows = local->contiguous();

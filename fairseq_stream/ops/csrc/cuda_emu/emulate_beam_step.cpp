@@ -4,7 +4,6 @@
 // The binding's part (at::topk, the allocations) is the test's, in torch.
 #include "beam_step_cuda.cu"
 
-#include <cmath>
 #include <vector>
 
 namespace {
@@ -13,13 +12,8 @@ template <typename scalar_t>
 int run(const long* dims, const double* prune, const void* const* in, void* const* out) {
   using namespace fairseq_stream;
   FairseqSelectArgs<scalar_t> a{};
-  a.shape = SelectShape{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], {}};
-  a.shape.prune.rp = prune[0];
-  a.shape.prune.ap = prune[1];
-  a.shape.prune.rpl = prune[2];
-  a.shape.prune.mc = dims[8];
-  a.shape.prune.log_rp = prune[0] >= 0 ? std::log(prune[0]) : 0;  // as the binding computes them
-  a.shape.prune.log_rpl = prune[2] >= 0 ? std::log(prune[2]) : 0;
+  a.shape = SelectShape{dims[0], dims[1],  dims[2], dims[3], dims[4],
+                        dims[5], prune_options(prune[0], prune[1], prune[2], dims[8])};
   a.top_score = static_cast<const scalar_t*>(in[0]);
   a.top_idx = static_cast<const int64_t*>(in[1]);
   a.word_of = static_cast<const int64_t*>(in[2]);
