@@ -20,6 +20,7 @@
 #include "beam_step_cpu.h"
 
 #include "../beam_select_row.h"
+#include "../beam_step_outputs.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/ops/cat.h>
@@ -135,13 +136,7 @@ std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tenso
 
   auto top = at::topk(cand, n, 1, /*largest=*/true, /*sorted=*/true);
   const Tensor top_scores = std::get<0>(top), top_idx = std::get<1>(top);
-  auto lng = cand.options().dtype(at::kLong);
-  auto bol = cand.options().dtype(at::kBool);
-  std::vector<Tensor> out = {
-      at::empty({S, k}, lng), at::empty({S, k}, lng), at::empty({S, k}, cand.options()), at::empty({S, k}, bol),
-      at::empty({S, k}, bol), at::empty({S, k}, lng), at::empty({S, k}, cand.options()), at::empty({S, k}, lng),
-      at::empty({S}, cand.options()), at::empty({S}, bol), at::empty({3 * S + 1}, lng), at::empty({S * k}, lng),
-      at::empty({S}, bol), at::zeros({S, k}, bol)};
+  std::vector<Tensor> out = fairseq_select_outputs(cand, S, k);
   // The loop reads raw rows: contiguous inputs (copies only where a caller passed a strided view).
   std::optional<Tensor> word_rows, local_rows;
   if (word_of) word_rows = word_of->contiguous();

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 
+#include "../beam_step_outputs.h"
 #include "beam_step_cuda.h"
 
 namespace {
@@ -95,13 +96,7 @@ std::vector<Tensor> fairseq_select_cuda(const Tensor& cand, const std::optional<
 
   auto top = at::topk(cand, n, 1, /*largest=*/true, /*sorted=*/true);
   const Tensor top_scores = std::get<0>(top).contiguous(), top_idx = std::get<1>(top).contiguous();
-  auto lng = cand.options().dtype(at::kLong);
-  auto bol = cand.options().dtype(at::kBool);
-  std::vector<Tensor> out = {
-      at::empty({S, k}, lng), at::empty({S, k}, lng), at::empty({S, k}, cand.options()), at::empty({S, k}, bol),
-      at::empty({S, k}, bol), at::empty({S, k}, lng), at::empty({S, k}, cand.options()), at::empty({S, k}, lng),
-      at::empty({S}, cand.options()), at::empty({S}, bol), at::zeros({3 * S + 1}, lng), at::empty({S * k}, lng),
-      at::empty({S}, bol), at::zeros({S, k}, bol)};
+  std::vector<Tensor> out = fairseq_select_outputs(cand, S, k);
   const fairseq_stream::SelectShape sh{S, n, k, per_slot, eos, step, fairseq_stream::prune_options(rp, ap, rpl, mc)};
   std::optional<Tensor> word_rows, local_rows;
   if (word_of) word_rows = word_of->contiguous();

@@ -1,0 +1,22 @@
+// The results of fairseq_select, allocated for the CPU op (cpu/beam_step_cpu.cpp) and the CUDA one
+// (cuda/beam_step_cuda_binding.cpp) alike; fairseq_stream/ops/beam_step.py names them.
+#pragma once
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <cstdint>
+#include <vector>
+
+// On cand's device, scores of cand's dtype: [parent, token, score, live, eos_mask, top_slot, top_score, done_len
+// (all (S, k)), best_finished (S,), finished_now (S,), summary (3S + 1,), flat_parent (S*k,), no_live (S,), zeros
+// (S, k) bool]. The summary starts at zeros: its last entry is a sum the CUDA kernel adds to.
+inline std::vector<at::Tensor> fairseq_select_outputs(const at::Tensor& cand, int64_t S, int64_t k) {
+  const auto lng = cand.options().dtype(at::kLong);
+  const auto bol = cand.options().dtype(at::kBool);
+  const auto val = cand.options();
+  return {at::empty({S, k}, lng), at::empty({S, k}, lng), at::empty({S, k}, val), at::empty({S, k}, bol),
+          at::empty({S, k}, bol), at::empty({S, k}, lng), at::empty({S, k}, val), at::empty({S, k}, lng),
+          at::empty({S}, val),    at::empty({S}, bol),    at::zeros({3 * S + 1}, lng), at::empty({S * k}, lng),
+          at::empty({S}, bol),    at::zeros({S, k}, bol)};
+}
