@@ -1,12 +1,14 @@
 """The CUDA search step (``csrc/cuda/beam_step_cuda.cu``) against the torch reference.
 
-Without a GPU, the kernel is compiled against the host emulation of
-``csrc/cuda_emu`` (blocks of 256 threads as fibers) and stands in for
-``beam_step.fairseq_select`` on every step of real decoding on the CPU: the toy
-models, every search with fairseq's finalization, each pruning heuristic, both
-kinds of candidates (whole-vocabulary ones and the fused layer's pre-selected
-ones), float32 and float64. Each step's answer must equal the torch code of
-:func:`fairseq_stream.search.selection.fairseq_step` bit for bit. The
+Without a GPU, the kernels are compiled against the host emulation of
+``csrc/cuda_emu`` (blocks of 256 threads as fibers) and stand in for
+``beam_step.fairseq_select`` and ``stay_select`` on every step of real
+decoding on the CPU: the toy models, both finalization rules, each pruning
+heuristic, both kinds of candidates (whole-vocabulary ones and the fused
+layer's pre-selected ones), streaming cohorts, float32 and float64. Each
+step's answer must equal the torch code of
+:func:`fairseq_stream.search.selection.fairseq_step` and ``stay_step`` bit
+for bit. The
 binding's part (``at::topk`` over the candidates, the allocations) is done here
 in torch, as the binding does it in ATen. On a GPU (marked ``cuda``) the built
 op itself decodes on CUDA tensors under the same comparison.
@@ -17,29 +19,24 @@ import ctypes
 import pytest
 import torch
 
-from conftest import CSRC, cuda_emulation_library, decode, decoder_options, sorted_batches
+from conftest import CSRC, cuda_emulation_library, decode, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.ops import beam_step
 from fairseq_stream.search import policies, selection
 from fairseq_stream.search.pruning import Pruning
-from test_beam_step import assert_same_step
+from test_beam_step import SEARCHES, assert_same_step  # both rules, each heuristic
 
 SOURCES = [CSRC / "beam_select_row.h", CSRC / "cuda" / "beam_step_cuda.cu", CSRC / "cuda" / "beam_step_cuda.h",
            CSRC / "cuda_emu" / "cuda_runtime.h", CSRC / "cuda_emu" / "emulate_beam_step.cpp"]
-
-# The searches with fairseq's finalization (the stay rule runs the torch code on CUDA).
-SEARCHES = {
-    "greedy": decoder_options("greedy"),
-    "fixed": decoder_options("fixed"),
-    "var-fairseq": decoder_options("var-fairseq"),
-    "var-all-fairseq": dict(beam_size=5, finalize="fairseq", pruning=Pruning(rp=0.05, ap=2.0, rpl=0.1, mc=2)),
-}
-
 
 @pytest.fixture(scope="session")
 def emulation():
     """The kernel's host build, via ctypes."""
     return cuda_emulation_library("cuda-emu-beam-step", "emulate_beam_step.cpp", SOURCES, "c++17")
+
+
+def pointers(tensors):
+    return (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
 
 
 def emulated_select(lib, cand, local, word_of, per_slot, k, eos, step, done_len, best_finished, max_lens, empty,
@@ -58,7 +55,6 @@ def emulated_select(lib, cand, local, word_of, per_slot, k, eos, step, done_len,
     inputs = [top_scores.contiguous(), top_idx.contiguous(), None if word_of is None else word_of.contiguous(),
               None if local is None else local.contiguous(), done_len.contiguous(), best_finished.contiguous(),
               max_lens.contiguous(), empty.contiguous(), ids.contiguous()]
-    pointers = lambda ts: (ctypes.c_void_p * len(ts))(*[None if t is None else t.data_ptr() for t in ts])  # noqa: E731
     dims = (ctypes.c_long * 9)(S, n, k, per_slot, eos, step, W if word_of is not None else 0,
                                W if local is not None else 0, mc)
     rc = lib.fs_emulate_fairseq_select(int(dtype == torch.float64), dims, (ctypes.c_double * 3)(rp, ap, rpl),
@@ -67,28 +63,62 @@ def emulated_select(lib, cand, local, word_of, per_slot, k, eos, step, done_len,
     return out + [torch.zeros(S, k, dtype=flag)]
 
 
+def emulated_stay(lib, cand, local, word_of, per_slot, k, eos, pad, step, done_len, scores, empty, ids, pruning):
+    """``beam_step.stay_select`` through the emulated kernels: the finished entries' scores (a kernel), at::topk
+    over them and the expansions (here in torch), the step (a kernel)."""
+    S, W = cand.shape
+    dtype, long, flag = cand.dtype, torch.long, torch.bool
+    out = [torch.empty(S, k, dtype=long), torch.empty(S, k, dtype=long), torch.empty(S, k, dtype=dtype),
+           torch.empty(S, k, dtype=flag), torch.empty(S, k, dtype=flag), torch.empty(S, k, dtype=flag),
+           torch.empty(S, dtype=flag), torch.empty(S, k, dtype=long), torch.empty(S, dtype=flag),
+           torch.zeros(2 * S + 1, dtype=long), torch.empty(S * k, dtype=long), torch.empty(S * k, dtype=flag)]
+    done_scores = torch.empty(S, k, dtype=dtype)
+    rp, ap, rpl, mc = beam_step._pruning(pruning)
+    history = scores.contiguous()
+    dims = (ctypes.c_long * 9)(S, k, W, per_slot, eos, pad, step, mc, history.size(1))
+    inputs = [None, None, None if word_of is None else word_of.contiguous(),
+              None if local is None else local.contiguous(), done_len.contiguous(), empty.contiguous(),
+              ids.contiguous(), history]
+    call = lambda: lib.fs_emulate_stay_select(int(dtype == torch.float64), dims, (ctypes.c_double * 3)(  # noqa: E731
+        rp, ap, rpl), pointers(inputs), pointers(out + [done_scores]))
+    assert call() == 0
+    top_scores, top_idx = torch.topk(torch.cat([cand, done_scores], dim=1), k, dim=1)
+    inputs[:2] = [top_scores.contiguous(), top_idx.contiguous()]
+    assert call() == 0
+    return out
+
+
 @pytest.fixture
 def checked_steps(monkeypatch):
-    """Every fairseq-rule step of the decoder runs compiled (the op under test) and in torch; they must agree."""
+    """Every step of the decoder runs compiled (the op under test) and in torch; they must agree."""
     count = [0]
-    step = selection.fairseq_step
 
-    def both(*args, **kwargs):
-        compiled = step(*args, compiled=True, **kwargs)
-        assert_same_step(compiled, step(*args, compiled=False, **kwargs))
-        count[0] += 1
-        return compiled
+    def both(step):
+        def run(*args, **kwargs):
+            compiled = step(*args, compiled=True, **kwargs)
+            assert_same_step(compiled, step(*args, compiled=False, **kwargs))
+            count[0] += 1
+            return compiled
 
-    monkeypatch.setattr(policies, "fairseq_step", both)
+        return run
+
+    monkeypatch.setattr(policies, "fairseq_step", both(selection.fairseq_step))
+    monkeypatch.setattr(policies, "stay_step", both(selection.stay_step))
     return count
+
+
+@pytest.fixture
+def emulated(emulation, monkeypatch):
+    """beam_step's two selections through the emulated kernels."""
+    monkeypatch.setattr(beam_step, "fairseq_select", lambda *a: emulated_select(emulation, *a))
+    monkeypatch.setattr(beam_step, "stay_select", lambda *a: emulated_stay(emulation, *a))
 
 
 @pytest.mark.parametrize("model", ["transformer", "lstm"])
 @pytest.mark.parametrize("output_layer", ["torch", "fused"])
 @pytest.mark.parametrize("search", sorted(SEARCHES))
-def test_the_emulated_kernel_equals_the_reference_on_every_step(loaded, emulation, checked_steps, monkeypatch,
-                                                                model, output_layer, search):
-    monkeypatch.setattr(beam_step, "fairseq_select", lambda *a: emulated_select(emulation, *a))
+def test_the_emulated_kernels_equal_the_reference_on_every_step(loaded, emulated, checked_steps, model,
+                                                                output_layer, search):
     models, task = loaded(model)
     # max_len_b 12: some sentences end at their maximum length, others by k finalized hypotheses.
     dec = BeamDecoder(models, task.target_dictionary, output_layer=output_layer, keep_reference=False,
@@ -97,19 +127,26 @@ def test_the_emulated_kernel_equals_the_reference_on_every_step(loaded, emulatio
     assert len(out) == 37 and checked_steps[0] > 20
 
 
-def test_the_emulated_kernel_in_float64(exact, emulation, checked_steps, monkeypatch):
-    monkeypatch.setattr(beam_step, "fairseq_select", lambda *a: emulated_select(emulation, *a))
+@pytest.mark.parametrize("search", ["fixed", "var-batch"])
+def test_the_emulated_kernels_in_float64(exact, emulated, checked_steps, search):
     models, task = exact("transformer")
-    dec = BeamDecoder(models, task.target_dictionary, keep_reference=False, max_len_b=12, **SEARCHES["fixed"])
+    dec = BeamDecoder(models, task.target_dictionary, keep_reference=False, max_len_b=12, **SEARCHES[search])
     out = decode(dec, models, sorted_batches(task, 8, 40), None)
     assert len(out) == 37 and checked_steps[0] > 20
 
 
+def test_the_emulated_stay_rule_under_streaming(loaded, emulated, checked_steps):
+    """Cohorts that split and join (a capacity in rows): done lengths and histories travel with them."""
+    models, task = loaded("transformer")
+    dec = BeamDecoder(models, task.target_dictionary, keep_reference=False, **SEARCHES["var-batch"])
+    out = decode(dec, models, sorted_batches(task, 6, 40), dict(pool_size=12, eps=1 / 6, order="shortest", capacity=9))
+    assert len(out) == 37 and checked_steps[0] > 20
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_the_emulated_kernel_past_one_block_of_threads(emulation, monkeypatch, dtype):
+def test_the_emulated_kernels_past_one_block_of_threads(emulated, dtype):
     """600 sentences: three blocks of 256 threads, the last one partly idle; ties and -inf among the candidates,
-    sentences at their maximum length, empty ones, finalized counts already held."""
-    monkeypatch.setattr(beam_step, "fairseq_select", lambda *a: emulated_select(emulation, *a))
+    sentences at their maximum length, empty ones, finalized entries already held."""
     g = torch.Generator().manual_seed(0)
     S, k, vocab = 600, 4, 10
     cand = torch.randint(-6, 0, (S, k * vocab), generator=g).to(dtype)  # integers: many ties
@@ -119,6 +156,11 @@ def test_the_emulated_kernel_past_one_block_of_threads(emulation, monkeypatch, d
             torch.full((S,), -float("inf"), dtype=dtype), torch.randint(2, 9, (S,), generator=g),
             torch.rand(S, generator=g) < 0.05, torch.arange(S))
     assert_same_step(selection.fairseq_step(*args, compiled=True), selection.fairseq_step(*args, compiled=False))
+    # The stay rule over the same candidates, with finished entries of lengths 1-3 in a history of width 4.
+    scores = torch.randint(-9, 0, (S * k, 4), generator=g).to(dtype)
+    stay = (cand, cand - 1, k, vocab, 2, 1, Pruning(), 3, done_len.sort(dim=1, descending=True).values, scores,
+            torch.rand(S, generator=g) < 0.05, torch.arange(S))
+    assert_same_step(selection.stay_step(*stay, compiled=True), selection.stay_step(*stay, compiled=False))
 
 
 @pytest.mark.cuda
@@ -126,7 +168,7 @@ def test_the_emulated_kernel_past_one_block_of_threads(emulation, monkeypatch, d
 @pytest.mark.parametrize("search", sorted(SEARCHES))
 def test_cuda_op_equals_the_reference_on_every_step(loaded, checked_steps, search):
     models, task = loaded("transformer")
-    assert beam_step.fairseq_select_available(torch.zeros(1, 2, device="cuda")), "the CUDA search step is not built"
+    assert beam_step.select_available(torch.zeros(1, 2, device="cuda")), "the CUDA search step is not built"
     models = [m.cuda() for m in models]
     dec = BeamDecoder(models, task.target_dictionary, keep_reference=False, max_len_b=12, **SEARCHES[search])
     out = decode(dec, models, sorted_batches(task, 6, 40), None)

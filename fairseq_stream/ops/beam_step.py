@@ -21,11 +21,11 @@ step's few hundred numbers (``csrc/cpu/beam_step_cpu.cpp``):
   next beam, in place, for any search (the torch version is its reference).
 
 All three run on CPU tensors where the extension is built (:func:`available`).
-On CUDA, :func:`fairseq_select` runs the CUDA module's kernel for float32 and
-float64 candidates (:func:`fairseq_select_available`: a thread per sentence
-runs the CPU op's loop body, ``csrc/beam_select_row.h``, after ``at::topk`` on
-the device; the torch reference there is about 57 small kernels a step, each
-launched from the host). Elsewhere (the stay rule and the reorder on CUDA,
+On CUDA, :func:`fairseq_select` and :func:`stay_select` run the CUDA module's
+kernels for float32 and float64 candidates (:func:`select_available`: a
+thread per sentence runs the CPU op's loop body, ``csrc/beam_select_row.h``,
+after ``at::topk`` on the device; the torch reference there is about 57 small
+kernels a step, each launched from the host). Elsewhere (the reorder on CUDA,
 half-precision candidates, no build) the torch code runs, with the same
 results.
 """
@@ -52,15 +52,19 @@ def available(device: torch.device) -> bool:
 def _cuda_extension():
     """The CUDA module where it is built with the search step; None: the torch code runs on CUDA."""
     module = compiled_module("cuda")
-    return module if hasattr(module, "fairseq_select") else None
+    return module if hasattr(module, "stay_select") else None
 
 
-def fairseq_select_available(cand: Tensor) -> bool:
-    """Whether :func:`fairseq_select` runs compiled for candidates ``cand``: on the CPU as :func:`available`
-    says, on CUDA for float32 and float64 where the CUDA module is built."""
+def select_available(cand: Tensor) -> bool:
+    """Whether :func:`fairseq_select` and :func:`stay_select` run compiled for candidates ``cand``: on the CPU
+    as :func:`available` says, on CUDA for float32 and float64 where the CUDA module is built."""
     if cand.device.type == "cuda":
         return cand.dtype in (torch.float32, torch.float64) and _cuda_extension() is not None
     return available(cand.device)
+
+
+def _module(cand: Tensor):
+    return _cuda_extension() if cand.device.type == "cuda" else _extension()
 
 
 def _pruning(pruning):
@@ -74,7 +78,7 @@ def fairseq_select(cand: Tensor, local: Optional[Tensor], word_of: Optional[Tens
                    eos: int, step: int, done_len: Tensor, best_finished: Tensor, max_lens: Tensor, empty: Tensor,
                    ids: Tensor, pruning) -> List[Tensor]:
     """The compiled :func:`~fairseq_stream.search.selection.fairseq_step`, on the CPU or CUDA
-    (:func:`fairseq_select_available`).
+    (:func:`select_available`).
 
     Returns [parent, token, score, live, eos_mask, top_slot, top_score,
     done_len, best_finished, finished_now, summary, flat_parent, no_live,
@@ -83,23 +87,24 @@ def fairseq_select(cand: Tensor, local: Optional[Tensor], word_of: Optional[Tens
     beam holds no live hypothesis; ``zeros``: an (S, k) bool for its empty
     ``done`` and ``fresh``).
     """
-    module = _cuda_extension() if cand.device.type == "cuda" else _extension()
-    return module.fairseq_select(cand, local, word_of, per_slot, k, eos, step, done_len, best_finished, max_lens,
-                                 empty, ids, *_pruning(pruning))
+    return _module(cand).fairseq_select(cand, local, word_of, per_slot, k, eos, step, done_len, best_finished,
+                                        max_lens, empty, ids, *_pruning(pruning))
 
 
 def stay_select(cand: Tensor, local: Optional[Tensor], word_of: Optional[Tensor], per_slot: int, k: int, eos: int,
                 pad: int, step: int, done_len: Tensor, scores: Tensor, empty: Tensor, ids: Tensor,
                 pruning) -> List[Tensor]:
-    """The compiled :func:`~fairseq_stream.search.selection.stay_step`, CPU only.
+    """The compiled :func:`~fairseq_stream.search.selection.stay_step`, on the CPU or CUDA
+    (:func:`select_available`). On CUDA a finished length beyond ``scores`` (never from the decoder) reads as no
+    finished entry; the CPU op refuses it (a check there would read the device).
 
     Returns [parent, token, score, live, done, fresh, no_live, done_len,
     finished_now, summary, flat_parent, extended] as that function's
     :class:`~fairseq_stream.search.selection.StayStep` and its ``Step`` name
     them (``no_live``: the Step's ``finished``).
     """
-    return _extension().stay_select(cand, local, word_of, per_slot, k, eos, pad, step, done_len, scores, empty,
-                                    ids, *_pruning(pruning))
+    return _module(cand).stay_select(cand, local, word_of, per_slot, k, eos, pad, step, done_len, scores, empty,
+                                     ids, *_pruning(pruning))
 
 
 def reorder_beam_(tokens: Tensor, scores: Tensor, flat_parent: Tensor, extended: Tensor, new_token: Tensor,

@@ -168,7 +168,7 @@ def fairseq_step(cand, local, k, vocab, eos, pruning: Pruning, step, done_len, b
     which the op does not take.
     """
     if compiled is None:
-        compiled = beam_step.fairseq_select_available(cand) and ignore is None
+        compiled = beam_step.select_available(cand) and ignore is None
     if compiled:
         (parent, token, score, live, eos_mask, top_slot, top_score, new_done_len, best, finished_now,
          summary, flat_parent, no_live, none) = beam_step.fairseq_select(
@@ -263,7 +263,7 @@ def stay_step(cand, local, k, vocab, eos, pad, pruning: Pruning, step, done_len,
     at once for an empty source. ``compiled``: as :func:`fairseq_step`.
     """
     if compiled is None:
-        compiled = beam_step.available(cand.device)
+        compiled = beam_step.select_available(cand)
     S = cand.size(0)
     if compiled:
         (parent, token, score, live, done, fresh, no_live, new_done_len, finished_now, summary, flat_parent,

@@ -138,6 +138,20 @@ struct SelectScratch {
   scalar_t *score, *local;
 };
 
+// Scratch of `cells` entries per array, carved from runs of 2 * cells int64, 3 * cells chars and 2 * cells scores.
+template <typename scalar_t>
+FS_HOST_DEVICE inline SelectScratch<scalar_t> carve_scratch(int64_t* longs, char* flags, scalar_t* values,
+                                                             int64_t cells) {
+  return {longs, longs + cells, flags, flags + cells, flags + 2 * cells, values, values + cells};
+}
+
+// The part of `w` from entry `offset` on: one sentence's.
+template <typename scalar_t>
+FS_HOST_DEVICE inline SelectScratch<scalar_t> scratch_at(const SelectScratch<scalar_t>& w, int64_t offset) {
+  return {w.words + offset,   w.beams + offset, w.is_eos + offset, w.keep + offset,
+          w.carried + offset, w.score + offset, w.local + offset};
+}
+
 // Sentence s's step; returns its live hypotheses left if it goes on (the summary's last entry sums them).
 template <typename scalar_t>
 FS_HOST_DEVICE int64_t fairseq_select_row(int64_t s, const SelectShape& sh, const SelectRowIn<scalar_t>& in,
@@ -203,6 +217,92 @@ FS_HOST_DEVICE int64_t fairseq_select_row(int64_t s, const SelectShape& sh, cons
     for (int64_t c = 0; c < k; ++c) live_left += out.live[s * k + c];
   }
   return live_left;
+}
+
+// The streaming paper's rule ("stay": finished entries stay on the beam), sentence s of S: its k best
+// of the expansions and the beam's finished entries (top_idx >= W: entry top_idx - W of the beam), and
+// what the decoder tracks after it. Scratch: k entries each.
+struct StayShape {
+  int64_t S, k, W, per_slot, eos, pad, step;
+  PruneOptions prune;
+};
+
+template <typename scalar_t>
+struct StayRowIn {
+  const scalar_t* top_score;
+  const int64_t* top_idx;
+  const int64_t* word_of;  // the row of word_of, or null
+  const scalar_t* local;   // the row of local, or null
+  const int64_t* done_len;  // (k,) the finished entries' lengths
+  int64_t id;
+  bool empty;
+};
+
+template <typename scalar_t>
+struct StayOut {
+  int64_t *parent, *token;
+  scalar_t* score;
+  bool *live, *done, *fresh, *no_live;
+  int64_t* done_len;
+  bool* finished_now;
+  int64_t *summary, *flat_parent;
+  bool* extended;
+};
+
+// Sentence s's step; returns its live hypotheses left if it goes on (the summary's last entry sums them).
+template <typename scalar_t>
+FS_HOST_DEVICE int64_t stay_select_row(int64_t s, const StayShape& sh, const StayRowIn<scalar_t>& in,
+                                       const SelectScratch<scalar_t>& w, const StayOut<scalar_t>& out) {
+  const int64_t k = sh.k, S = sh.S, W = sh.W;
+  for (int64_t c = 0; c < k; ++c) {
+    const int64_t idx = in.top_idx[c];
+    w.carried[c] = idx >= W;  // a finished entry of the beam, carried over unchanged
+    w.beams[c] = w.carried[c] ? idx - W : idx / sh.per_slot;
+    const int64_t expansion = idx < W - 1 ? idx : W - 1;
+    w.words[c] = w.carried[c] ? sh.pad : (in.word_of ? in.word_of[expansion] : expansion % sh.per_slot);
+    w.score[c] = in.top_score[c];
+    w.local[c] = w.carried[c] || !in.local ? scalar_t(0) : in.local[idx];
+  }
+  keep_row<scalar_t>(w.score, w.local, w.beams, w.carried, k, minus_infinity<scalar_t>(), sh.prune, w.keep);
+  bool any_live = false;
+  for (int64_t c = 0; c < k; ++c) {
+    const bool f = w.keep[c] && !w.carried[c] && w.words[c] == sh.eos;
+    const bool d = (w.keep[c] && w.carried[c]) || f;
+    const bool l = w.keep[c] && !w.carried[c] && !f;
+    out.parent[s * k + c] = w.beams[c];
+    out.token[s * k + c] = w.words[c];
+    out.score[s * k + c] = in.top_score[c];
+    out.live[s * k + c] = l;
+    out.done[s * k + c] = d;
+    out.fresh[s * k + c] = f;
+    any_live = any_live || l;
+    // A finished entry keeps its length; a fresh one has this step's.
+    out.done_len[s * k + c] = !d ? 0 : (f ? sh.step + 1 : in.done_len[w.beams[c]]);
+    out.flat_parent[s * k + c] = s * k + w.beams[c];
+    out.extended[s * k + c] = l || f;
+  }
+  out.no_live[s] = !any_live;
+  const bool ends = !any_live || in.empty;
+  out.finished_now[s] = ends;
+  out.summary[s] = static_cast<int64_t>(ends) + 2 * static_cast<int64_t>(in.empty);
+  out.summary[S + s] = in.id;
+  int64_t live_left = 0;
+  if (!ends) {
+    for (int64_t c = 0; c < k; ++c) live_left += out.live[s * k + c];
+  }
+  return live_left;
+}
+
+// The beam's finished entries' cumulative scores for sentence s (-inf where slot j holds none): slot j's
+// score at its length, from the (S * k, width) history of cumulative scores.
+template <typename scalar_t>
+FS_HOST_DEVICE void stay_done_scores_row(int64_t s, int64_t k, const int64_t* done_len, const scalar_t* scores,
+                                         int64_t width, scalar_t* done_scores) {
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t len = done_len[s * k + j];
+    done_scores[s * k + j] = len > 0 && len <= width ? scores[(s * k + j) * width + len - 1]
+                                                     : minus_infinity<scalar_t>();
+  }
 }
 
 }  // namespace fairseq_stream

@@ -1,4 +1,4 @@
-// The results of fairseq_select, allocated for the CPU op (cpu/beam_step_cpu.cpp) and the CUDA one
+// The results of fairseq_select and stay_select, allocated for the CPU op (cpu/beam_step_cpu.cpp) and the CUDA one
 // (cuda/beam_step_cuda_binding.cpp) alike; fairseq_stream/ops/beam_step.py names them.
 #pragma once
 
@@ -19,4 +19,15 @@ inline std::vector<at::Tensor> fairseq_select_outputs(const at::Tensor& cand, in
           at::empty({S, k}, bol), at::empty({S, k}, lng), at::empty({S, k}, val), at::empty({S, k}, lng),
           at::empty({S}, val),    at::empty({S}, bol),    at::zeros({3 * S + 1}, lng), at::empty({S * k}, lng),
           at::empty({S}, bol),    at::zeros({S, k}, bol)};
+}
+
+// stay_select's: [parent, token, score, live, done, fresh (all (S, k)), no_live (S,), done_len (S, k),
+// finished_now (S,), summary (2S + 1,), flat_parent (S*k,), extended (S*k,)]; the summary starts at zeros.
+inline std::vector<at::Tensor> stay_select_outputs(const at::Tensor& cand, int64_t S, int64_t k) {
+  const auto lng = cand.options().dtype(at::kLong);
+  const auto bol = cand.options().dtype(at::kBool);
+  return {at::empty({S, k}, lng), at::empty({S, k}, lng),     at::empty({S, k}, cand.options()),
+          at::empty({S, k}, bol), at::empty({S, k}, bol),     at::empty({S, k}, bol),
+          at::empty({S}, bol),    at::empty({S, k}, lng),     at::empty({S}, bol),
+          at::zeros({2 * S + 1}, lng), at::empty({S * k}, lng), at::empty({S * k}, bol)};
 }

@@ -58,11 +58,10 @@ void select_loop(const Tensor& top_scores, const Tensor& top_idx, const std::opt
                               out[6].data_ptr<scalar_t>(), out[7].data_ptr<int64_t>(), out[8].data_ptr<scalar_t>(),
                               out[9].data_ptr<bool>(),     out[10].data_ptr<int64_t>(), out[11].data_ptr<int64_t>(),
                               out[12].data_ptr<bool>()};
-  std::vector<int64_t> words(n), beams(n);
-  std::vector<char> is_eos(n), keep(n), carried(n, 0);
-  std::vector<scalar_t> row_score(n), row_local(n, 0);
-  const SelectScratch<scalar_t> w{words.data(), beams.data(), is_eos.data(), keep.data(), carried.data(),
-                                  row_score.data(), row_local.data()};
+  std::vector<int64_t> longs(2 * n);
+  std::vector<char> flags(3 * n);
+  std::vector<scalar_t> values(2 * n);
+  const auto w = carve_scratch<scalar_t>(longs.data(), flags.data(), values.data(), n);
   const scalar_t* ts = top_scores.data_ptr<scalar_t>();
   const int64_t* ti = top_idx.data_ptr<int64_t>();
   const int64_t* dl = done_len.data_ptr<int64_t>();
@@ -151,77 +150,36 @@ std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tenso
 
 namespace {
 
+// Each sentence in turn through stay_select_row (../beam_select_row.h), which the CUDA kernel runs a thread
+// per sentence. The inputs are contiguous (stay_select makes them so).
 template <typename scalar_t>
 void stay_loop(const Tensor& top_scores, const Tensor& top_idx, const std::optional<Tensor>& local,
                const std::optional<Tensor>& word_of, int64_t W, int64_t per_slot, int64_t k, int64_t eos, int64_t pad,
                int64_t step, const Tensor& done_len, const Tensor& empty, const Tensor& ids, const PruneOptions& prune,
                std::vector<Tensor>& out) {
+  using namespace fairseq_stream;
   const int64_t S = top_scores.size(0);
-  auto ts = top_scores.accessor<scalar_t, 2>();
-  auto ti = top_idx.accessor<int64_t, 2>();
-  auto dl = done_len.accessor<int64_t, 2>();
-  auto em = empty.accessor<bool, 1>();
-  auto id = ids.accessor<int64_t, 1>();
-  std::optional<at::TensorAccessor<int64_t, 2>> wo;
-  if (word_of) wo.emplace(word_of->accessor<int64_t, 2>());
-  std::optional<at::TensorAccessor<scalar_t, 2>> lo;
-  if (local) lo.emplace(local->accessor<scalar_t, 2>());
-
-  auto parent = out[0].accessor<int64_t, 2>();
-  auto token = out[1].accessor<int64_t, 2>();
-  auto score = out[2].accessor<scalar_t, 2>();
-  auto live = out[3].accessor<bool, 2>();
-  auto done = out[4].accessor<bool, 2>();
-  auto fresh = out[5].accessor<bool, 2>();
-  auto no_live = out[6].accessor<bool, 1>();
-  auto new_done_len = out[7].accessor<int64_t, 2>();
-  auto finished_now = out[8].accessor<bool, 1>();
-  auto summary = out[9].accessor<int64_t, 1>();
-  auto flat_parent = out[10].accessor<int64_t, 1>();
-  auto extended = out[11].accessor<bool, 1>();
-
-  std::vector<int64_t> beams(k), words(k);
-  std::vector<char> carried(k), keep(k);
-  std::vector<scalar_t> row_score(k), row_local(k);
+  const StayShape sh{S, k, W, per_slot, eos, pad, step, prune};
+  const StayOut<scalar_t> o{out[0].data_ptr<int64_t>(), out[1].data_ptr<int64_t>(),  out[2].data_ptr<scalar_t>(),
+                            out[3].data_ptr<bool>(),    out[4].data_ptr<bool>(),     out[5].data_ptr<bool>(),
+                            out[6].data_ptr<bool>(),    out[7].data_ptr<int64_t>(),  out[8].data_ptr<bool>(),
+                            out[9].data_ptr<int64_t>(), out[10].data_ptr<int64_t>(), out[11].data_ptr<bool>()};
+  std::vector<int64_t> longs(2 * k);
+  std::vector<char> flags(3 * k);
+  std::vector<scalar_t> values(2 * k);
+  const auto w = carve_scratch<scalar_t>(longs.data(), flags.data(), values.data(), k);
+  const scalar_t* ts = top_scores.data_ptr<scalar_t>();
+  const int64_t* ti = top_idx.data_ptr<int64_t>();
+  const int64_t* dl = done_len.data_ptr<int64_t>();
+  const bool* em = empty.data_ptr<bool>();
+  const int64_t* id = ids.data_ptr<int64_t>();
   int64_t live_left = 0;
   for (int64_t s = 0; s < S; ++s) {
-    for (int64_t c = 0; c < k; ++c) {
-      const int64_t idx = ti[s][c];
-      carried[c] = idx >= W;  // a finished entry of the beam, carried over unchanged
-      beams[c] = carried[c] ? idx - W : idx / per_slot;
-      const int64_t expansion = std::min(idx, W - 1);
-      words[c] = carried[c] ? pad : (wo ? (*wo)[s][expansion] : expansion % per_slot);
-      row_score[c] = ts[s][c];
-      row_local[c] = carried[c] || !lo ? scalar_t(0) : (*lo)[s][idx];
-    }
-    keep_row<scalar_t>(row_score.data(), row_local.data(), beams.data(), carried.data(), k,
-                       -std::numeric_limits<scalar_t>::infinity(), prune, keep.data());
-    bool any_live = false;
-    for (int64_t c = 0; c < k; ++c) {
-      const bool f = keep[c] && !carried[c] && words[c] == eos;
-      const bool d = (keep[c] && carried[c]) || f;
-      const bool l = keep[c] && !carried[c] && !f;
-      parent[s][c] = beams[c];
-      token[s][c] = words[c];
-      score[s][c] = ts[s][c];
-      live[s][c] = l;
-      done[s][c] = d;
-      fresh[s][c] = f;
-      any_live = any_live || l;
-      // A finished entry keeps its length; a fresh one has this step's.
-      new_done_len[s][c] = !d ? 0 : (f ? step + 1 : dl[s][beams[c]]);
-      flat_parent[s * k + c] = s * k + beams[c];
-      extended[s * k + c] = l || f;
-    }
-    no_live[s] = !any_live;
-    finished_now[s] = !any_live || em[s];
-    summary[s] = static_cast<int64_t>(finished_now[s]) + 2 * static_cast<int64_t>(em[s]);
-    summary[S + s] = id[s];
-    if (!finished_now[s]) {
-      for (int64_t c = 0; c < k; ++c) live_left += live[s][c];
-    }
+    const StayRowIn<scalar_t> in{ts + s * k, ti + s * k, word_of ? word_of->data_ptr<int64_t>() + s * W : nullptr,
+                                 local ? local->data_ptr<scalar_t>() + s * W : nullptr, dl + s * k, id[s], em[s]};
+    live_left += stay_select_row<scalar_t>(s, sh, in, w, o);
   }
-  summary[2 * S] = live_left;
+  o.summary[2 * S] = live_left;
 }
 
 }  // namespace
@@ -247,28 +205,26 @@ std::vector<Tensor> stay_select(const Tensor& cand, const std::optional<Tensor>&
   TORCH_CHECK(W >= 1 && per_slot > 0, "stay_select: no candidates");
   // The finished entries compete with the expansions: their cumulative scores, -inf for other slots.
   Tensor done_scores = at::empty({S, k}, cand.options());
+  const Tensor lengths = done_len.contiguous(), history = scores.contiguous();
+  const int64_t* dl = lengths.data_ptr<int64_t>();
+  for (int64_t i = 0; i < S * k; ++i) {
+    TORCH_CHECK(dl[i] <= scores.size(1), "stay_select: done_len beyond the scores");
+  }
   AT_DISPATCH_FLOATING_TYPES(cand.scalar_type(), "stay_select_done", [&] {
-    auto dl = done_len.accessor<int64_t, 2>();
-    auto sc = scores.accessor<scalar_t, 2>();
-    auto ds = done_scores.accessor<scalar_t, 2>();
     for (int64_t s = 0; s < S; ++s) {
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t len = dl[s][j];
-        TORCH_CHECK(len <= scores.size(1), "stay_select: done_len beyond the scores");
-        ds[s][j] = len > 0 ? sc[s * k + j][len - 1] : -std::numeric_limits<scalar_t>::infinity();
-      }
+      fairseq_stream::stay_done_scores_row<scalar_t>(s, k, dl, history.data_ptr<scalar_t>(), history.size(1),
+                                                     done_scores.data_ptr<scalar_t>());
     }
   });
   auto top = at::topk(at::cat({cand, done_scores}, 1), k, 1, /*largest=*/true, /*sorted=*/true);
-  auto lng = cand.options().dtype(at::kLong);
-  auto bol = cand.options().dtype(at::kBool);
-  std::vector<Tensor> out = {
-      at::empty({S, k}, lng), at::empty({S, k}, lng), at::empty({S, k}, cand.options()), at::empty({S, k}, bol),
-      at::empty({S, k}, bol), at::empty({S, k}, bol), at::empty({S}, bol), at::empty({S, k}, lng),
-      at::empty({S}, bol), at::empty({2 * S + 1}, lng), at::empty({S * k}, lng), at::empty({S * k}, bol)};
+  std::vector<Tensor> out = stay_select_outputs(cand, S, k);
+  // The loop reads raw rows: contiguous inputs (copies only where a caller passed a strided view).
+  std::optional<Tensor> word_rows, local_rows;
+  if (word_of) word_rows = word_of->contiguous();
+  if (local) local_rows = local->contiguous();
   AT_DISPATCH_FLOATING_TYPES(cand.scalar_type(), "stay_select", [&] {
-    stay_loop<scalar_t>(std::get<0>(top), std::get<1>(top), local, word_of, W, per_slot, k, eos, pad, step, done_len,
-                        empty, ids, prune, out);
+    stay_loop<scalar_t>(std::get<0>(top).contiguous(), std::get<1>(top).contiguous(), local_rows, word_rows, W,
+                        per_slot, k, eos, pad, step, lengths, empty.contiguous(), ids.contiguous(), prune, out);
   });
   return out;
 }

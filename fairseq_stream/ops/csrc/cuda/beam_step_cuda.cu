@@ -1,6 +1,7 @@
-// fairseq_select on CUDA: a thread per sentence runs fairseq_select_row (../beam_select_row.h),
-// the body the CPU op (../cpu/beam_step_cpu.cpp) runs in a loop, so both equal the torch reference
-// (fairseq_stream/search/selection.py: fairseq_step) by the same code. The binding
+// fairseq_select and stay_select on CUDA: a thread per sentence runs fairseq_select_row or
+// stay_select_row (../beam_select_row.h), the bodies the CPU ops (../cpu/beam_step_cpu.cpp) run in a
+// loop, so both equal the torch reference (fairseq_stream/search/selection.py: fairseq_step,
+// stay_step) by the same code. The binding
 // (beam_step_cuda_binding.cpp) takes each sentence's best candidates with at::topk first, so
 // that equal scores come out in torch.topk's order on the device, as in the reference there.
 //
@@ -38,9 +39,7 @@ __global__ void __launch_bounds__(kThreads) fairseq_select_kernel(const FairseqS
                                  a.max_lens[s],
                                  a.ids[s],
                                  a.empty[s]};
-  const SelectScratch<scalar_t> w{a.words + s * n,   a.beams + s * n, a.is_eos + s * n,       a.keep + s * n,
-                                  a.carried + s * n, a.score + s * n, a.local_scratch + s * n};
-  const int64_t left = fairseq_select_row<scalar_t>(s, a.shape, in, w, a.out);
+  const int64_t left = fairseq_select_row<scalar_t>(s, a.shape, in, scratch_at(a.scratch, s * n), a.out);
   if (left) {
     atomicAdd(reinterpret_cast<unsigned long long*>(a.out.summary + 3 * a.shape.S),
               static_cast<unsigned long long>(left));
@@ -55,7 +54,57 @@ cudaError_t fairseq_select_launch(const FairseqSelectArgs<scalar_t>& a, cudaStre
   return cudaGetLastError();
 }
 
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads) stay_select_kernel(const StaySelectArgs<scalar_t> a) {
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (s >= a.shape.S) return;
+  const int64_t k = a.shape.k, W = a.shape.W;
+  const StayRowIn<scalar_t> in{a.top_score + s * k,
+                               a.top_idx + s * k,
+                               a.word_of ? a.word_of + s * W : nullptr,
+                               a.local ? a.local + s * W : nullptr,
+                               a.done_len + s * k,
+                               a.ids[s],
+                               a.empty[s]};
+  const int64_t left = stay_select_row<scalar_t>(s, a.shape, in, scratch_at(a.scratch, s * k), a.out);
+  if (left) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(a.out.summary + 2 * a.shape.S),
+              static_cast<unsigned long long>(left));
+  }
+}
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads)
+    stay_done_scores_kernel(int64_t S, int64_t k, const int64_t* done_len, const scalar_t* scores, int64_t width,
+                            scalar_t* done_scores) {
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (s < S) stay_done_scores_row<scalar_t>(s, k, done_len, scores, width, done_scores);
+}
+
+template <typename scalar_t>
+cudaError_t stay_select_launch(const StaySelectArgs<scalar_t>& a, cudaStream_t stream) {
+  if (a.shape.S <= 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>((a.shape.S + kThreads - 1) / kThreads);
+  FS_LAUNCH(stay_select_kernel<scalar_t>, dim3(blocks), stream, a);
+  return cudaGetLastError();
+}
+
+template <typename scalar_t>
+cudaError_t stay_done_scores_launch(int64_t S, int64_t k, const int64_t* done_len, const scalar_t* scores,
+                                    int64_t width, scalar_t* done_scores, cudaStream_t stream) {
+  if (S <= 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>((S + kThreads - 1) / kThreads);
+  FS_LAUNCH(stay_done_scores_kernel<scalar_t>, dim3(blocks), stream, S, k, done_len, scores, width, done_scores);
+  return cudaGetLastError();
+}
+
 template cudaError_t fairseq_select_launch<float>(const FairseqSelectArgs<float>&, cudaStream_t);
 template cudaError_t fairseq_select_launch<double>(const FairseqSelectArgs<double>&, cudaStream_t);
+template cudaError_t stay_select_launch<float>(const StaySelectArgs<float>&, cudaStream_t);
+template cudaError_t stay_select_launch<double>(const StaySelectArgs<double>&, cudaStream_t);
+template cudaError_t stay_done_scores_launch<float>(int64_t, int64_t, const int64_t*, const float*, int64_t, float*,
+                                                    cudaStream_t);
+template cudaError_t stay_done_scores_launch<double>(int64_t, int64_t, const int64_t*, const double*, int64_t,
+                                                     double*, cudaStream_t);
 
 }  // namespace fairseq_stream

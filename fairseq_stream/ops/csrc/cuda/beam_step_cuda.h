@@ -27,13 +27,36 @@ struct FairseqSelectArgs {
   const bool* empty;
   const int64_t* ids;
   SelectOut<scalar_t> out;
-  int64_t *words, *beams;
-  char *is_eos, *keep, *carried;
-  scalar_t *score, *local_scratch;
+  SelectScratch<scalar_t> scratch;  // S * n entries per array
 };
 
 // Launches the step's kernel on stream (a thread per sentence); the launch's error.
 template <typename scalar_t>
 cudaError_t fairseq_select_launch(const FairseqSelectArgs<scalar_t>& a, cudaStream_t stream);
+
+// The stay rule's step over S sentences: their k best (row-major (S, k), from at::topk over the
+// expansions and the finished entries), the per-sentence inputs, the outputs (StayOut: contiguous, the
+// summary's last entry zeroed), and scratch of (S, k) entries per array.
+template <typename scalar_t>
+struct StaySelectArgs {
+  StayShape shape;
+  const scalar_t* top_score;
+  const int64_t* top_idx;
+  const int64_t* word_of;  // (S, W) or null
+  const scalar_t* local;   // (S, W) or null
+  const int64_t* done_len;  // (S, k)
+  const bool* empty;
+  const int64_t* ids;
+  StayOut<scalar_t> out;
+  SelectScratch<scalar_t> scratch;  // S * k entries per array
+};
+
+template <typename scalar_t>
+cudaError_t stay_select_launch(const StaySelectArgs<scalar_t>& a, cudaStream_t stream);
+
+// The finished entries' cumulative scores, (S, k), from done_len (S, k) and the (S * k, width) history.
+template <typename scalar_t>
+cudaError_t stay_done_scores_launch(int64_t S, int64_t k, const int64_t* done_len, const scalar_t* scores,
+                                    int64_t width, scalar_t* done_scores, cudaStream_t stream);
 
 }  // namespace fairseq_stream

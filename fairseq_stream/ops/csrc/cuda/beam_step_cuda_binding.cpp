@@ -1,11 +1,13 @@
-// ATen side of the CUDA search step (beam_step_cuda.cu holds the kernel): the same arguments and
-// results as the CPU op fairseq_select (../cpu/beam_step_cpu.cpp; fairseq_stream/ops/beam_step.py
-// documents them), on CUDA tensors. The ranking that can tie, each sentence's best candidates, is
-// at::topk itself, as in the CPU op and the torch reference. output_layer_cuda_binding.cpp puts it
-// in the module (ATen headers only here: torch/python.h is the slow one to compile).
+// ATen side of the CUDA search step (beam_step_cuda.cu holds the kernels): the same arguments and
+// results as the CPU ops fairseq_select and stay_select (../cpu/beam_step_cpu.cpp;
+// fairseq_stream/ops/beam_step.py documents them), on CUDA tensors. The ranking that can tie, each
+// sentence's best candidates, is at::topk itself, as in the CPU ops and the torch reference.
+// output_layer_cuda_binding.cpp puts them in the module (ATen headers only here: torch/python.h is
+// the slow one to compile).
 
 #include "beam_step_cuda_binding.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/topk.h>
 #include <ATen/ops/zeros.h>
@@ -28,17 +30,26 @@ void check_on(const Tensor& t, const Tensor& cand, at::ScalarType type, std::vec
               cand.device(), "; got ", t.scalar_type(), " ", t.sizes(), " on ", t.device());
 }
 
+// The kernels' scratch, `cells` entries per array, on like's device; `held` keeps the tensors until the launch
+// (the caching allocator orders their reuse after it on the stream).
+template <typename scalar_t>
+fairseq_stream::SelectScratch<scalar_t> scratch_on(const Tensor& like, int64_t cells, std::vector<Tensor>& held) {
+  const auto opts = like.options();
+  held = {at::empty({2 * cells}, opts.dtype(at::kLong)), at::empty({3 * cells}, opts.dtype(at::kByte)),
+          at::empty({2 * cells}, opts)};
+  return fairseq_stream::carve_scratch<scalar_t>(held[0].data_ptr<int64_t>(),
+                                                 reinterpret_cast<char*>(held[1].data_ptr<uint8_t>()),
+                                                 held[2].data_ptr<scalar_t>(), cells);
+}
+
 template <typename scalar_t>
 void launch(const fairseq_stream::SelectShape& sh, const Tensor& top_scores, const Tensor& top_idx,
             const std::optional<Tensor>& word_of, const std::optional<Tensor>& local, const Tensor& done_len,
             const Tensor& best_finished, const Tensor& max_lens, const Tensor& empty, const Tensor& ids,
             std::vector<Tensor>& out) {
-  const int64_t S = sh.S, n = sh.n;
-  const auto opts = top_scores.options();
-  Tensor longs = at::empty({2, S, n}, opts.dtype(at::kLong));
-  Tensor flags = at::empty({3, S, n}, opts.dtype(at::kByte));
-  Tensor values = at::empty({2, S, n}, opts);
+  std::vector<Tensor> held;
   fairseq_stream::FairseqSelectArgs<scalar_t> a{};
+  a.scratch = scratch_on<scalar_t>(top_scores, sh.S * sh.n, held);
   a.shape = sh;
   a.top_score = top_scores.data_ptr<scalar_t>();
   a.top_idx = top_idx.data_ptr<int64_t>();
@@ -56,17 +67,8 @@ void launch(const fairseq_stream::SelectShape& sh, const Tensor& top_scores, con
            out[6].data_ptr<scalar_t>(), out[7].data_ptr<int64_t>(),  out[8].data_ptr<scalar_t>(),
            out[9].data_ptr<bool>(),     out[10].data_ptr<int64_t>(), out[11].data_ptr<int64_t>(),
            out[12].data_ptr<bool>()};
-  int64_t* l = longs.data_ptr<int64_t>();
-  char* f = reinterpret_cast<char*>(flags.data_ptr<uint8_t>());
-  scalar_t* v = values.data_ptr<scalar_t>();
-  a.words = l;
-  a.beams = l + S * n;
-  a.is_eos = f;
-  a.keep = f + S * n;
-  a.carried = f + 2 * S * n;
-  a.score = v;
-  a.local_scratch = v + S * n;
-  const cudaError_t err = fairseq_stream::fairseq_select_launch<scalar_t>(a, c10::cuda::getCurrentCUDAStream().stream());
+  const cudaError_t err =
+      fairseq_stream::fairseq_select_launch<scalar_t>(a, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "fairseq_select (CUDA): ", cudaGetErrorString(err));
 }
 
@@ -111,3 +113,77 @@ std::vector<Tensor> fairseq_select_cuda(const Tensor& cand, const std::optional<
   return out;
 }
 
+
+namespace {
+
+template <typename scalar_t>
+void launch_stay(const fairseq_stream::StayShape& sh, const Tensor& done_len, const Tensor& scores,
+                 const Tensor& cand, const std::optional<Tensor>& word_of, const std::optional<Tensor>& local,
+                 const Tensor& empty, const Tensor& ids, std::vector<Tensor>& out) {
+  const int64_t S = sh.S, k = sh.k;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  // The finished entries compete with the expansions: their cumulative scores, -inf for other slots.
+  Tensor done_scores = at::empty({S, k}, cand.options());
+  cudaError_t err = fairseq_stream::stay_done_scores_launch<scalar_t>(
+      S, k, done_len.data_ptr<int64_t>(), scores.data_ptr<scalar_t>(), scores.size(1),
+      done_scores.data_ptr<scalar_t>(), stream);
+  TORCH_CHECK(err == cudaSuccess, "stay_select (CUDA): ", cudaGetErrorString(err));
+  auto top = at::topk(at::cat({cand, done_scores}, 1), k, 1, /*largest=*/true, /*sorted=*/true);
+  const Tensor top_scores = std::get<0>(top).contiguous(), top_idx = std::get<1>(top).contiguous();
+  std::vector<Tensor> held;
+  fairseq_stream::StaySelectArgs<scalar_t> a{};
+  a.scratch = scratch_on<scalar_t>(cand, S * k, held);
+  a.shape = sh;
+  a.top_score = top_scores.data_ptr<scalar_t>();
+  a.top_idx = top_idx.data_ptr<int64_t>();
+  a.word_of = word_of ? word_of->data_ptr<int64_t>() : nullptr;
+  a.local = local ? local->data_ptr<scalar_t>() : nullptr;
+  a.done_len = done_len.data_ptr<int64_t>();
+  a.empty = empty.data_ptr<bool>();
+  a.ids = ids.data_ptr<int64_t>();
+  a.out = {out[0].data_ptr<int64_t>(), out[1].data_ptr<int64_t>(),  out[2].data_ptr<scalar_t>(),
+           out[3].data_ptr<bool>(),    out[4].data_ptr<bool>(),     out[5].data_ptr<bool>(),
+           out[6].data_ptr<bool>(),    out[7].data_ptr<int64_t>(),  out[8].data_ptr<bool>(),
+           out[9].data_ptr<int64_t>(), out[10].data_ptr<int64_t>(), out[11].data_ptr<bool>()};
+  err = fairseq_stream::stay_select_launch<scalar_t>(a, stream);
+  TORCH_CHECK(err == cudaSuccess, "stay_select (CUDA): ", cudaGetErrorString(err));
+}
+
+}  // namespace
+
+std::vector<Tensor> stay_select_cuda(const Tensor& cand, const std::optional<Tensor>& local,
+                                     const std::optional<Tensor>& word_of, int64_t per_slot, int64_t k, int64_t eos,
+                                     int64_t pad, int64_t step, const Tensor& done_len, const Tensor& scores,
+                                     const Tensor& empty, const Tensor& ids, double rp, double ap, double rpl,
+                                     int64_t mc) {
+  TORCH_CHECK(cand.is_cuda() && cand.dim() == 2, "stay_select: cand must be a 2-d CUDA tensor");
+  TORCH_CHECK(cand.scalar_type() == at::kFloat || cand.scalar_type() == at::kDouble,
+              "stay_select: cand must be float32 or float64");
+  const int64_t S = cand.size(0), W = cand.size(1);
+  if (local) check_on(*local, cand, cand.scalar_type(), {S, W}, "local");
+  if (word_of) check_on(*word_of, cand, at::kLong, {S, W}, "word_of");
+  TORCH_CHECK(!(rpl >= 0) || local.has_value(), "stay_select: --prune-rpl needs local");
+  check_on(done_len, cand, at::kLong, {S, k}, "done_len");
+  TORCH_CHECK(scores.device() == cand.device() && scores.dim() == 2 && scores.size(0) == S * k &&
+                  scores.scalar_type() == cand.scalar_type(),
+              "stay_select: scores must be an (S * k, width) tensor of cand's dtype and device");
+  check_on(empty, cand, at::kBool, {S}, "empty");
+  check_on(ids, cand, at::kLong, {S}, "ids");
+  TORCH_CHECK(W >= 1 && per_slot > 0, "stay_select: no candidates");
+  const c10::cuda::CUDAGuard guard(cand.device());
+  // A length beyond the history (never from the decoder) reads as no finished entry: checking it here
+  // would read the device.
+  std::vector<Tensor> out = stay_select_outputs(cand, S, k);
+  const fairseq_stream::StayShape sh{S, k, W, per_slot, eos, pad, step, fairseq_stream::prune_options(rp, ap, rpl, mc)};
+  std::optional<Tensor> word_rows, local_rows;
+  if (word_of) word_rows = word_of->contiguous();
+  if (local) local_rows = local->contiguous();
+  if (cand.scalar_type() == at::kDouble) {
+    launch_stay<double>(sh, done_len.contiguous(), scores.contiguous(), cand, word_rows, local_rows,
+                        empty.contiguous(), ids.contiguous(), out);
+  } else {
+    launch_stay<float>(sh, done_len.contiguous(), scores.contiguous(), cand, word_rows, local_rows,
+                       empty.contiguous(), ids.contiguous(), out);
+  }
+  return out;
+}

@@ -1,4 +1,4 @@
-// The CUDA search step's ATen entry (beam_step_cuda_binding.cpp); output_layer_cuda_binding.cpp binds it.
+// The CUDA search step's ATen entries (beam_step_cuda_binding.cpp); output_layer_cuda_binding.cpp binds it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,3 +16,11 @@ std::vector<at::Tensor> fairseq_select_cuda(const at::Tensor& cand, const std::o
                                             const at::Tensor& best_finished, const at::Tensor& max_lens,
                                             const at::Tensor& empty, const at::Tensor& ids, double rp, double ap,
                                             double rpl, int64_t mc);
+
+// stay_select of the CPU op on CUDA tensors: the streaming paper's rule with the same heuristics. Returns [parent,
+// token, score, live, done, fresh, no_live, done_len, finished_now, summary, flat_parent, extended].
+std::vector<at::Tensor> stay_select_cuda(const at::Tensor& cand, const std::optional<at::Tensor>& local,
+                                         const std::optional<at::Tensor>& word_of, int64_t per_slot, int64_t k,
+                                         int64_t eos, int64_t pad, int64_t step, const at::Tensor& done_len,
+                                         const at::Tensor& scores, const at::Tensor& empty, const at::Tensor& ids,
+                                         double rp, double ap, double rpl, int64_t mc);

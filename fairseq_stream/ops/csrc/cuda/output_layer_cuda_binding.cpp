@@ -122,4 +122,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fairseq_select", &fairseq_select_cuda,
         "One search step with fairseq's finalization on CUDA tensors (and the pruning heuristics rp, ap, rpl, mc; "
         "negative: off); the CPU op's results, see fairseq_stream/ops/beam_step.py");
+  m.def("stay_select", &stay_select_cuda,
+        "One search step with the streaming paper's rule on CUDA tensors (and the pruning heuristics); the CPU op's "
+        "results, see fairseq_stream/ops/beam_step.py");
 }
