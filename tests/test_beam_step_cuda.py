@@ -163,6 +163,46 @@ def test_the_emulated_kernels_past_one_block_of_threads(emulated, dtype):
     assert_same_step(selection.stay_step(*stay, compiled=True), selection.stay_step(*stay, compiled=False))
 
 
+def reorder_case(rows, dtype, seed=0):
+    """Histories wider than the step (rows of 12 tokens and 11 scores at step 5), parents repeated and skipped."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 100, (rows, 12), generator=g), torch.randn(rows, 11, generator=g, dtype=dtype),
+            torch.randint(0, rows, (rows,), generator=g), torch.rand(rows, generator=g) > 0.3,
+            torch.randint(0, 100, (rows,), generator=g), torch.randn(rows, generator=g, dtype=dtype), 5)
+
+
+def torch_reorder(tokens, scores, parent, extended, new_token, new_score, step):
+    """The torch code of beam_step.reorder_beam_, on copies."""
+    tokens, scores = tokens.clone(), scores.clone()
+    tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, parent)
+    scores[:, :step] = scores[:, :step].index_select(0, parent)
+    tokens[:, step + 1] = torch.where(extended, new_token, tokens[:, step + 1])
+    scores[:, step] = torch.where(extended, new_score, scores[:, step])
+    return tokens, scores
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_emulated_reorder_moves_the_histories_as_the_torch_code(emulation, dtype):
+    """600 rows: three blocks of threads, every row read before any is written."""
+    tokens, scores, parent, extended, new_token, new_score, step = reorder_case(600, dtype)
+    expected = torch_reorder(tokens, scores, parent, extended, new_token, new_score, step)
+    dims = (ctypes.c_long * 4)(600, step, tokens.stride(0), scores.stride(0))
+    rc = emulation.fs_emulate_reorder_beam(int(dtype == torch.float64), dims, ctypes.c_void_p(tokens.data_ptr()),
+                                           ctypes.c_void_p(scores.data_ptr()),
+                                           pointers([parent, extended, new_token, new_score]))
+    assert rc == 0 and torch.equal(tokens, expected[0]) and torch.equal(scores, expected[1])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_reorder_moves_the_histories_as_the_torch_code(dtype):
+    case = [t.cuda() if isinstance(t, torch.Tensor) else t for t in reorder_case(600, dtype)]
+    expected = torch_reorder(*case)
+    beam_step.reorder_beam_(*case)
+    assert torch.equal(case[0], expected[0]) and torch.equal(case[1], expected[1])
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("search", sorted(SEARCHES))

@@ -25,9 +25,9 @@ On CUDA, :func:`fairseq_select` and :func:`stay_select` run the CUDA module's
 kernels for float32 and float64 candidates (:func:`select_available`: a
 thread per sentence runs the CPU op's loop body, ``csrc/beam_select_row.h``,
 after ``at::topk`` on the device; the torch reference there is about 57 small
-kernels a step, each launched from the host). Elsewhere (the reorder on CUDA,
-half-precision candidates, no build) the torch code runs, with the same
-results.
+kernels a step, each launched from the host), and :func:`reorder_beam_` two
+kernels for float32 and float64 histories. Elsewhere (half precision, no
+build) the torch code runs, with the same results.
 """
 
 from typing import List, Optional
@@ -118,6 +118,10 @@ def reorder_beam_(tokens: Tensor, scores: Tensor, flat_parent: Tensor, extended:
     """
     if available(tokens.device):
         _extension().reorder_beam_(tokens, scores, flat_parent, extended, new_token, new_score, step)
+        return
+    if (tokens.device.type == "cuda" and select_available(scores) and tokens.stride(1) == 1
+            and scores.stride(1) == 1):
+        _cuda_extension().reorder_beam_(tokens, scores, flat_parent, extended, new_token, new_score, step)
         return
     tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, flat_parent)
     scores[:, :step] = scores[:, :step].index_select(0, flat_parent)

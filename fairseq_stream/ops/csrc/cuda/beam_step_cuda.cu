@@ -5,6 +5,9 @@
 // (beam_step_cuda_binding.cpp) takes each sentence's best candidates with at::topk first, so
 // that equal scores come out in torch.topk's order on the device, as in the reference there.
 //
+// reorder_beam_ too: two kernels (read every parent row, then write), where the torch code makes about
+// eight (index_select, slice copies and where for each history).
+//
 // Why: on CUDA the torch reference is about 57 small kernels a step (fairseq's rules, top-k,
 // pruning masks), each launched from the host; on an H200 the host's time per decoder call in
 // CUDA graphs was 1.6-2 ms, most of it such launches outside the graph (docs/GPU.md). Here: the
@@ -98,6 +101,39 @@ cudaError_t stay_done_scores_launch(int64_t S, int64_t k, const int64_t* done_le
   return cudaGetLastError();
 }
 
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads) reorder_read_kernel(const ReorderArgs<scalar_t> a) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (r >= a.R) return;
+  const int64_t p = a.flat_parent[r], tw = a.step + 1, sw = a.step;
+  for (int64_t c = 0; c < tw; ++c) a.token_buffer[r * tw + c] = a.tokens[p * a.token_stride + c];
+  for (int64_t c = 0; c < sw; ++c) a.score_buffer[r * sw + c] = a.scores[p * a.score_stride + c];
+}
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads) reorder_write_kernel(const ReorderArgs<scalar_t> a) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (r >= a.R) return;
+  const int64_t tw = a.step + 1, sw = a.step;
+  for (int64_t c = 0; c < tw; ++c) a.tokens[r * a.token_stride + c] = a.token_buffer[r * tw + c];
+  for (int64_t c = 0; c < sw; ++c) a.scores[r * a.score_stride + c] = a.score_buffer[r * sw + c];
+  if (a.extended[r]) {
+    a.tokens[r * a.token_stride + a.step + 1] = a.new_token[r];
+    a.scores[r * a.score_stride + a.step] = a.new_score[r];
+  }
+}
+
+template <typename scalar_t>
+cudaError_t reorder_beam_launch(const ReorderArgs<scalar_t>& a, cudaStream_t stream) {
+  if (a.R <= 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>((a.R + kThreads - 1) / kThreads);
+  FS_LAUNCH(reorder_read_kernel<scalar_t>, dim3(blocks), stream, a);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  FS_LAUNCH(reorder_write_kernel<scalar_t>, dim3(blocks), stream, a);
+  return cudaGetLastError();
+}
+
 template cudaError_t fairseq_select_launch<float>(const FairseqSelectArgs<float>&, cudaStream_t);
 template cudaError_t fairseq_select_launch<double>(const FairseqSelectArgs<double>&, cudaStream_t);
 template cudaError_t stay_select_launch<float>(const StaySelectArgs<float>&, cudaStream_t);
@@ -106,5 +142,7 @@ template cudaError_t stay_done_scores_launch<float>(int64_t, int64_t, const int6
                                                     cudaStream_t);
 template cudaError_t stay_done_scores_launch<double>(int64_t, int64_t, const int64_t*, const double*, int64_t,
                                                      double*, cudaStream_t);
+template cudaError_t reorder_beam_launch<float>(const ReorderArgs<float>&, cudaStream_t);
+template cudaError_t reorder_beam_launch<double>(const ReorderArgs<double>&, cudaStream_t);
 
 }  // namespace fairseq_stream

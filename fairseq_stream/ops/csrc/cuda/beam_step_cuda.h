@@ -59,4 +59,26 @@ template <typename scalar_t>
 cudaError_t stay_done_scores_launch(int64_t S, int64_t k, const int64_t* done_len, const scalar_t* scores,
                                     int64_t width, scalar_t* done_scores, cudaStream_t stream);
 
+// reorder_beam_ on CUDA: rows take their parent's token history [0, step] and score history [0, step)
+// (rows move among themselves: all read into the buffers first, then all write back) and, where extended,
+// token step + 1 and score step become the new ones. Histories row-major with row strides given.
+template <typename scalar_t>
+struct ReorderArgs {
+  int64_t R, step;
+  int64_t* tokens;
+  int64_t token_stride;
+  scalar_t* scores;
+  int64_t score_stride;
+  const int64_t* flat_parent;
+  const bool* extended;
+  const int64_t* new_token;
+  const scalar_t* new_score;
+  int64_t* token_buffer;   // (R, step + 1)
+  scalar_t* score_buffer;  // (R, step)
+};
+
+// Two launches, a thread per row: the read, then the write.
+template <typename scalar_t>
+cudaError_t reorder_beam_launch(const ReorderArgs<scalar_t>& a, cudaStream_t stream);
+
 }  // namespace fairseq_stream

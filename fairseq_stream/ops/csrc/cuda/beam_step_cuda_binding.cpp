@@ -1,5 +1,5 @@
 // ATen side of the CUDA search step (beam_step_cuda.cu holds the kernels): the same arguments and
-// results as the CPU ops fairseq_select and stay_select (../cpu/beam_step_cpu.cpp;
+// results as the CPU ops fairseq_select, stay_select and reorder_beam (../cpu/beam_step_cpu.cpp;
 // fairseq_stream/ops/beam_step.py documents them), on CUDA tensors. The ranking that can tie, each
 // sentence's best candidates, is at::topk itself, as in the CPU ops and the torch reference.
 // output_layer_cuda_binding.cpp puts them in the module (ATen headers only here: torch/python.h is
@@ -23,11 +23,12 @@ namespace {
 
 using at::Tensor;
 
-void check_on(const Tensor& t, const Tensor& cand, at::ScalarType type, std::vector<int64_t> shape,
+// op's argument `name` must be a `type` tensor of `shape` on like's device.
+void check_on(const char* op, const Tensor& t, const Tensor& like, at::ScalarType type, std::vector<int64_t> shape,
               const char* name) {
-  TORCH_CHECK(t.device() == cand.device() && t.scalar_type() == type && t.sizes() == at::IntArrayRef(shape),
-              "fairseq_select: ", name, " must be a ", type, " tensor of shape ", at::IntArrayRef(shape), " on ",
-              cand.device(), "; got ", t.scalar_type(), " ", t.sizes(), " on ", t.device());
+  TORCH_CHECK(t.device() == like.device() && t.scalar_type() == type && t.sizes() == at::IntArrayRef(shape), op,
+              ": ", name, " must be a ", type, " tensor of shape ", at::IntArrayRef(shape), " on ", like.device(),
+              "; got ", t.scalar_type(), " ", t.sizes(), " on ", t.device());
 }
 
 // The kernels' scratch, `cells` entries per array, on like's device; `held` keeps the tensors until the launch
@@ -83,14 +84,14 @@ std::vector<Tensor> fairseq_select_cuda(const Tensor& cand, const std::optional<
   TORCH_CHECK(cand.scalar_type() == at::kFloat || cand.scalar_type() == at::kDouble,
               "fairseq_select: cand must be float32 or float64");
   const int64_t S = cand.size(0), W = cand.size(1);
-  if (local) check_on(*local, cand, cand.scalar_type(), {S, W}, "local");
-  if (word_of) check_on(*word_of, cand, at::kLong, {S, W}, "word_of");
+  if (local) check_on("fairseq_select", *local, cand, cand.scalar_type(), {S, W}, "local");
+  if (word_of) check_on("fairseq_select", *word_of, cand, at::kLong, {S, W}, "word_of");
   TORCH_CHECK(!(rpl >= 0) || local.has_value(), "fairseq_select: --prune-rpl needs local");
-  check_on(done_len, cand, at::kLong, {S, k}, "done_len");
-  check_on(best_finished, cand, cand.scalar_type(), {S}, "best_finished");
-  check_on(max_lens, cand, at::kLong, {S}, "max_lens");
-  check_on(empty, cand, at::kBool, {S}, "empty");
-  check_on(ids, cand, at::kLong, {S}, "ids");
+  check_on("fairseq_select", done_len, cand, at::kLong, {S, k}, "done_len");
+  check_on("fairseq_select", best_finished, cand, cand.scalar_type(), {S}, "best_finished");
+  check_on("fairseq_select", max_lens, cand, at::kLong, {S}, "max_lens");
+  check_on("fairseq_select", empty, cand, at::kBool, {S}, "empty");
+  check_on("fairseq_select", ids, cand, at::kLong, {S}, "ids");
   // fairseq's bound (size - 1) on whole-vocabulary candidates; pre-selected ones are all usable.
   const int64_t n = std::min(2 * k, W - (word_of ? 0 : 1));
   TORCH_CHECK(n >= k && per_slot > 0, "fairseq_select: fewer candidates than the beam");
@@ -160,15 +161,15 @@ std::vector<Tensor> stay_select_cuda(const Tensor& cand, const std::optional<Ten
   TORCH_CHECK(cand.scalar_type() == at::kFloat || cand.scalar_type() == at::kDouble,
               "stay_select: cand must be float32 or float64");
   const int64_t S = cand.size(0), W = cand.size(1);
-  if (local) check_on(*local, cand, cand.scalar_type(), {S, W}, "local");
-  if (word_of) check_on(*word_of, cand, at::kLong, {S, W}, "word_of");
+  if (local) check_on("stay_select", *local, cand, cand.scalar_type(), {S, W}, "local");
+  if (word_of) check_on("stay_select", *word_of, cand, at::kLong, {S, W}, "word_of");
   TORCH_CHECK(!(rpl >= 0) || local.has_value(), "stay_select: --prune-rpl needs local");
-  check_on(done_len, cand, at::kLong, {S, k}, "done_len");
+  check_on("stay_select", done_len, cand, at::kLong, {S, k}, "done_len");
   TORCH_CHECK(scores.device() == cand.device() && scores.dim() == 2 && scores.size(0) == S * k &&
                   scores.scalar_type() == cand.scalar_type(),
               "stay_select: scores must be an (S * k, width) tensor of cand's dtype and device");
-  check_on(empty, cand, at::kBool, {S}, "empty");
-  check_on(ids, cand, at::kLong, {S}, "ids");
+  check_on("stay_select", empty, cand, at::kBool, {S}, "empty");
+  check_on("stay_select", ids, cand, at::kLong, {S}, "ids");
   TORCH_CHECK(W >= 1 && per_slot > 0, "stay_select: no candidates");
   const c10::cuda::CUDAGuard guard(cand.device());
   // A length beyond the history (never from the decoder) reads as no finished entry: checking it here
@@ -186,4 +187,39 @@ std::vector<Tensor> stay_select_cuda(const Tensor& cand, const std::optional<Ten
                        empty.contiguous(), ids.contiguous(), out);
   }
   return out;
+}
+
+void reorder_beam_cuda(Tensor tokens, Tensor scores, const Tensor& flat_parent, const Tensor& extended,
+                       const Tensor& new_token, const Tensor& new_score, int64_t step) {
+  TORCH_CHECK(tokens.is_cuda() && tokens.scalar_type() == at::kLong && tokens.dim() == 2 && tokens.stride(1) == 1,
+              "reorder_beam_: tokens must be a 2-d int64 CUDA tensor, rows of contiguous entries");
+  TORCH_CHECK(scores.device() == tokens.device() && scores.dim() == 2 && scores.size(0) == tokens.size(0) &&
+                  scores.stride(1) == 1 && new_score.scalar_type() == scores.scalar_type() &&
+                  (scores.scalar_type() == at::kFloat || scores.scalar_type() == at::kDouble),
+              "reorder_beam_: scores must be a (rows, width) float32 or float64 tensor of new_score's dtype, rows of "
+              "contiguous entries, on the tokens' device");
+  TORCH_CHECK(step >= 0 && tokens.size(1) > step + 1 && scores.size(1) > step, "reorder_beam_: step ", step,
+              " outside the histories (tokens ", tokens.sizes(), ", scores ", scores.sizes(), ")");
+  const int64_t R = tokens.size(0);
+  check_on("reorder_beam_", flat_parent.reshape(-1), tokens, at::kLong, {R}, "flat_parent");
+  check_on("reorder_beam_", extended.reshape(-1), tokens, at::kBool, {R}, "extended");
+  check_on("reorder_beam_", new_token.reshape(-1), tokens, at::kLong, {R}, "new_token");
+  check_on("reorder_beam_", new_score.reshape(-1), tokens, scores.scalar_type(), {R}, "new_score");
+  const c10::cuda::CUDAGuard guard(tokens.device());
+  const Tensor parent = flat_parent.reshape(-1).contiguous(), flags = extended.reshape(-1).contiguous();
+  const Tensor token = new_token.reshape(-1).contiguous(), score = new_score.reshape(-1).contiguous();
+  const Tensor token_buffer = at::empty({R * (step + 1)}, tokens.options());
+  const Tensor score_buffer = at::empty({R * step}, scores.options());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  auto run = [&](auto zero) {
+    using scalar_t = decltype(zero);
+    const fairseq_stream::ReorderArgs<scalar_t> a{R, step, tokens.data_ptr<int64_t>(), tokens.stride(0),
+                                                  scores.data_ptr<scalar_t>(), scores.stride(0),
+                                                  parent.data_ptr<int64_t>(), flags.data_ptr<bool>(),
+                                                  token.data_ptr<int64_t>(), score.data_ptr<scalar_t>(),
+                                                  token_buffer.data_ptr<int64_t>(), score_buffer.data_ptr<scalar_t>()};
+    return fairseq_stream::reorder_beam_launch<scalar_t>(a, stream);
+  };
+  const cudaError_t err = scores.scalar_type() == at::kDouble ? run(0.0) : run(0.0f);
+  TORCH_CHECK(err == cudaSuccess, "reorder_beam_ (CUDA): ", cudaGetErrorString(err));
 }

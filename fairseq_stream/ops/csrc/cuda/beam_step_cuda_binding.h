@@ -24,3 +24,9 @@ std::vector<at::Tensor> stay_select_cuda(const at::Tensor& cand, const std::opti
                                          int64_t eos, int64_t pad, int64_t step, const at::Tensor& done_len,
                                          const at::Tensor& scores, const at::Tensor& empty, const at::Tensor& ids,
                                          double rp, double ap, double rpl, int64_t mc);
+
+// reorder_beam of the CPU op on CUDA tensors, in place: rows take their parent's token and score histories and,
+// where extended, the new ones.
+void reorder_beam_cuda(at::Tensor tokens, at::Tensor scores, const at::Tensor& flat_parent,
+                       const at::Tensor& extended, const at::Tensor& new_token, const at::Tensor& new_score,
+                       int64_t step);

@@ -125,4 +125,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stay_select", &stay_select_cuda,
         "One search step with the streaming paper's rule on CUDA tensors (and the pruning heuristics); the CPU op's "
         "results, see fairseq_stream/ops/beam_step.py");
+  m.def("reorder_beam_", &reorder_beam_cuda,
+        "In place on CUDA tensors: rows take their parent's token and score histories and, where extended, the new "
+        "token and score; see fairseq_stream/ops/beam_step.py");
 }

@@ -93,3 +93,22 @@ extern "C" int fs_emulate_stay_select(int is_double, const long* dims, const dou
                                       void* const* out) {
   return is_double ? run_stay<double>(dims, prune, in, out) : run_stay<float>(dims, prune, in, out);
 }
+
+// dims: R, step, token_stride, score_stride; in: flat_parent, extended, new_token, new_score; tokens and scores
+// moved in place.
+extern "C" int fs_emulate_reorder_beam(int is_double, const long* dims, void* tokens, void* scores,
+                                       const void* const* in) {
+  using namespace fairseq_stream;
+  const int64_t R = dims[0], step = dims[1];
+  std::vector<int64_t> token_buffer(R * (step + 1));
+  auto run = [&](auto zero) {
+    using scalar_t = decltype(zero);
+    std::vector<scalar_t> score_buffer(R * step);
+    const ReorderArgs<scalar_t> a{R, step, static_cast<int64_t*>(tokens), dims[2], static_cast<scalar_t*>(scores),
+                                  dims[3], static_cast<const int64_t*>(in[0]), static_cast<const bool*>(in[1]),
+                                  static_cast<const int64_t*>(in[2]), static_cast<const scalar_t*>(in[3]),
+                                  token_buffer.data(), score_buffer.data()};
+    return static_cast<int>(reorder_beam_launch<scalar_t>(a, nullptr));
+  };
+  return is_double ? run(0.0) : run(0.0f);
+}
