@@ -411,9 +411,10 @@ def render(results):
         lines += ["", "## Runs", "",
                   "decode s: fairseq's own decoding time (with --warm-up, of the second of two decodes in a "
                   "row; cold s: the first's); process s: the whole fairseq-generate run, model loading included "
-                  "unless the plan had already loaded the members (models_kept); host ms/call: median time between decoder calls' starts, no "
-                  "synchronization; ms/call: decode s over calls; GPU busy: NVML utilization between the "
-                  "first and the last call; peak MiB: torch.cuda.max_memory_allocated.", "",
+                  "unless the plan had already loaded the members (models_kept); host ms/call: median time "
+                  "between decoder calls' starts, no synchronization; ms/call: decode s over calls; GPU busy: "
+                  "NVML utilization between the first and the last call; peak MiB: "
+                  "torch.cuda.max_memory_allocated.", "",
                   "| method | k | sentences | decode s | cold s | process s | calls | rows/call | host ms/call | "
                   "ms/call | GPU busy | peak MiB | error |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -421,7 +422,8 @@ def render(results):
             busy = r.get("gpu_busy")
             lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
                 r.get("method", r["name"]), fmt(r.get("beam")), fmt(r.get("sentences")), fmt(r.get("decode_s"), ".2f"),
-                fmt(r.get("cold_decode_s"), ".2f"), fmt(r.get("process_s"), ".1f"), fmt(r.get("calls")), fmt(r.get("rows_per_call"), ".1f"),
+                fmt(r.get("cold_decode_s"), ".2f"), fmt(r.get("process_s"), ".1f"), fmt(r.get("calls")),
+                fmt(r.get("rows_per_call"), ".1f"),
                 fmt(r.get("host_ms_per_call"), ".2f"), fmt(r.get("ms_per_call"), ".2f"),
                 na if busy is None else "{:.0%}".format(busy), fmt(r.get("peak_mib"), ".0f", na),
                 (r.get("error") or "").replace("|", "/")))

@@ -24,7 +24,8 @@ from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.ops import beam_step
 from fairseq_stream.search import policies, selection
 from fairseq_stream.search.pruning import Pruning
-from test_beam_step import SEARCHES, assert_same_step  # both rules, each heuristic
+# Both rules, each heuristic; checked_steps: every step compiled and in torch, which must agree.
+from test_beam_step import SEARCHES, assert_same_step, checked_steps  # noqa: F401 (a fixture)
 
 SOURCES = [CSRC / "beam_select_row.h", CSRC / "cuda" / "beam_step_cuda.cu", CSRC / "cuda" / "beam_step_cuda.h",
            CSRC / "cuda_emu" / "cuda_runtime.h", CSRC / "cuda_emu" / "emulate_beam_step.cpp"]
@@ -86,25 +87,6 @@ def emulated_stay(lib, cand, local, word_of, per_slot, k, eos, pad, step, done_l
     inputs[:2] = [top_scores.contiguous(), top_idx.contiguous()]
     assert call() == 0
     return out
-
-
-@pytest.fixture
-def checked_steps(monkeypatch):
-    """Every step of the decoder runs compiled (the op under test) and in torch; they must agree."""
-    count = [0]
-
-    def both(step):
-        def run(*args, **kwargs):
-            compiled = step(*args, compiled=True, **kwargs)
-            assert_same_step(compiled, step(*args, compiled=False, **kwargs))
-            count[0] += 1
-            return compiled
-
-        return run
-
-    monkeypatch.setattr(policies, "fairseq_step", both(selection.fairseq_step))
-    monkeypatch.setattr(policies, "stay_step", both(selection.stay_step))
-    return count
 
 
 @pytest.fixture

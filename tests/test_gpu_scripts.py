@@ -120,8 +120,9 @@ def load_benchmark(name):
 
 def probe(tmp_path, runs, keep_models=False, warm_up=False):
     """Decode ``runs`` ({name: argv}) through gpu_probe.py on the CPU; {name: (result, generate-test.txt)}."""
-    plan = {"device": "cpu", "keep_models": keep_models, "warm_up": warm_up, "runs": [{"name": n, "argv": argv, "results": str(tmp_path / n),
-                                       "result": str(tmp_path / (n + ".json"))} for n, argv in runs.items()]}
+    entries = [{"name": n, "argv": argv, "results": str(tmp_path / n), "result": str(tmp_path / (n + ".json"))}
+               for n, argv in runs.items()]
+    plan = {"device": "cpu", "keep_models": keep_models, "warm_up": warm_up, "runs": entries}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     run_tool(["python", REPO / "benchmarks" / "gpu_probe.py", tmp_path / "plan.json"])
     return {n: (json.loads((tmp_path / (n + ".json")).read_text()), str(tmp_path / n / "generate-test.txt"))
@@ -152,7 +153,8 @@ def test_the_probe_loads_each_checkpoint_list_once_and_prints_the_same(toy, tmp_
               "--num-workers", "0", "--cpu", "--cpu-workers", "1", "--beam", "5"]
     pair = "{}:{}".format(toy.transformer, toy.transformer2)
     runs = {"fixed": ["--path", pair, "--preset", "fixed"], "var-batch": ["--path", pair, "--preset", "var-batch"],
-            "one": ["--path", toy.transformer, "--preset", "fixed"], "fixed-again": ["--path", pair, "--preset", "fixed"]}
+            "one": ["--path", toy.transformer, "--preset", "fixed"],
+            "fixed-again": ["--path", pair, "--preset", "fixed"]}
     out = probe(tmp_path, {n: [str(a) for a in common + argv] for n, argv in runs.items()}, keep_models=True,
                 warm_up=True)
     # Warmed up: each run's measured decode is its second, after one that loaded (or reused) the members.

@@ -1,7 +1,8 @@
-// One sentence's search step with fairseq's finalization, on raw arrays: the body of the compiled
-// fairseq_select of cpu/beam_step_cpu.cpp (a loop over sentences) and of cuda/beam_step_cuda.cu
-// (a thread per sentence). fairseq_stream/ops/beam_step.py documents the op; the torch code of
-// fairseq_stream/search/selection.py (fairseq_step) is the reference both equal.
+// One sentence's search step, on raw arrays, under fairseq's finalization (fairseq_select_row) or the
+// streaming paper's (stay_select_row): the bodies of the compiled fairseq_select and stay_select of
+// cpu/beam_step_cpu.cpp (a loop over sentences) and of cuda/beam_step_cuda.cu (a thread per
+// sentence). fairseq_stream/ops/beam_step.py documents the ops; the torch code of
+// fairseq_stream/search/selection.py (fairseq_step, stay_step) is the reference both equal.
 //
 // Plain C++17 without the standard library's math in device code, so that nvcc compiles it for the
 // device: the pruning's logarithms come from the host (prune_options), and finiteness is tested by
@@ -27,7 +28,6 @@ struct PruneOptions {
   FS_HOST_DEVICE bool active() const { return rp >= 0 || ap >= 0 || rpl >= 0 || mc >= 0; }
 };
 
-// x - x is 0 for a finite x, NaN for an infinity or a NaN (std::isfinite, without <cmath> on the device).
 // The options as the ops take them (a negative value: off), the logarithms taken here, on the host.
 inline PruneOptions prune_options(double rp, double ap, double rpl, int64_t mc) {
   PruneOptions o;
@@ -40,6 +40,7 @@ inline PruneOptions prune_options(double rp, double ap, double rpl, int64_t mc) 
   return o;
 }
 
+// x - x is 0 for a finite x, NaN for an infinity or a NaN (std::isfinite, without <cmath> on the device).
 template <typename scalar_t>
 FS_HOST_DEVICE inline bool finite(scalar_t x) {
   return x - x == scalar_t(0);

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "beam_select_row.h"
+
 // On cand's device, scores of cand's dtype: [parent, token, score, live, eos_mask, top_slot, top_score, done_len
 // (all (S, k)), best_finished (S,), finished_now (S,), summary (3S + 1,), flat_parent (S*k,), no_live (S,), zeros
 // (S, k) bool]. The summary starts at zeros: its last entry is a sum the CUDA kernel adds to.
@@ -31,3 +33,26 @@ inline std::vector<at::Tensor> stay_select_outputs(const at::Tensor& cand, int64
           at::empty({S}, bol),    at::empty({S, k}, lng),     at::empty({S}, bol),
           at::zeros({2 * S + 1}, lng), at::empty({S * k}, lng), at::empty({S * k}, bol)};
 }
+
+namespace fairseq_stream {
+
+// The kernels' view of fairseq_select_outputs' tensors (contiguous, as allocated there).
+template <typename scalar_t>
+SelectOut<scalar_t> select_out_of(std::vector<at::Tensor>& out) {
+  return {out[0].data_ptr<int64_t>(),  out[1].data_ptr<int64_t>(),  out[2].data_ptr<scalar_t>(),
+          out[3].data_ptr<bool>(),     out[4].data_ptr<bool>(),     out[5].data_ptr<int64_t>(),
+          out[6].data_ptr<scalar_t>(), out[7].data_ptr<int64_t>(),  out[8].data_ptr<scalar_t>(),
+          out[9].data_ptr<bool>(),     out[10].data_ptr<int64_t>(), out[11].data_ptr<int64_t>(),
+          out[12].data_ptr<bool>()};
+}
+
+// The kernels' view of stay_select_outputs' tensors.
+template <typename scalar_t>
+StayOut<scalar_t> stay_out_of(std::vector<at::Tensor>& out) {
+  return {out[0].data_ptr<int64_t>(), out[1].data_ptr<int64_t>(),  out[2].data_ptr<scalar_t>(),
+          out[3].data_ptr<bool>(),    out[4].data_ptr<bool>(),     out[5].data_ptr<bool>(),
+          out[6].data_ptr<bool>(),    out[7].data_ptr<int64_t>(),  out[8].data_ptr<bool>(),
+          out[9].data_ptr<int64_t>(), out[10].data_ptr<int64_t>(), out[11].data_ptr<bool>()};
+}
+
+}  // namespace fairseq_stream

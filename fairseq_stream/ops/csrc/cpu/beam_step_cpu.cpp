@@ -53,11 +53,7 @@ void select_loop(const Tensor& top_scores, const Tensor& top_idx, const std::opt
   const int64_t S = top_scores.size(0), n = top_scores.size(1), W = word_of ? word_of->size(1) : 0;
   const int64_t L = local ? local->size(1) : 0;
   const SelectShape sh{S, n, k, per_slot, eos, step, prune};
-  const SelectOut<scalar_t> o{out[0].data_ptr<int64_t>(),  out[1].data_ptr<int64_t>(), out[2].data_ptr<scalar_t>(),
-                              out[3].data_ptr<bool>(),     out[4].data_ptr<bool>(),    out[5].data_ptr<int64_t>(),
-                              out[6].data_ptr<scalar_t>(), out[7].data_ptr<int64_t>(), out[8].data_ptr<scalar_t>(),
-                              out[9].data_ptr<bool>(),     out[10].data_ptr<int64_t>(), out[11].data_ptr<int64_t>(),
-                              out[12].data_ptr<bool>()};
+  const SelectOut<scalar_t> o = select_out_of<scalar_t>(out);
   std::vector<int64_t> longs(2 * n);
   std::vector<char> flags(3 * n);
   std::vector<scalar_t> values(2 * n);
@@ -78,10 +74,6 @@ void select_loop(const Tensor& top_scores, const Tensor& top_idx, const std::opt
   }
   o.summary[3 * S] = live_left;
 }
-
-// Returns [parent, token, score, live, eos_mask, top_slot, top_score (all (S, k)), done_len (S, k),
-// best_finished (S,), finished_now (S,), summary (3S + 1,), flat_parent (S*k,), no_live (S,), and an (S, k)
-// bool of zeros (the Step's done and fresh, which fairseq's rule leaves empty)].
 
 void check_common(const Tensor& cand, const std::optional<Tensor>& local, const std::optional<Tensor>& word_of,
                   const char* op) {
@@ -115,6 +107,9 @@ void check_done_len(const Tensor& done_len, int64_t S, int64_t k, const char* op
 
 }  // namespace
 
+// Returns [parent, token, score, live, eos_mask, top_slot, top_score (all (S, k)), done_len (S, k),
+// best_finished (S,), finished_now (S,), summary (3S + 1,), flat_parent (S*k,), no_live (S,), and an (S, k)
+// bool of zeros (the Step's done and fresh, which fairseq's rule leaves empty)].
 std::vector<Tensor> fairseq_select(const Tensor& cand, const std::optional<Tensor>& local,
                                    const std::optional<Tensor>& word_of, int64_t per_slot, int64_t k, int64_t eos,
                                    int64_t step, const Tensor& done_len, const Tensor& best_finished,
@@ -160,10 +155,7 @@ void stay_loop(const Tensor& top_scores, const Tensor& top_idx, const std::optio
   using namespace fairseq_stream;
   const int64_t S = top_scores.size(0);
   const StayShape sh{S, k, W, per_slot, eos, pad, step, prune};
-  const StayOut<scalar_t> o{out[0].data_ptr<int64_t>(), out[1].data_ptr<int64_t>(),  out[2].data_ptr<scalar_t>(),
-                            out[3].data_ptr<bool>(),    out[4].data_ptr<bool>(),     out[5].data_ptr<bool>(),
-                            out[6].data_ptr<bool>(),    out[7].data_ptr<int64_t>(),  out[8].data_ptr<bool>(),
-                            out[9].data_ptr<int64_t>(), out[10].data_ptr<int64_t>(), out[11].data_ptr<bool>()};
+  const StayOut<scalar_t> o = stay_out_of<scalar_t>(out);
   std::vector<int64_t> longs(2 * k);
   std::vector<char> flags(3 * k);
   std::vector<scalar_t> values(2 * k);

@@ -63,11 +63,7 @@ void launch(const fairseq_stream::SelectShape& sh, const Tensor& top_scores, con
   a.max_lens = max_lens.data_ptr<int64_t>();
   a.empty = empty.data_ptr<bool>();
   a.ids = ids.data_ptr<int64_t>();
-  a.out = {out[0].data_ptr<int64_t>(),  out[1].data_ptr<int64_t>(),  out[2].data_ptr<scalar_t>(),
-           out[3].data_ptr<bool>(),     out[4].data_ptr<bool>(),     out[5].data_ptr<int64_t>(),
-           out[6].data_ptr<scalar_t>(), out[7].data_ptr<int64_t>(),  out[8].data_ptr<scalar_t>(),
-           out[9].data_ptr<bool>(),     out[10].data_ptr<int64_t>(), out[11].data_ptr<int64_t>(),
-           out[12].data_ptr<bool>()};
+  a.out = fairseq_stream::select_out_of<scalar_t>(out);
   const cudaError_t err =
       fairseq_stream::fairseq_select_launch<scalar_t>(a, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "fairseq_select (CUDA): ", cudaGetErrorString(err));
@@ -142,10 +138,7 @@ void launch_stay(const fairseq_stream::StayShape& sh, const Tensor& done_len, co
   a.done_len = done_len.data_ptr<int64_t>();
   a.empty = empty.data_ptr<bool>();
   a.ids = ids.data_ptr<int64_t>();
-  a.out = {out[0].data_ptr<int64_t>(), out[1].data_ptr<int64_t>(),  out[2].data_ptr<scalar_t>(),
-           out[3].data_ptr<bool>(),    out[4].data_ptr<bool>(),     out[5].data_ptr<bool>(),
-           out[6].data_ptr<bool>(),    out[7].data_ptr<int64_t>(),  out[8].data_ptr<bool>(),
-           out[9].data_ptr<int64_t>(), out[10].data_ptr<int64_t>(), out[11].data_ptr<bool>()};
+  a.out = fairseq_stream::stay_out_of<scalar_t>(out);
   err = fairseq_stream::stay_select_launch<scalar_t>(a, stream);
   TORCH_CHECK(err == cudaSuccess, "stay_select (CUDA): ", cudaGetErrorString(err));
 }
