@@ -323,6 +323,11 @@ def decode_step(session, args):
         results = session.run_plan("decode", runs, args.run_timeout, args.device, keep_models=True, warm_up=warm)
         for run in runs:
             results[run["name"]].update(method=run["method"], beam=run["beam"])
+        # A resumed decode of some methods (--methods) keeps the runs an earlier one measured and this one
+        # did not plan: a lent machine's second command adds to its first, it does not replace it.
+        earlier = (session.earlier.get("decode") or {}).get("runs") or {}
+        results = dict([(n, dict(r, resumed=True)) for n, r in earlier.items() if n not in results]
+                       + list(results.items()))
         failed = [n for n, r in results.items() if r.get("error") or not r.get("sentences")]
         return {"status": "failed" if failed else "passed", "runs": results,
                 "length_options": length_options(session, args),

@@ -14,10 +14,13 @@ in torch, as the binding does it in ATen. On a GPU (marked ``cuda``) the built
 op itself decodes on CUDA tensors under the same comparison.
 """
 
+import copy
 import ctypes
 
 import pytest
 import torch
+
+from fairseq import utils
 
 from conftest import CSRC, cuda_emulation_library, decode, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
@@ -191,7 +194,8 @@ def test_cuda_reorder_moves_the_histories_as_the_torch_code(dtype):
 def test_cuda_op_equals_the_reference_on_every_step(loaded, checked_steps, search):
     models, task = loaded("transformer")
     assert beam_step.select_available(torch.zeros(1, 2, device="cuda")), "the CUDA search step is not built"
-    models = [m.cuda() for m in models]
+    # Copies: the session's cached models stay on the CPU for the tests after this one.
+    models = [copy.deepcopy(m).cuda() for m in models]
     dec = BeamDecoder(models, task.target_dictionary, keep_reference=False, max_len_b=12, **SEARCHES[search])
-    out = decode(dec, models, sorted_batches(task, 6, 40), None)
+    out = decode(dec, models, [utils.move_to_cuda(s) for s in sorted_batches(task, 6, 40)], None)
     assert len(out) == 37 and checked_steps[0] > 20

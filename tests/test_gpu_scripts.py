@@ -85,6 +85,18 @@ def test_gpu_bench_cpu_mode(tmp_path):
     assert "| de-en | newstest2017 | greedy |" in (out / "plots" / "report.md").read_text()
     # A lent machine returns at most 8 files of OUTDIR.
     assert len([p for p in out.rglob("*") if p.is_file()]) <= 8
+    # A second command on the same machine decodes more methods and adds them to the first's.
+    again = tmp_path / "again"
+    proc = run_tool(["bash", REPO / "scripts" / "gpu_bench.sh", again, "--device", "cpu", "--work-dir", tmp_path / "w",
+                     "--standin", tmp_path / "w" / "standin", "--resume", out / "results.json",
+                     "--steps", "decode", "report", "--source", WMT / "newstest2017.de", "--reference",
+                     WMT / "newstest2017.en", "--limit", "2", "--beams", "5", "--methods", "jacobi"], check=False)
+    results, summary = read(again)
+    assert proc.returncode == 0, summary
+    runs = results["steps"]["decode"]["runs"]
+    assert list(runs) == ["greedy", "var-stream-rows-k5", "jacobi"]
+    assert runs["greedy"]["resumed"] and not runs["jacobi"].get("resumed")
+    assert [r["method"] for r in results["steps"]["report"]["rows"]] == ["greedy", "var-stream-rows", "jacobi"]
 
 
 def test_gpu_bench_passes_stack_members_to_our_methods(tmp_path):
