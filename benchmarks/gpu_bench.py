@@ -30,6 +30,11 @@ Steps, each bounded in time:
    and report.py's tables and plots (OUTDIR/plots/: report.md and one bar chart and one BLEU
    scatter per beam).
 7. ``targets``: issues 53's and 52's targets from the decode runs (benchmarks/gpu_targets.py).
+8. ``kernels``: where the device time of a step goes, for a few runs (``--kernel-runs``: issue 52's
+   4 members and 1 member in graphs, var-stream eager and in graphs, fairseq's beam): each decoded
+   again, torch.profiler over ``--kernel-window`` calls of the untimed first decode
+   (benchmarks/gpu_kernels.py: kernels' device ms per call by kind, launches, the costliest). Last,
+   because a profiler is what could upset a CUDA context: the measured runs are done by then.
 
 BLEU of an untrained stand-in is noise; with the real ensemble (``--standin wmt19/...``) it is
 the real score.
@@ -39,9 +44,11 @@ import argparse
 import json
 import os
 import sys
+from collections import OrderedDict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import gpu_kernels  # noqa: E402
 import gpu_targets  # noqa: E402
 import standin_behaviour  # noqa: E402
 from gpu_common import (  # noqa: E402
@@ -77,6 +84,8 @@ PRIORITY = ["beam-k5", "var-stream-graphs-k5", "fixed-graphs-k5", "fixed-graphs-
 # Sentences per batch (and stream pool) per beam: the --gpu-memory 32 presets' (gpu32gb-k5/-k50),
 # which keep every method of the 4-model ensemble within 32 GB by the presets' arithmetic.
 BATCH = {5: 64, 50: 8}
+# The kernels step's runs: issue 52's ratio, eager against graphs, fairseq's own beam.
+KERNEL_RUNS = ["fixed-graphs-k5", "fixed-graphs-1member-k5", "var-stream-k5", "var-stream-graphs-k5", "beam-k5"]
 PAIR = "de-en"
 GPU_TRAIN_S = 120
 BEHAVIOUR_SENTENCES = 32
@@ -122,6 +131,11 @@ def parser():
                         "fairseq's defaults; auto (default): free when the behaviour step finds the stand-in "
                         "trained-like; where its hypotheses are under half their sources' length, --min-len "
                         "and --max-len-b the sample's median source length (--max-len-a 1.2); else bound")
+    p.add_argument("--kernel-runs", nargs="*", default=KERNEL_RUNS, metavar="RUN",
+                   help="runs (method-kK, or greedy/jacobi) the kernels step profiles (default: %(default)s); "
+                        "none: the step is skipped")
+    p.add_argument("--kernel-window", nargs=2, type=int, default=[20, 20], metavar=("FIRST", "CALLS"),
+                   help="the decoder calls the kernels step records: CALLS from call FIRST (default 20 20)")
     p.add_argument("--warm-up", choices=["auto", "on", "off"], default="auto",
                    help="decode each timed run twice in a row and measure the second (the first's time is kept "
                         "as cold_decode_s): what a process pays once per shape is not charged to the method that "
@@ -336,6 +350,51 @@ def decode_step(session, args):
     return step
 
 
+def kernels_step(session, args):
+    """The device time of a step by kernel kind, for ``--kernel-runs`` (gpu_kernels.py), in a plan of its own."""
+    def step():
+        if not session.results.get("data_bin"):
+            raise StepError("no prepared input (the prepare step did not pass)")
+        runs = [r for r in ordered_runs(session, args) if r["name"] in args.kernel_runs]
+        if not runs:
+            return {"status": "skipped", "detail": "none of --kernel-runs is among this run's methods and beams"}
+        first, calls = args.kernel_window
+        results = session.run_plan("kernels", runs, args.run_timeout, args.device, keep_models=True, warm_up=True,
+                                   profile={"first": first, "calls": calls})
+        profiled = OrderedDict((n, {"kernels": r.get("kernels"), "error": r.get("error")}) for n, r in results.items())
+        done = [n for n, r in profiled.items() if r["kernels"] and not r["error"]]
+        missed = [n for n in profiled if n not in done]
+        return {"status": "passed" if done else "failed", "profiled": profiled, "window": [first, calls],
+                "detail": "{} of {} runs profiled{}".format(len(done), len(profiled),
+                                                           "; not: " + ", ".join(missed) if missed else "")}
+    return step
+
+
+def render_kernels(step):
+    """The kernels step's table: device ms per call by kind (CPU ms of ATen operators on the CPU)."""
+    profiled = step.get("profiled") or {}
+    kinds = [k for k, _ in gpu_kernels.KINDS] + [gpu_kernels.OTHER]
+    first, calls = step.get("window", [None, None])
+    lines = ["", "## Where a step's time goes (kernels step, gpu_kernels.py)", "",
+             "torch.profiler over decoder calls {} to {} of each run's untimed first decode: the kernels' "
+             "device time per call by kind (on the CPU: ATen operators' own CPU time), kernels (on the CPU: operators) "
+             "launched or replayed per call, and the costliest kernel.".format(first, None if first is None else first + calls),
+             "", "| run | clock | ms/call | kernels/call | " + " | ".join(kinds) + " | costliest |",
+             "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in kinds) + " | --- |"]
+    for name, r in profiled.items():
+        k = r.get("kernels")
+        if not k:
+            lines.append("| {} | — | — | — | {} | {} |".format(name, " | ".join("—" for _ in kinds),
+                                                               (r.get("error") or "window not reached").replace("|", "/")))
+            continue
+        top = k["top"][0] if k["top"] else None
+        lines.append("| {} | {} | {:.3f} | {:.0f} | {} | {} |".format(
+            name, k["clock"], k["ms_per_call"], k["launches_per_call"],
+            " | ".join(fmt(k["by_kind"].get(kind), ".3f") for kind in kinds),
+            "{} ({:.3f} ms)".format(top["name"][:60].replace("|", "/"), top["ms_per_call"]) if top else "—"))
+    return lines
+
+
 def bleu_of(output, reference_lines):
     """sacreBLEU of the H- lines, BPE joined (the stand-in's are noise); None without sacrebleu."""
     try:
@@ -435,6 +494,8 @@ def render(results):
     found = results["steps"].get("targets", {}).get("targets")
     if found:
         lines += ["", "## Targets (issues 53 and 52)", ""] + gpu_targets.render(found)
+    if (results["steps"].get("kernels") or {}).get("profiled"):
+        lines += render_kernels(results["steps"]["kernels"])
     report = results["steps"].get("report", {})
     if report.get("plots"):
         lines += ["", "## report.py's plots (plots/)", ""] + ["![{0}](plots/{0})".format(p) for p in report["plots"]]
@@ -460,6 +521,7 @@ def main(argv=None):
     session.step("decode", decode_step(session, args), needs_s=30)
     session.step("report", report_step(session, args), needs_s=5)
     session.step("targets", targets_step(session, args), needs_s=1)
+    session.step("kernels", kernels_step(session, args), needs_s=30)
     return session.finish()
 
 

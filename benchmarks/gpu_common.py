@@ -230,13 +230,15 @@ class Session:
                 rc = None
         return rc, tail(log)
 
-    def run_plan(self, name, runs, run_timeout, device, keep_models=False, warm_up=False):
+    def run_plan(self, name, runs, run_timeout, device, keep_models=False, warm_up=False, profile=None):
         """Decode every run of ``runs`` (dicts with name and argv) with gpu_probe.py; {name: result}.
 
         ``keep_models``: the probe loads each checkpoint list once and keeps it
         for the later runs (gpu_probe.KeptModels); a probe started again after
         a crash loads them anew. ``warm_up``: each run decodes twice, the
-        second measured (gpu_probe's ``cold_decode_s``).
+        second measured (gpu_probe's ``cold_decode_s``). ``profile``: {"first",
+        "calls"}, the warm-up decode's calls torch.profiler records (gpu_probe's
+        ``kernels``).
 
         One probe process decodes them in order. A run that kills it (a crash)
         or takes longer than ``run_timeout`` is recorded as failed and the probe
@@ -249,7 +251,8 @@ class Session:
             if os.path.exists(run["result"]):
                 os.remove(run["result"])  # a result is this run's, never a stale one
         plan_path = os.path.join(plan_dir, "plan.json")
-        write_json(plan_path, {"device": device, "runs": runs, "keep_models": keep_models, "warm_up": warm_up})
+        write_json(plan_path, {"device": device, "runs": runs, "keep_models": keep_models, "warm_up": warm_up,
+                               "profile": profile})
         launches = 0
         while True:
             todo = [r for r in runs if not os.path.exists(r["result"])]

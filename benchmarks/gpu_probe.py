@@ -43,8 +43,15 @@ per decoder call:
   the plan's later runs (loading four WMT-sized members took 13-17 s a run on
   an H200, longer than most decodes): such a run's ``process_s`` leaves the
   loading out, and ``models_kept`` says so.
+* ``kernels``: with the plan's ``"profile": {"first": F, "calls": C}`` and a
+  warm-up, torch.profiler records decoder calls F to F+C of the untimed
+  warm-up decode (``gpu_kernels.py``): the kernels' device time per call by
+  kind (products, softmax/attention, moves, top-k, ours, ...), launches per call and
+  the costliest kernels; ``null`` where the decode made fewer calls. The
+  measured decode runs without the profiler.
 
-On the CPU the GPU figures are ``null``.
+On the CPU the GPU figures are ``null`` (and ``kernels`` totals the ATen
+operators' CPU time).
 """
 
 import json
@@ -68,6 +75,7 @@ class CallLog:
 
     def __init__(self):
         self.ours, self.fairseq = [], []
+        self.listener = None  # called with (counting point, call index) at each call: a KernelWindow's
 
     def install(self):
         """Wrap the two counting points at class level (every decoder built later is counted)."""
@@ -80,10 +88,14 @@ class CallLog:
 
         def counted_add_step(stats, length, rows, seconds):
             log.ours.append((time.perf_counter(), rows))
+            if log.listener:
+                log.listener("ours", len(log.ours) - 1)
             return add_step(stats, length, rows, seconds)
 
         def counted_forward_decoder(model, tokens, *args, **kwargs):
             log.fairseq.append((time.perf_counter(), tokens.size(0)))
+            if log.listener:
+                log.listener("fairseq", len(log.fairseq) - 1)
             return forward_decoder(model, tokens, *args, **kwargs)
 
         DecodeStats.add_step = counted_add_step
@@ -168,12 +180,14 @@ class LineCatcher(logging.Handler):
             self.translated = match
 
 
-def measure(run, calls, cuda, kept=None):
-    """Run one fairseq-generate command line; the result dict (``kept``: a :class:`KeptModels` in use)."""
+def measure(run, calls, cuda, kept=None, window=None):
+    """Run one fairseq-generate command line; the result dict (``kept``: a :class:`KeptModels` in use;
+    ``window``: a :class:`gpu_kernels.KernelWindow` to profile calls of this decode with)."""
     import torch
     from fairseq_cli import generate
 
     calls.reset()
+    calls.listener = window.on_call if window is not None else None
     if kept is not None:
         kept.hit = False
     catcher = LineCatcher()
@@ -197,6 +211,9 @@ def measure(run, calls, cuda, kept=None):
         traceback.print_exc()
     finally:
         logging.getLogger("fairseq_cli.generate").removeHandler(catcher)
+        calls.listener = None
+        if window is not None:
+            window.close()
     if cuda:
         torch.cuda.synchronize()
     process_s = time.perf_counter() - start
@@ -250,10 +267,15 @@ def main(argv=None):
     import torch
 
     import fairseq_stream  # noqa: F401  (safe checkpoint loading before any run)
+    import gpu_kernels  # beside this script; imports torch
 
     cuda = plan.get("device", "cpu") == "cuda"
     if cuda and not torch.cuda.is_available():
         sys.exit("gpu_probe: the plan asks for cuda, but torch sees no CUDA device")
+    if cuda and plan.get("profile"):
+        # A graph captured before the process's first profiler, replayed under one, can fault
+        # (pytorch#75504); torch's workaround: open and close a profiler before any capture.
+        torch.profiler._utils._init_for_cuda_graphs()
     calls = CallLog()
     calls.install()
     kept = None
@@ -268,11 +290,16 @@ def main(argv=None):
         print("gpu_probe: {}: fairseq-generate {}".format(run["name"], " ".join(run["argv"])),
               file=sys.stderr, flush=True)
         os.makedirs(run["results"], exist_ok=True)
-        cold = measure(run, calls, cuda, kept) if plan.get("warm_up") else None
+        window = None
+        if plan.get("warm_up") and plan.get("profile"):
+            window = gpu_kernels.KernelWindow(plan["profile"]["first"], plan["profile"]["calls"], cuda)
+        cold = measure(run, calls, cuda, kept, window) if plan.get("warm_up") else None
         result = measure(run, calls, cuda, kept)
         if cold is not None:
             result["cold_decode_s"] = cold["decode_s"]
             result["error"] = result["error"] or cold["error"]
+        if window is not None:
+            result["kernels"] = window.summary
         write_json(run["result"], result)
 
 

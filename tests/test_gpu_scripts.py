@@ -64,11 +64,13 @@ def test_gpu_bench_cpu_mode(tmp_path):
                      "--train-text", WMT / "newstest2016.de", WMT / "newstest2016.en",
                      "--source", WMT / "newstest2017.de", "--reference", WMT / "newstest2017.en",
                      "--limit", "2", "--models-count", "1", "--beams", "5", "--warm-up", "on",
-                     "--methods", "var-stream-rows", "greedy"], check=False)
+                     "--methods", "var-stream-rows", "greedy", "--kernel-runs", "var-stream-rows-k5", "--kernel-window", "1", "2"],
+                    check=False)
     results, summary = read(out)
     assert proc.returncode == 0, summary
     steps = results["steps"]
-    assert list(steps) == ["setup", "environment", "standin", "prepare", "behaviour", "decode", "report", "targets"]
+    assert list(steps) == ["setup", "environment", "standin", "prepare", "behaviour", "decode", "report", "targets",
+                           "kernels"]
     assert all(s["status"] in ("passed", "skipped") for s in steps.values()), summary
     # One beam here to keep CI's time (the script's default is k=5 and k=50, the same code path).
     # Greedy first: a target's run (gpu_bench.PRIORITY) decodes before the others.
@@ -83,6 +85,13 @@ def test_gpu_bench_cpu_mode(tmp_path):
     assert sorted(p.name for p in (out / "plots").glob("*.png")) == ["bleu_vs_decode_cpu_beam5.png",
                                                                     "decode_cpu_beam5.png"]
     assert "| de-en | newstest2017 | greedy |" in (out / "plots" / "report.md").read_text()
+    # The kernels step: the profiler over calls 1-2 of a run's first decode (ATen's CPU time here).
+    kernels = steps["kernels"]["profiled"]["var-stream-rows-k5"]["kernels"]
+    assert kernels["clock"] == "cpu" and kernels["calls"] == 2 and kernels["first_call"] == 1
+    assert kernels["ms_per_call"] > 0 and kernels["launches_per_call"] > 0
+    # (The CPU's products are our compiled kernels, outside ATen: no products here.)
+    assert abs(sum(kernels["by_kind"].values()) - kernels["ms_per_call"]) < 1e-3 and kernels["top"][0]["ms_per_call"] > 0
+    assert "| var-stream-rows-k5 | cpu |" in summary
     # A lent machine returns at most 8 files of OUTDIR.
     assert len([p for p in out.rglob("*") if p.is_file()]) <= 8
     # A second command on the same machine decodes more methods and adds them to the first's.
@@ -302,3 +311,21 @@ def test_a_missing_resume_file_is_one_line(script, tmp_path):
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].endswith("error: --resume {}: No such file or directory".format(
         tmp_path / "none.json"))
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NNT", "products"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_f16_s16816gemm_relu_f16_64x64_32x6_tn_align8>(Params)", "products"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4> >(Flash_fwd_params)",
+     "softmax/attention"),
+    ("void (anonymous namespace)::softmax_warp_forward<c10::Half, c10::Half, float, 8, true, false>(...)",
+     "softmax/attention"),
+    ("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>(...)", "top-k"),
+    ("void at::native::index_elementwise_kernel<128, 4, ...>(long, ...)", "moves"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::Half, float>(...)", "reductions"),
+    ("void fairseq_stream::(anonymous namespace)::stay_select_kernel<float>(StaySelectArgs<float>)", "ours"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::Half>, ...>(...)",
+     "elementwise and other"),
+])
+def test_kernel_kinds(name, kind):
+    assert load_benchmark("gpu_kernels").kind_of(name) == kind
