@@ -20,7 +20,7 @@ from conftest import decode, decoder_options, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.errors import FairseqStreamError
 from fairseq_stream.runners import build_runner
-from fairseq_stream.runners.step_graphs import DEFAULT_LENGTH_BUCKET, DEFAULT_ROW_BUCKETS, enabled
+from fairseq_stream.runners.step_graphs import enabled
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
 
@@ -78,6 +78,8 @@ def test_step_graphs_bookkeeping_on_the_cpu_with_a_rerun_stand_in(loaded, monkey
     graphs = decoders[True].runner.graphs
     # Positions reserved at each batch's start: captures per (row bucket, position bucket), not per step.
     assert 0 < graphs.captures < graphs.replays / 4, (graphs.captures, graphs.replays)
+    # A batch's first steps run its 8 sentences' k rows each: a bucket of their own (fixed: 40, not 64).
+    assert max(key[0] for key in graphs.graphs) == 8 * decoders[True].beam_size
 
 
 def assert_bitwise(ref, ours):
@@ -100,7 +102,7 @@ def static_runner(models, graphs: bool):
         runner.use_cuda_graphs()
     else:
         runner.compiled_attention = False
-        runner.row_buckets, runner.length_bucket = list(DEFAULT_ROW_BUCKETS), DEFAULT_LENGTH_BUCKET
+        runner.default_buckets()
     return runner
 
 

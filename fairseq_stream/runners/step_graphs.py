@@ -19,14 +19,22 @@ longer source than the first batch's can grow it (docs/GPU.md).
 Before a capture the step runs eagerly on a side stream (``WARMUP_RUNS``:
 cuBLAS and the allocator set up there what the graph then uses); those runs
 write the same keys and values as the step itself, so they change nothing.
-Each graph has its own memory pool, and its outputs are cloned after a
-replay (the next replay overwrites them). The capture watches this thread
-only: the stream pool's read-ahead thread may encode on its own stream
-meanwhile.
+The graphs share one memory pool (``torch.cuda.graph_pool_handle``, as
+vLLM's captures per batch size do), which is safe here because a step's
+intermediates are dead once it ends and its outputs are cloned right after
+its replay, before any other graph replays: a replay may overwrite another
+graph's outputs, never a value still to be read. Memory is then the largest
+graph's working set, not the sum over every (rows, positions) key: with a
+pool per graph, fixed k=5 in graphs peaked at 83 GB on the 4-member
+WMT-sized stand-in (H200, docs/GPU.md), the lean runner at 10 GB. The
+capture watches this thread only: the stream pool's read-ahead thread may
+encode on its own stream meanwhile.
 
 Exactness: a replay launches the kernels the eager step launched, on the
 same inputs; tests marked ``cuda`` check it bitwise and that steady-state
-steps make no synchronizing CUDA call. Not run on a GPU yet (docs/GPU.md).
+steps make no synchronizing CUDA call. They passed twice on an H200 with a
+pool per graph; the shared pool is for the next lent GPU to check
+(docs/GPU.md).
 """
 
 from typing import Callable, Dict, List
@@ -74,6 +82,7 @@ class StepGraphs:
         self.forward = forward
         self.graphs: Dict[tuple, _Captured] = {}
         self.pool = None  # the pool the graphs write into (held: a rebuilt pool must not pass for it)
+        self.memory = None  # the graphs' one memory pool (a graph_pool_handle), made at the first capture
         self.captures = 0
         self.replays = 0
 
@@ -106,7 +115,9 @@ class StepGraphs:
                 self.forward(*buffers, positions)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        if self.memory is None:
+            self.memory = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.memory, capture_error_mode="thread_local"):
             outputs = self.forward(*buffers, positions)
         self.captures += 1
         return _Captured(graph, buffers, outputs)
