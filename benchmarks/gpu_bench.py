@@ -377,15 +377,16 @@ def render_kernels(step):
     first, calls = step.get("window", [None, None])
     lines = ["", "## Where a step's time goes (kernels step, gpu_kernels.py)", "",
              "torch.profiler over decoder calls {} to {} of each run's untimed first decode: the kernels' "
-             "device time per call by kind (on the CPU: ATen operators' own CPU time), kernels (on the CPU: operators) "
-             "launched or replayed per call, and the costliest kernel.".format(first, None if first is None else first + calls),
+             "device time per call by kind (on the CPU: ATen operators' own CPU time), kernels (on the CPU: "
+             "operators) launched or replayed per call, and the costliest kernel.".format(
+                 first, None if first is None else first + calls),
              "", "| run | clock | ms/call | kernels/call | " + " | ".join(kinds) + " | costliest |",
              "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in kinds) + " | --- |"]
     for name, r in profiled.items():
         k = r.get("kernels")
         if not k:
-            lines.append("| {} | — | — | — | {} | {} |".format(name, " | ".join("—" for _ in kinds),
-                                                               (r.get("error") or "window not reached").replace("|", "/")))
+            why = (r.get("error") or "window not reached").replace("|", "/")
+            lines.append("| {} | — | — | — | {} | {} |".format(name, " | ".join("—" for _ in kinds), why))
             continue
         top = k["top"][0] if k["top"] else None
         lines.append("| {} | {} | {:.3f} | {:.0f} | {} | {} |".format(

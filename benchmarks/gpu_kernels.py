@@ -23,7 +23,8 @@ import torch
 KINDS = [
     ("ours", re.compile(r"fairseq_stream", re.I)),
     ("softmax/attention", re.compile(r"fmha|flash|attention|sdpa|softmax", re.I)),
-    ("products", re.compile(r"gemm|gemv|nvjet|xmma|cutlass|cublas|matmul|aten::(?:b?addb?mm|b?mm|addmv|mv|linear)\b", re.I)),
+    ("products", re.compile(r"gemm|gemv|nvjet|xmma|cutlass|cublas|matmul|aten::(?:b?addb?mm|b?mm|addmv|mv|linear)\b",
+                            re.I)),
     ("top-k", re.compile(r"topk|radix|sort", re.I)),
     ("moves", re.compile(r"copy|index|gather|scatter|cat|memcpy|memset|fill|take|put", re.I)),
     ("reductions", re.compile(r"reduce|layer_norm|rms_norm|sum|argmax|argmin|amax|amin|max_|min_", re.I)),

@@ -20,10 +20,11 @@ Before a capture the step runs eagerly on a side stream (``WARMUP_RUNS``:
 cuBLAS and the allocator set up there what the graph then uses); those runs
 write the same keys and values as the step itself, so they change nothing.
 The graphs share one memory pool (``torch.cuda.graph_pool_handle``, as
-vLLM's captures per batch size do), which is safe here because a step's
-intermediates are dead once it ends and its outputs are cloned right after
-its replay, before any other graph replays: a replay may overwrite another
-graph's outputs, never a value still to be read. Memory is then the largest
+vLLM's captures per batch size do), which is safe here because a later
+capture reuses only what earlier ones freed at their end, their
+intermediates, which nothing reads between replays (graphs replay one at a
+time, on one stream); each graph's outputs stay allocated with it and are
+cloned right after each replay all the same. Memory is then the largest
 graph's working set, not the sum over every (rows, positions) key: with a
 pool per graph, fixed k=5 in graphs peaked at 83 GB on the 4-member
 WMT-sized stand-in (H200, docs/GPU.md), the lean runner at 10 GB. The
