@@ -13,12 +13,19 @@ packing by sentence, no count of rows read back.
   keys gathered, the mask added): a copy of the keys per row, where the
   lean runner's torch path packs rows by sentence, a shape that depends on
   the counts.
+
+On CUDA both read the pool in place instead, through
+:func:`fairseq_stream.ops.indexed_attention.indexed_attention` (a kernel per
+call, shapes fixed as the torch forms'), where it is built: the torch forms'
+copies were most of the step's memory traffic at the WMT'19 size
+(docs/GPU.md). Eager steps and captured ones take the same path, so a graph
+still replays the eager step's kernels.
 """
 
 from torch import Tensor
 import torch.nn.functional as F
 
-from fairseq_stream.ops import attention
+from fairseq_stream.ops import attention, indexed_attention
 
 
 def self_attention(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, slot: Tensor, length: Tensor,
@@ -28,6 +35,11 @@ def self_attention(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor
     ``positions``: at least every row's length + 1, known on the host (the
     torch form's key length; a bucket of it keeps shapes fixed).
     """
+    if indexed_attention.available(q, keys):
+        n, H, hd = q.size(0), keys.size(1), keys.size(3)
+        keys[slot, :, length] = k.reshape(n, H, hd)
+        values[slot, :, length] = v.reshape(n, H, hd)
+        return indexed_attention.indexed_attention(q, keys, values, slot, None, length, scale)
     return attention.window_attention_(q, k, v, keys, values, slot, length, positions, scale, compiled)
 
 
@@ -36,6 +48,8 @@ def source_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scal
     """Each row's query over its sentence slot's encoder keys (``mask``: (slots, 1, 1, source), additive)."""
     if compiled and attention.compiled_applies(q):
         return attention.source_attention(q, keys, values, mask, scale, sentence, None, True)
+    if indexed_attention.available(q, keys):
+        return indexed_attention.indexed_attention(q, keys, values, sentence, mask, None, scale)
     return gathered_source_attention(q, keys, values, mask, scale, sentence)
 
 

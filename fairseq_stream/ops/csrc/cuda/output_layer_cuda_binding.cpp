@@ -12,6 +12,7 @@
 
 #include "../output_layer_binding.h"
 #include "beam_step_cuda_binding.h"
+#include "indexed_attention_cuda_binding.h"
 #include "output_layer_cuda.h"
 
 namespace {
@@ -116,8 +117,8 @@ std::vector<at::Tensor> topk_log_softmax(const std::vector<at::Tensor>& logits, 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "fairseq-stream CUDA kernels: the fused output layer (log-softmax + search rules + top-n per row) and "
-            "the search step";
+  m.doc() = "fairseq-stream CUDA kernels: the fused output layer (log-softmax + search rules + top-n per row), "
+            "the search step and the indexed attention";
   def_topk_log_softmax(m, &topk_log_softmax);
   m.def("fairseq_select", &fairseq_select_cuda,
         "One search step with fairseq's finalization on CUDA tensors (and the pruning heuristics rp, ap, rpl, mc; "
@@ -128,4 +129,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reorder_beam_", &reorder_beam_cuda,
         "In place on CUDA tensors: rows take their parent's token and score histories and, where extended, the new "
         "token and score; see fairseq_stream/ops/beam_step.py");
+  m.def("indexed_attention", &indexed_attention_cuda, "One query a row over the cached keys and values of slot "
+        "index[row] (a mask by slot, or positions up to lengths[row]); see fairseq_stream/ops/attention.py",
+        py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("index"), py::arg("mask"), py::arg("lengths"),
+        py::arg("scale"));
 }
