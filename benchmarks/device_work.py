@@ -41,7 +41,7 @@ import gpu_kernels  # noqa: E402
 from bench_ensemble import members, sources  # noqa: E402
 
 from fairseq_stream.decoder import BeamDecoder  # noqa: E402
-from fairseq_stream.ops import attention  # noqa: E402
+from fairseq_stream.ops import attention, indexed_attention  # noqa: E402
 from fairseq_stream.runners.lean import LeanRunner  # noqa: E402
 from fairseq_stream.runners.static_slots import StaticSlotRunner  # noqa: E402
 
@@ -137,6 +137,27 @@ def summarize(calls, steps, vocab, args):
     return rows, top.most_common(10)
 
 
+def as_indexed_kernel(trace: WorkTrace):
+    """Count the static step's attentions as CUDA runs them, one indexed_attention kernel each
+    (fairseq_stream/ops/indexed_attention.py), where the CPU runs the torch form: its answer is the reference's,
+    computed unrecorded; its cost one kernel reading the query, the visible keys and values once, and writing
+    the output."""
+    def kernel(q, keys, values, index, mask=None, lengths=None, scale=1.0):
+        recording, trace.recording = trace.recording, False
+        out = indexed_attention.reference(q, keys, values, index, mask, lengths, scale)
+        rows, (_, heads, T, hd) = q.size(0), keys.shape
+        visible = T * rows if lengths is None else int(lengths.clamp(max=T - 1).add(1).sum())
+        trace.recording = recording
+        if recording:
+            flops = 4 * heads * hd * visible  # q.k and the weighted sum of values
+            moved = 2 * trace.nbytes(q) + 2 * heads * hd * visible * trace.element_bytes + 8 * rows
+            trace.calls.append(("fairseq_stream::indexed_attention", flops, moved, [tuple(out.shape)]))
+        return out
+
+    indexed_attention.available = lambda q, keys: True
+    indexed_attention.indexed_attention = kernel
+
+
 def run(args):
     # The CUDA code path on the CPU: the bmm attention (CUDA never takes SDPA, attention._use_sdpa), the torch
     # forms of the compiled attention kernels.
@@ -146,7 +167,7 @@ def run(args):
     length = args.first + args.steps + 1
     # prepack=False: the products as torch calls (batched for stacked members), as on CUDA; the compiled
     # step and attention off for their torch forms.
-    if args.runner == "static":
+    if args.runner in ("static", "static-indexed"):
         # As --cuda-graphs captures it: the torch attention, rows and positions in the default buckets.
         runner = StaticSlotRunner(models, prepack=False, compiled_attention=False, stack_members=args.stack == "on")
         runner.default_buckets()
@@ -158,6 +179,8 @@ def run(args):
                       finalize="fairseq", max_len_a=0, max_len_b=length, min_len=length)
     dec.compiled_loop = False
     trace, calls = WorkTrace(args.element_bytes), [0]
+    if args.runner == "static-indexed":
+        as_indexed_kernel(trace)
     forward = dec.runner._forward
 
     def counted(segments, last_tokens, logits=False):
@@ -200,8 +223,9 @@ def main(argv=None):
     p.add_argument("--shape", choices=["m30k", "wmt19"], default="wmt19")
     p.add_argument("--members", type=int, default=4)
     p.add_argument("--stack", choices=["on", "off"], default="on", help="stacked members (CUDA's default) or not")
-    p.add_argument("--runner", choices=["lean", "static"], default="lean",
-                   help="the lean runner, or the static-slot step as --cuda-graphs captures it")
+    p.add_argument("--runner", choices=["lean", "static", "static-indexed"], default="lean",
+                   help="the lean runner, or the static-slot step as --cuda-graphs captures it: with the torch "
+                        "forms' gathers (static) or the indexed attention kernel CUDA runs now (static-indexed)")
     p.add_argument("--sentences", type=int, default=64)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--first", type=int, default=8, help="the first decoder call recorded (default 8)")

@@ -22,7 +22,7 @@ def test_what_launches_a_kernel(op, kernel):
     assert load_benchmark("device_work").launches(op) is kernel
 
 
-@pytest.mark.parametrize("runner", ["lean", "static"])
+@pytest.mark.parametrize("runner", ["lean", "static", "static-indexed"])
 def test_a_stacked_two_member_step_on_the_cuda_path(tmp_path, runner):
     """Two random Multi30k-shaped members stacked, 4 sentences at k=5: the products run batched (two members'
     arithmetic in each), the table prints every kind and the output layer's read."""
@@ -41,3 +41,6 @@ def test_a_stacked_two_member_step_on_the_cuda_path(tmp_path, runner):
     assert products["kernels_per_call"] <= 3 * (6 + 4) + 1
     assert kinds["output layer (one read of the logits)"]["gb_per_call"] * 1e9 == 2 * 20 * 8000 * 2
     assert "| products |" in proc.stdout and "| all |" in proc.stdout
+    if runner == "static-indexed":  # CUDA's attention: one kernel each, 2 a layer, no gathers of the caches
+        assert kinds["ours"]["kernels_per_call"] == 2 * 3
+        assert "aten::index_select" not in [c["op"] for c in result["costliest"][:3]]

@@ -1,4 +1,4 @@
-"""One query a row over cached keys and values that the row names by index, in place: the static step's attention on CUDA.
+"""One query a row over cached keys and values the row names by index, in place: the static step's CUDA attention.
 
 The static-slot runner keeps every key and value in a pool of slots and gives
 each row the slot it reads (its key/value slot for self-attention, its
