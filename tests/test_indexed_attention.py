@@ -23,7 +23,8 @@ from fairseq_stream.ops import indexed_attention
 from fairseq_stream.runners import build_runner, static_attention
 
 SOURCES = [CSRC / "cuda" / "indexed_attention_cuda.cu", CSRC / "cuda" / "indexed_attention_cuda.h",
-           CSRC / "cuda_emu" / "cuda_runtime.h", CSRC / "cuda_emu" / "emulate_indexed_attention.cpp"]
+           CSRC / "cuda" / "accumulate.h", CSRC / "cuda_emu" / "cuda_runtime.h",
+           CSRC / "cuda_emu" / "emulate_indexed_attention.cpp"]
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 

@@ -369,8 +369,8 @@ def test_empty_batch():
 # --- the CUDA kernels' logic without a GPU -------------------------------------------------
 
 CSRC = Path(ol.__file__).resolve().parent / "csrc"
-EMU_SOURCES = [CSRC / "cuda" / "output_layer_cuda.cu", CSRC / "cuda" / "output_layer_cuda.h"] + sorted(
-    (CSRC / "cuda_emu").glob("*"))
+EMU_SOURCES = [CSRC / "cuda" / "output_layer_cuda.cu", CSRC / "cuda" / "output_layer_cuda.h",
+               CSRC / "cuda" / "accumulate.h"] + sorted((CSRC / "cuda_emu").glob("*"))
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,7 @@
 
 #include "indexed_attention_cuda.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "accumulate.h"
 
 #include <cmath>
 
@@ -25,25 +24,6 @@ namespace fairseq_stream {
 namespace {
 
 constexpr int kThreads = 256;
-
-template <typename scalar_t>
-struct AttentionAcc {
-  using type = float;
-};
-template <>
-struct AttentionAcc<double> {
-  using type = double;
-};
-
-__device__ __forceinline__ float as_acc(float v) { return v; }
-__device__ __forceinline__ double as_acc(double v) { return v; }
-__device__ __forceinline__ float as_acc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float as_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-__device__ __forceinline__ void store(float* to, float v) { *to = v; }
-__device__ __forceinline__ void store(double* to, double v) { *to = v; }
-__device__ __forceinline__ void store(__half* to, float v) { *to = __float2half_rn(v); }
-__device__ __forceinline__ void store(__nv_bfloat16* to, float v) { *to = __float2bfloat16_rn(v); }
 
 template <typename acc_t>
 __device__ __forceinline__ acc_t larger(acc_t a, acc_t b) {
@@ -73,7 +53,7 @@ __device__ acc_t block_reduce(acc_t value, acc_t* buffer) {
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads) indexed_attention_kernel(const IndexedAttentionArgs<scalar_t> a) {
-  using acc_t = typename AttentionAcc<scalar_t>::type;
+  using acc_t = typename Acc<scalar_t>::type;
   __shared__ acc_t query[kIndexedAttentionMaxHeadDim];
   __shared__ acc_t weight[kThreads];
   __shared__ acc_t reduce_buffer[kThreads];
@@ -86,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) indexed_attention_kernel(const Index
   const scalar_t* mask = a.mask ? a.mask + slot * a.T : nullptr;
   const acc_t scale = static_cast<acc_t>(a.scale);
   const acc_t minus_inf = -static_cast<acc_t>(INFINITY);
-  for (int64_t d = t; d < a.hd; d += kThreads) query[d] = as_acc(a.q[r * a.q_row_stride + h * a.hd + d]);
+  for (int64_t d = t; d < a.hd; d += kThreads) query[d] = to_acc(a.q[r * a.q_row_stride + h * a.hd + d]);
   __syncthreads();
   acc_t running_max = minus_inf, running_sum = 0, out = 0;
   for (int64_t start = 0; start < visible; start += kThreads) {
@@ -95,9 +75,9 @@ __global__ void __launch_bounds__(kThreads) indexed_attention_kernel(const Index
     if (p < visible) {
       acc_t dot = 0;
       const scalar_t* key = keys + p * a.hd;
-      for (int64_t d = 0; d < a.hd; ++d) dot += query[d] * as_acc(key[d]);
+      for (int64_t d = 0; d < a.hd; ++d) dot += query[d] * to_acc(key[d]);
       score = dot * scale;
-      if (mask) score += as_acc(mask[p]);
+      if (mask) score += to_acc(mask[p]);
     }
     const acc_t chunk_max = block_reduce<acc_t, true>(score, reduce_buffer);
     const acc_t new_max = larger(running_max, chunk_max);
@@ -109,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) indexed_attention_kernel(const Index
     if (t < a.hd) {
       const int64_t n = visible - start < kThreads ? visible - start : kThreads;
       acc_t part = 0;
-      for (int64_t j = 0; j < n; ++j) part += weight[j] * as_acc(values[(start + j) * a.hd + t]);
+      for (int64_t j = 0; j < n; ++j) part += weight[j] * to_acc(values[(start + j) * a.hd + t]);
       out = out * carry + part;
     }
     running_max = new_max;
@@ -117,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) indexed_attention_kernel(const Index
   }
   if (t < a.hd) {
     const acc_t result = running_sum > 0 ? out / running_sum : static_cast<acc_t>(NAN);
-    store(a.out + (r * a.heads + h) * a.hd + t, result);
+    store_acc(a.out + (r * a.heads + h) * a.hd + t, result);
   }
 }
 

@@ -30,6 +30,8 @@
 
 #include "output_layer_cuda.h"
 
+#include "accumulate.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -54,20 +56,6 @@ constexpr int kMaxSplits = 32;
 
 static_assert(kOutputLayerMaxN + kTile + kSpare <= kBuffer, "buffer too small for a tile");
 static_assert(kThreads > kOutputLayerMaxN, "per-thread bests must outnumber n");
-
-template <typename scalar_t>
-struct Acc {
-  using type = float;
-};
-template <>
-struct Acc<double> {
-  using type = double;
-};
-
-__device__ __forceinline__ float to_acc(float v) { return v; }
-__device__ __forceinline__ double to_acc(double v) { return v; }
-__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 // torch rounds the results of `logits + bias` and `logits / temperature` to the logits' type.
 template <typename scalar_t>
