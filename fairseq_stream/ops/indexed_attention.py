@@ -36,10 +36,10 @@ def _cuda_extension():
 
 
 def available(q: Tensor, keys: Tensor) -> bool:
-    """Whether the CUDA kernel runs for queries ``q`` over ``keys`` (CUDA, a floating type, head_dim at most
-    :data:`MAX_HEAD_DIM`, the module built)."""
+    """Whether the CUDA kernel runs for queries ``q`` over ``keys`` (CUDA, a floating type, contiguous keys,
+    head_dim at most :data:`MAX_HEAD_DIM`, the module built)."""
     return (q.is_cuda and q.dtype in _TYPES and keys.size(3) <= MAX_HEAD_DIM and keys.dtype == q.dtype
-            and _cuda_extension() is not None)
+            and keys.is_contiguous() and _cuda_extension() is not None)
 
 
 def indexed_attention(q: Tensor, keys: Tensor, values: Tensor, index: Tensor, mask: Optional[Tensor] = None,
