@@ -22,6 +22,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// A thread per item (sentence or row): the grid that covers n items, and the item of this thread.
+dim3 grid_for(int64_t n) { return dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)); }
+__device__ __forceinline__ int64_t item_index() { return static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; }
+
 }  // namespace
 
 #ifndef FS_LAUNCH
@@ -30,7 +34,7 @@ constexpr int kThreads = 256;
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads) fairseq_select_kernel(const FairseqSelectArgs<scalar_t> a) {
-  const int64_t s = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t s = item_index();
   if (s >= a.shape.S) return;
   const int64_t n = a.shape.n, k = a.shape.k;
   const SelectRowIn<scalar_t> in{a.top_score + s * n,
@@ -52,14 +56,13 @@ __global__ void __launch_bounds__(kThreads) fairseq_select_kernel(const FairseqS
 template <typename scalar_t>
 cudaError_t fairseq_select_launch(const FairseqSelectArgs<scalar_t>& a, cudaStream_t stream) {
   if (a.shape.S <= 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>((a.shape.S + kThreads - 1) / kThreads);
-  FS_LAUNCH(fairseq_select_kernel<scalar_t>, dim3(blocks), stream, a);
+  FS_LAUNCH(fairseq_select_kernel<scalar_t>, grid_for(a.shape.S), stream, a);
   return cudaGetLastError();
 }
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads) stay_select_kernel(const StaySelectArgs<scalar_t> a) {
-  const int64_t s = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t s = item_index();
   if (s >= a.shape.S) return;
   const int64_t k = a.shape.k, W = a.shape.W;
   const StayRowIn<scalar_t> in{a.top_score + s * k,
@@ -80,15 +83,14 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
     stay_done_scores_kernel(int64_t S, int64_t k, const int64_t* done_len, const scalar_t* scores, int64_t width,
                             scalar_t* done_scores) {
-  const int64_t s = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t s = item_index();
   if (s < S) stay_done_scores_row<scalar_t>(s, k, done_len, scores, width, done_scores);
 }
 
 template <typename scalar_t>
 cudaError_t stay_select_launch(const StaySelectArgs<scalar_t>& a, cudaStream_t stream) {
   if (a.shape.S <= 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>((a.shape.S + kThreads - 1) / kThreads);
-  FS_LAUNCH(stay_select_kernel<scalar_t>, dim3(blocks), stream, a);
+  FS_LAUNCH(stay_select_kernel<scalar_t>, grid_for(a.shape.S), stream, a);
   return cudaGetLastError();
 }
 
@@ -96,14 +98,13 @@ template <typename scalar_t>
 cudaError_t stay_done_scores_launch(int64_t S, int64_t k, const int64_t* done_len, const scalar_t* scores,
                                     int64_t width, scalar_t* done_scores, cudaStream_t stream) {
   if (S <= 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>((S + kThreads - 1) / kThreads);
-  FS_LAUNCH(stay_done_scores_kernel<scalar_t>, dim3(blocks), stream, S, k, done_len, scores, width, done_scores);
+  FS_LAUNCH(stay_done_scores_kernel<scalar_t>, grid_for(S), stream, S, k, done_len, scores, width, done_scores);
   return cudaGetLastError();
 }
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads) reorder_read_kernel(const ReorderArgs<scalar_t> a) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t r = item_index();
   if (r >= a.R) return;
   const int64_t p = a.flat_parent[r], tw = a.step + 1, sw = a.step;
   for (int64_t c = 0; c < tw; ++c) a.token_buffer[r * tw + c] = a.tokens[p * a.token_stride + c];
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) reorder_read_kernel(const ReorderArg
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads) reorder_write_kernel(const ReorderArgs<scalar_t> a) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t r = item_index();
   if (r >= a.R) return;
   const int64_t tw = a.step + 1, sw = a.step;
   for (int64_t c = 0; c < tw; ++c) a.tokens[r * a.token_stride + c] = a.token_buffer[r * tw + c];
@@ -126,11 +127,10 @@ __global__ void __launch_bounds__(kThreads) reorder_write_kernel(const ReorderAr
 template <typename scalar_t>
 cudaError_t reorder_beam_launch(const ReorderArgs<scalar_t>& a, cudaStream_t stream) {
   if (a.R <= 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>((a.R + kThreads - 1) / kThreads);
-  FS_LAUNCH(reorder_read_kernel<scalar_t>, dim3(blocks), stream, a);
+  FS_LAUNCH(reorder_read_kernel<scalar_t>, grid_for(a.R), stream, a);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  FS_LAUNCH(reorder_write_kernel<scalar_t>, dim3(blocks), stream, a);
+  FS_LAUNCH(reorder_write_kernel<scalar_t>, grid_for(a.R), stream, a);
   return cudaGetLastError();
 }
 

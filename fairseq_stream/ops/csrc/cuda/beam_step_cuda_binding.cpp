@@ -31,6 +31,23 @@ void check_on(const char* op, const Tensor& t, const Tensor& like, at::ScalarTyp
               "; got ", t.scalar_type(), " ", t.sizes(), " on ", t.device());
 }
 
+// What both ops take alike: cand (S, W) float32 or float64 on CUDA, local and word_of beside it, done_len (S, k),
+// empty and ids (S,); rpl needs local.
+void check_step_inputs(const char* op, const Tensor& cand, const std::optional<Tensor>& local,
+                       const std::optional<Tensor>& word_of, double rpl, int64_t k, const Tensor& done_len,
+                       const Tensor& empty, const Tensor& ids) {
+  TORCH_CHECK(cand.is_cuda() && cand.dim() == 2, op, ": cand must be a 2-d CUDA tensor");
+  TORCH_CHECK(cand.scalar_type() == at::kFloat || cand.scalar_type() == at::kDouble, op,
+              ": cand must be float32 or float64");
+  const int64_t S = cand.size(0), W = cand.size(1);
+  if (local) check_on(op, *local, cand, cand.scalar_type(), {S, W}, "local");
+  if (word_of) check_on(op, *word_of, cand, at::kLong, {S, W}, "word_of");
+  TORCH_CHECK(!(rpl >= 0) || local.has_value(), op, ": --prune-rpl needs local");
+  check_on(op, done_len, cand, at::kLong, {S, k}, "done_len");
+  check_on(op, empty, cand, at::kBool, {S}, "empty");
+  check_on(op, ids, cand, at::kLong, {S}, "ids");
+}
+
 // The kernels' scratch, `cells` entries per array, on like's device; `held` keeps the tensors until the launch
 // (the caching allocator orders their reuse after it on the stream).
 template <typename scalar_t>
@@ -76,18 +93,10 @@ std::vector<Tensor> fairseq_select_cuda(const Tensor& cand, const std::optional<
                                         int64_t eos, int64_t step, const Tensor& done_len,
                                         const Tensor& best_finished, const Tensor& max_lens, const Tensor& empty,
                                         const Tensor& ids, double rp, double ap, double rpl, int64_t mc) {
-  TORCH_CHECK(cand.is_cuda() && cand.dim() == 2, "fairseq_select: cand must be a 2-d CUDA tensor");
-  TORCH_CHECK(cand.scalar_type() == at::kFloat || cand.scalar_type() == at::kDouble,
-              "fairseq_select: cand must be float32 or float64");
+  check_step_inputs("fairseq_select", cand, local, word_of, rpl, k, done_len, empty, ids);
   const int64_t S = cand.size(0), W = cand.size(1);
-  if (local) check_on("fairseq_select", *local, cand, cand.scalar_type(), {S, W}, "local");
-  if (word_of) check_on("fairseq_select", *word_of, cand, at::kLong, {S, W}, "word_of");
-  TORCH_CHECK(!(rpl >= 0) || local.has_value(), "fairseq_select: --prune-rpl needs local");
-  check_on("fairseq_select", done_len, cand, at::kLong, {S, k}, "done_len");
   check_on("fairseq_select", best_finished, cand, cand.scalar_type(), {S}, "best_finished");
   check_on("fairseq_select", max_lens, cand, at::kLong, {S}, "max_lens");
-  check_on("fairseq_select", empty, cand, at::kBool, {S}, "empty");
-  check_on("fairseq_select", ids, cand, at::kLong, {S}, "ids");
   // fairseq's bound (size - 1) on whole-vocabulary candidates; pre-selected ones are all usable.
   const int64_t n = std::min(2 * k, W - (word_of ? 0 : 1));
   TORCH_CHECK(n >= k && per_slot > 0, "fairseq_select: fewer candidates than the beam");
@@ -150,19 +159,11 @@ std::vector<Tensor> stay_select_cuda(const Tensor& cand, const std::optional<Ten
                                      int64_t pad, int64_t step, const Tensor& done_len, const Tensor& scores,
                                      const Tensor& empty, const Tensor& ids, double rp, double ap, double rpl,
                                      int64_t mc) {
-  TORCH_CHECK(cand.is_cuda() && cand.dim() == 2, "stay_select: cand must be a 2-d CUDA tensor");
-  TORCH_CHECK(cand.scalar_type() == at::kFloat || cand.scalar_type() == at::kDouble,
-              "stay_select: cand must be float32 or float64");
+  check_step_inputs("stay_select", cand, local, word_of, rpl, k, done_len, empty, ids);
   const int64_t S = cand.size(0), W = cand.size(1);
-  if (local) check_on("stay_select", *local, cand, cand.scalar_type(), {S, W}, "local");
-  if (word_of) check_on("stay_select", *word_of, cand, at::kLong, {S, W}, "word_of");
-  TORCH_CHECK(!(rpl >= 0) || local.has_value(), "stay_select: --prune-rpl needs local");
-  check_on("stay_select", done_len, cand, at::kLong, {S, k}, "done_len");
   TORCH_CHECK(scores.device() == cand.device() && scores.dim() == 2 && scores.size(0) == S * k &&
                   scores.scalar_type() == cand.scalar_type(),
               "stay_select: scores must be an (S * k, width) tensor of cand's dtype and device");
-  check_on("stay_select", empty, cand, at::kBool, {S}, "empty");
-  check_on("stay_select", ids, cand, at::kLong, {S}, "ids");
   TORCH_CHECK(W >= 1 && per_slot > 0, "stay_select: no candidates");
   const c10::cuda::CUDAGuard guard(cand.device());
   // A length beyond the history (never from the decoder) reads as no finished entry: checking it here
