@@ -35,6 +35,7 @@ import platform  # noqa: E402
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
 from torch.utils.flop_counter import flop_registry  # noqa: E402
 
 import gpu_kernels  # noqa: E402
@@ -65,14 +66,8 @@ SCATTERS = {"index_put_", "index_put", "index_copy_", "index_copy", "index_add_"
 
 
 def tensors(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from tensors(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from tensors(v)
+    """The tensors among ``value``'s leaves (arguments, keyword arguments, results)."""
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 class WorkTrace(TorchDispatchMode):

@@ -49,6 +49,13 @@ toy_cache = load_script("toy_cache", REPO / "scripts" / "toy_cache.py")
 CSRC = REPO / "fairseq_stream" / "ops" / "csrc"
 
 
+def pointers(tensors):
+    """A ctypes array of the tensors' data pointers (None stays a null pointer): the emulated kernels' inputs."""
+    import ctypes
+
+    return (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
+
+
 def cuda_emulation_library(name, main, sources, std):
     """CUDA kernels built for the host against ``csrc/cuda_emu`` (``main``: the entry file there, which
     includes the .cu), via ctypes; cached per hash of ``sources`` in the toy's cache folder, one build at a

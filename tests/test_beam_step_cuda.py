@@ -22,7 +22,7 @@ import torch
 
 from fairseq import utils
 
-from conftest import CSRC, cuda_emulation_library, decode, sorted_batches
+from conftest import CSRC, cuda_emulation_library, decode, pointers, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.ops import beam_step
 from fairseq_stream.search import policies, selection
@@ -37,10 +37,6 @@ SOURCES = [CSRC / "beam_select_row.h", CSRC / "cuda" / "beam_step_cuda.cu", CSRC
 def emulation():
     """The kernel's host build, via ctypes."""
     return cuda_emulation_library("cuda-emu-beam-step", "emulate_beam_step.cpp", SOURCES, "c++17")
-
-
-def pointers(tensors):
-    return (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
 
 
 def emulated_select(lib, cand, local, word_of, per_slot, k, eos, step, done_len, best_finished, max_lens, empty,

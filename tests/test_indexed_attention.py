@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from conftest import CSRC, cuda_emulation_library, decode, decoder_options, sorted_batches
+from conftest import CSRC, cuda_emulation_library, decode, decoder_options, pointers, sorted_batches
 from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.ops import indexed_attention
 from fairseq_stream.runners import build_runner, static_attention
@@ -43,9 +43,8 @@ def emulated(lib, q, keys, values, index, mask=None, lengths=None, scale=1.0):
     dims = (ctypes.c_long * 5)(q.stride(0), q.size(0), H, T, hd)
     inputs = [q, keys.contiguous(), values.contiguous(), index.contiguous(), mask,
               None if lengths is None else lengths.contiguous()]
-    pointers = (ctypes.c_void_p * 6)(*[None if t is None else t.data_ptr() for t in inputs])
-    rc = lib.fs_emulate_indexed_attention(int(q.dtype == torch.float64), dims, ctypes.c_double(scale), pointers,
-                                          ctypes.c_void_p(out.data_ptr()))
+    rc = lib.fs_emulate_indexed_attention(int(q.dtype == torch.float64), dims, ctypes.c_double(scale),
+                                          pointers(inputs), ctypes.c_void_p(out.data_ptr()))
     assert rc == 0
     return out
 
