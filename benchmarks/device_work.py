@@ -18,7 +18,10 @@ at about 70% and 80%, 2 us for a launch's smallest kernel: assumptions, not
 measurements). The search step's compiled op and the fused output layer are
 outside ATen on the CPU; the output layer is counted as one read of the
 logits (its one pass on CUDA), the search step (4 small launches on CUDA)
-not at all.
+not at all. The beam's slot copies are counted as CUDA's kernel
+(``copy_cache_slots_``: each copied position read and written once) for
+``lean`` and ``static-indexed``; ``static`` keeps torch's indexed copy to the
+position bucket (the step as the first GPU runs captured it).
 
 gpu_bench's ``kernels`` step measures the same on a lent GPU: the two tables
 side by side say which kernels run below their roofline.
@@ -153,6 +156,24 @@ def as_indexed_kernel(trace: WorkTrace):
     indexed_attention.indexed_attention = kernel
 
 
+def as_copy_kernel(trace: WorkTrace):
+    """Count the beam's slot copies as CUDA runs them, one copy_cache_slots_ kernel a cache
+    (csrc/cuda/cache_slots_cuda.cu), where the CPU runs torch's indexed copy: the copy itself unrecorded; its
+    cost each non-padded entry's positions read and written once, and the indices."""
+    def kernel(cache, source, target, length):
+        recording, trace.recording = trace.recording, False
+        cache[:, target, :, :length] = cache[:, source, :, :length]
+        trace.recording = recording
+        if recording and source.numel():
+            outer, _, heads, _, hd = cache.shape
+            copied = int(source.ne(target).sum())
+            moved = 2 * copied * outer * heads * int(length) * hd * trace.element_bytes + 16 * source.numel()
+            trace.calls.append(("fairseq_stream::copy_cache_slots_", 0, moved, []))
+
+    attention.copy_slots_ = kernel
+    StaticSlotRunner._copies_in_place = lambda self: True
+
+
 def run(args):
     # The CUDA code path on the CPU: the bmm attention (CUDA never takes SDPA, attention._use_sdpa), the torch
     # forms of the compiled attention kernels.
@@ -174,6 +195,8 @@ def run(args):
                       finalize="fairseq", max_len_a=0, max_len_b=length, min_len=length)
     dec.compiled_loop = False
     trace, calls = WorkTrace(args.element_bytes), [0]
+    if args.runner in ("lean", "static-indexed"):
+        as_copy_kernel(trace)
     if args.runner == "static-indexed":
         as_indexed_kernel(trace)
     forward = dec.runner._forward
@@ -220,7 +243,8 @@ def main(argv=None):
     p.add_argument("--stack", choices=["on", "off"], default="on", help="stacked members (CUDA's default) or not")
     p.add_argument("--runner", choices=["lean", "static", "static-indexed"], default="lean",
                    help="the lean runner, or the static-slot step as --cuda-graphs captures it: with the torch "
-                        "forms' gathers (static) or the indexed attention kernel CUDA runs now (static-indexed)")
+                        "forms' gathers and copies (static) or the indexed attention and slot copy kernels CUDA "
+                        "runs now (static-indexed)")
     p.add_argument("--sentences", type=int, default=64)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--first", type=int, default=8, help="the first decoder call recorded (default 8)")

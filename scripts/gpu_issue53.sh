@@ -43,7 +43,7 @@ trap collect EXIT
 
 bash "$repo/scripts/gpu_check.sh" "$work/check/out" "${device[@]}" --work-dir "$work/check/work" "${wheels[@]}" \
     --toy "$gpu/toy" --commit "$commit" --deadline $((total * 37 / 100)) --no-fp16 \
-    --tests-k "cuda and (step_graphs or static or host_sync or late_reads or beam_step or indexed_attention)" \
+    --tests-k "cuda and (step_graphs or static or host_sync or late_reads or beam_step or indexed_attention or cache_slots)" \
     --methods greedy fixed-static fixed-static-graphs greedy-static-graphs
 left=$((total - (SECONDS - start) - 10))
 # The packages gpu_check installed serve gpu_bench too (installing them again costs half a minute).

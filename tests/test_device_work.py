@@ -41,6 +41,7 @@ def test_a_stacked_two_member_step_on_the_cuda_path(tmp_path, runner):
     assert products["kernels_per_call"] <= 3 * (6 + 4) + 1
     assert kinds["output layer (one read of the logits)"]["gb_per_call"] * 1e9 == 2 * 20 * 8000 * 2
     assert "| products |" in proc.stdout and "| all |" in proc.stdout
-    if runner == "static-indexed":  # CUDA's attention: one kernel each, 2 a layer, no gathers of the caches
-        assert kinds["ours"]["kernels_per_call"] == 2 * 3
+    if runner == "static-indexed":  # CUDA's attention: one kernel each, 2 a layer, no gathers of the caches;
+        # and the reorder's slot copy, one kernel (the stacked members' one cache)
+        assert kinds["ours"]["kernels_per_call"] == 2 * 3 + 1
         assert "aten::index_select" not in [c["op"] for c in result["costliest"][:3]]

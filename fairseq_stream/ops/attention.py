@@ -211,17 +211,36 @@ def attend_packed_source(q: Tensor, keys: Tensor, values: Tensor, mask: Optional
     return out.view(S, H, W, hd).transpose(1, 2)
 
 
+def _slot_copier(cache: Tensor):
+    """The compiled module whose ``copy_cache_slots_`` copies within ``cache`` (the CPU's or CUDA's, for a
+    contiguous cache where it is built), else None."""
+    if not cache.is_contiguous() or cache.device.type not in ("cpu", "cuda"):
+        return None
+    module = _extension() if cache.is_cpu else compiled_module("cuda")
+    return module if hasattr(module, "copy_cache_slots_") else None
+
+
+def copies_slots_in_place(cache: Tensor) -> bool:
+    """Whether :func:`copy_slots_` runs a compiled copy for ``cache`` (each position read and written once,
+    padded entries skipped), not torch's indexed assignment (a gather, then a scatter, of every entry)."""
+    return _slot_copier(cache) is not None
+
+
 def copy_slots_(cache: Tensor, source: Tensor, target: Tensor, length: int):
     """Positions ``0..length-1`` of each ``source`` slot of ``cache`` copied to its ``target`` slot, in place.
 
     ``cache``: (2 * layers, slots, heads, capacity, head_dim); targets are
-    slots no source is. On the CPU one compiled pass of plain copies (about
-    a tenth of a beam step's time went to torch's indexed assignment at k=5
-    and 64 sentences); elsewhere torch's.
+    slots no source is; an entry whose source is its target (the padding of
+    a copy list of fixed length) copies nothing. On the CPU one compiled
+    pass of plain copies (about a tenth of a beam step's time went to
+    torch's indexed assignment at k=5 and 64 sentences); on CUDA a kernel
+    (``csrc/cuda/cache_slots_cuda.cu``: torch's form moved each byte twice
+    and copied the padded entries too); elsewhere torch's. Bits are copied:
+    every form gives the same cache.
     """
-    if cache.is_cpu and cache.is_contiguous() and _extension() is not None and hasattr(_extension(),
-                                                                                       "copy_cache_slots_"):
-        _extension().copy_cache_slots_(cache, source, target, int(length))
+    copier = _slot_copier(cache)
+    if copier is not None:
+        copier.copy_cache_slots_(cache, source, target, int(length))
     else:
         cache[:, target, :, :length] = cache[:, source, :, :length]
 

@@ -49,7 +49,9 @@ def move_children(parent_slot: Tensor, owned: Tensor, pool_slots: int, moved: in
 def copy_slots(caches: List[Tensor], source: Tensor, target: Tensor, positions: int, compiled: bool = True):
     """Positions ``0..positions-1`` of each ``source`` slot copied to its ``target`` slot, in every model's cache.
 
-    ``compiled``: the CPU's compiled copy where it is built; False: torch's indexed copy (CUDA's).
+    ``compiled``: :func:`fairseq_stream.ops.attention.copy_slots_` (the
+    compiled copy for the caches' device where it is built); False: torch's
+    indexed copy (what a trace of the CUDA step saw before CUDA had a kernel).
     """
     if positions and source.numel():
         for cache in caches:

@@ -36,6 +36,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
+from fairseq_stream.ops import attention
 from fairseq_stream.runners import static_attention, static_stacked
 from fairseq_stream.runners.buckets import bucket
 from fairseq_stream.runners.lean_model import LeanModel
@@ -302,9 +303,17 @@ class StaticSlotRunner(OwnStepRunner):
 
     def _copy(self, source: Tensor, target: Tensor, written: int):
         """Keys and values of ``source`` slots copied to ``target`` slots, every model, up to the written
-        positions (rounded up to the length bucket: the copy's shape stays fixed between steps)."""
-        positions = min(self._positions(written), self.pool.positions)
-        copy_slots(self.pool.caches, source, target, positions, self.compiled_attention)
+        positions: exactly those by a compiled copy (the CPU's, with the compiled attention; CUDA's kernel
+        always), else by torch's indexed copy rounded up to the length bucket (its ATen calls' shapes then
+        stay fixed between steps: tests/test_static_graph_trace.py)."""
+        compiled = self._copies_in_place()
+        positions = min(written if compiled else self._positions(written), self.pool.positions)
+        copy_slots(self.pool.caches, source, target, positions, compiled)
+
+    def _copies_in_place(self) -> bool:
+        """Whether :meth:`_copy` takes the compiled copy (see there)."""
+        cache = self.pool.caches[0]
+        return attention.copies_slots_in_place(cache) and (self.compiled_attention or cache.is_cuda)
 
     def _forward(self, states: List[StaticState], last_tokens: Tensor, logits: bool):
         """One step of every row of ``states``: inputs padded to their bucket, the static region, lengths moved on."""

@@ -12,6 +12,7 @@
 
 #include "../output_layer_binding.h"
 #include "beam_step_cuda_binding.h"
+#include "cache_slots_cuda_binding.h"
 #include "indexed_attention_cuda_binding.h"
 #include "output_layer_cuda.h"
 
@@ -118,7 +119,7 @@ std::vector<at::Tensor> topk_log_softmax(const std::vector<at::Tensor>& logits, 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fairseq-stream CUDA kernels: the fused output layer (log-softmax + search rules + top-n per row), "
-            "the search step and the indexed attention";
+            "the search step, the indexed attention and the cache slot copy";
   def_topk_log_softmax(m, &topk_log_softmax);
   m.def("fairseq_select", &fairseq_select_cuda,
         "One search step with fairseq's finalization on CUDA tensors (and the pruning heuristics rp, ap, rpl, mc; "
@@ -133,4 +134,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "index[row] (a mask by slot, or positions up to lengths[row]); see fairseq_stream/ops/attention.py",
         py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("index"), py::arg("mask"), py::arg("lengths"),
         py::arg("scale"));
+  m.def("copy_cache_slots_", &copy_cache_slots_cuda, "In place on a CUDA cache: positions 0..length-1 of each source "
+        "slot copied to its target slot (an entry whose source is its target copies nothing); see "
+        "fairseq_stream/ops/attention.py", py::arg("cache"), py::arg("source"), py::arg("target"), py::arg("length"));
 }
