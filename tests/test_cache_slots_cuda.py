@@ -20,7 +20,7 @@ from fairseq_stream.decoder import BeamDecoder
 from fairseq_stream.ops import attention
 from fairseq_stream.runners import build_runner, static_slots
 
-SOURCES = [CSRC / "cuda" / "cache_slots_cuda.cu", CSRC / "cuda" / "cache_slots_cuda.h",
+SOURCES = [CSRC / "cuda" / "cache_slots_cuda.cu", CSRC / "cuda" / "cache_slots_cuda.h", CSRC / "cuda" / "words.h",
            CSRC / "cuda_emu" / "cuda_runtime.h", CSRC / "cuda_emu" / "emulate_cache_slots.cpp"]
 
 

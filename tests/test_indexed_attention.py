@@ -23,7 +23,7 @@ from fairseq_stream.ops import indexed_attention
 from fairseq_stream.runners import build_runner, static_attention
 
 SOURCES = [CSRC / "cuda" / "indexed_attention_cuda.cu", CSRC / "cuda" / "indexed_attention_cuda.h",
-           CSRC / "cuda" / "accumulate.h", CSRC / "cuda_emu" / "cuda_runtime.h",
+           CSRC / "cuda" / "accumulate.h", CSRC / "cuda" / "words.h", CSRC / "cuda_emu" / "cuda_runtime.h",
            CSRC / "cuda_emu" / "emulate_indexed_attention.cpp"]
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
 
@@ -83,6 +83,17 @@ def test_positions_past_one_block_with_lengths_and_strided_queries(emulation, dt
     lengths = torch.tensor([0, 1, 255, 256, 257, 511, 599, 700, 300])  # past T: every position
     ref = indexed_attention.reference(q, keys, values, index, None, lengths, 0.125)
     assert_close(emulated(emulation, q, keys, values, index, None, lengths, 0.125), ref, dtype)
+
+
+# head_dim: 16 and 64 (4 and 16 groups of threads for the values, keys in 16-byte words), 48 (5 groups, 16 threads
+# idle), 256 (one group), 5 (keys read one entry at a time: 20 bytes a row in float32, 40 in float64).
+@pytest.mark.parametrize("hd", [16, 48, 64, 256, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_head_dim_shape_of_the_value_groups(emulation, dtype, hd):
+    q, keys, values, index = random_case(dtype, rows=4, slots=3, heads=2, T=300, hd=hd, seed=hd)
+    lengths = torch.tensor([299, 3, 256, 40])
+    ref = indexed_attention.reference(q, keys, values, index, None, lengths, hd ** -0.5)
+    assert_close(emulated(emulation, q, keys, values, index, None, lengths, hd ** -0.5), ref, dtype)
 
 
 def test_a_row_with_no_visible_position_is_nan_as_torch(emulation):

@@ -7,12 +7,9 @@
 
 #include <cstdint>
 
-namespace fairseq_stream {
+#include "words.h"
 
-// A 16-byte word: the widest copy a thread makes (the caches of fp16 models with head_dim 64 move in these).
-struct alignas(16) Word16 {
-  uint64_t low, high;
-};
+namespace fairseq_stream {
 
 // The cache (outer, slots, heads, capacity, head_dim), contiguous, seen as words of the launch's type: entry e
 // copies, for every outer index o and head h, the first `chunk_words` words of (o, source[e], h) onto
