@@ -163,10 +163,10 @@ def as_copy_kernel(trace: WorkTrace):
     def kernel(cache, source, target, length):
         recording, trace.recording = trace.recording, False
         cache[:, target, :, :length] = cache[:, source, :, :length]
+        copied = int(source.ne(target).sum())  # the count's own ops unrecorded too
         trace.recording = recording
         if recording and source.numel():
             outer, _, heads, _, hd = cache.shape
-            copied = int(source.ne(target).sum())
             moved = 2 * copied * outer * heads * int(length) * hd * trace.element_bytes + 16 * source.numel()
             trace.calls.append(("fairseq_stream::copy_cache_slots_", 0, moved, []))
 
