@@ -41,20 +41,34 @@ __global__ void __launch_bounds__(kThreads) copy_cache_slots_kernel(const CacheS
   }
 }
 
+namespace {
+
 template <typename word_t>
-cudaError_t copy_cache_slots_launch(const CacheSlotsArgs& a, cudaStream_t stream) {
-  if (a.entries <= 0 || a.chunk_words <= 0 || a.outer * a.heads <= 0) return cudaSuccess;
-  if (a.entries > 0x7fffffff || a.blocks_y < 1 || a.blocks_y > kCacheSlotsMaxBlocksY)
-    return cudaErrorInvalidValue;
-  FS_LAUNCH(copy_cache_slots_kernel<word_t>,
-            dim3(static_cast<unsigned>(a.entries), static_cast<unsigned>(a.blocks_y)), stream, a);
+cudaError_t launch_words(const CacheSlotsArgs& a, cudaStream_t stream) {
+  FS_LAUNCH(copy_cache_slots_kernel<word_t>, dim3(static_cast<unsigned>(a.entries), static_cast<unsigned>(a.blocks_y)),
+            stream, a);
   return cudaGetLastError();
 }
 
-template cudaError_t copy_cache_slots_launch<uint8_t>(const CacheSlotsArgs&, cudaStream_t);
-template cudaError_t copy_cache_slots_launch<uint16_t>(const CacheSlotsArgs&, cudaStream_t);
-template cudaError_t copy_cache_slots_launch<uint32_t>(const CacheSlotsArgs&, cudaStream_t);
-template cudaError_t copy_cache_slots_launch<uint64_t>(const CacheSlotsArgs&, cudaStream_t);
-template cudaError_t copy_cache_slots_launch<Word16>(const CacheSlotsArgs&, cudaStream_t);
+}  // namespace
+
+cudaError_t copy_cache_slots_launch(const CacheSlotsArgs& a, int64_t word_bytes, cudaStream_t stream) {
+  if (a.entries > 0x7fffffff || a.blocks_y < 1 || a.blocks_y > kCacheSlotsMaxBlocksY) return cudaErrorInvalidValue;
+  if (a.entries <= 0 || a.chunk_words <= 0 || a.outer * a.heads <= 0) return cudaSuccess;
+  switch (word_bytes) {
+    case 16:
+      return launch_words<Word16>(a, stream);
+    case 8:
+      return launch_words<uint64_t>(a, stream);
+    case 4:
+      return launch_words<uint32_t>(a, stream);
+    case 2:
+      return launch_words<uint16_t>(a, stream);
+    case 1:
+      return launch_words<uint8_t>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
 
 }  // namespace fairseq_stream

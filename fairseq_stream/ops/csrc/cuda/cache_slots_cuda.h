@@ -34,8 +34,8 @@ inline int64_t cache_slots_blocks_y(int64_t pieces) {
   return pieces < 1 ? 1 : (pieces < kCacheSlotsMaxBlocksY ? pieces : kCacheSlotsMaxBlocksY);
 }
 
-// One launch, blocks (entries, blocks_y); the launch's error.
-template <typename word_t>
-cudaError_t copy_cache_slots_launch(const CacheSlotsArgs& a, cudaStream_t stream);
+// One launch, blocks (entries, blocks_y), in words of `word_bytes` (16, 8, 4, 2 or 1: the args count in them);
+// the launch's error.
+cudaError_t copy_cache_slots_launch(const CacheSlotsArgs& a, int64_t word_bytes, cudaStream_t stream);
 
 }  // namespace fairseq_stream

@@ -50,22 +50,6 @@ void copy_cache_slots_cuda(at::Tensor cache, const at::Tensor& source, const at:
   a.blocks_y = fairseq_stream::cache_slots_blocks_y(a.outer * a.heads);
   const c10::cuda::CUDAGuard guard(cache.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  cudaError_t err;
-  switch (word) {
-    case 16:
-      err = fairseq_stream::copy_cache_slots_launch<fairseq_stream::Word16>(a, stream);
-      break;
-    case 8:
-      err = fairseq_stream::copy_cache_slots_launch<uint64_t>(a, stream);
-      break;
-    case 4:
-      err = fairseq_stream::copy_cache_slots_launch<uint32_t>(a, stream);
-      break;
-    case 2:
-      err = fairseq_stream::copy_cache_slots_launch<uint16_t>(a, stream);
-      break;
-    default:
-      err = fairseq_stream::copy_cache_slots_launch<uint8_t>(a, stream);
-  }
+  const cudaError_t err = fairseq_stream::copy_cache_slots_launch(a, word, stream);
   TORCH_CHECK(err == cudaSuccess, "copy_cache_slots_ (CUDA): ", cudaGetErrorString(err));
 }

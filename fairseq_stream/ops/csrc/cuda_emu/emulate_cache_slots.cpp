@@ -20,25 +20,5 @@ extern "C" int fs_emulate_copy_cache_slots(int word_bytes, const long* dims, voi
   a.head_words = dims[4];
   a.chunk_words = dims[5];
   a.blocks_y = cache_slots_blocks_y(a.outer * a.heads);
-  cudaError_t err;
-  switch (word_bytes) {
-    case 16:
-      err = copy_cache_slots_launch<Word16>(a, nullptr);
-      break;
-    case 8:
-      err = copy_cache_slots_launch<uint64_t>(a, nullptr);
-      break;
-    case 4:
-      err = copy_cache_slots_launch<uint32_t>(a, nullptr);
-      break;
-    case 2:
-      err = copy_cache_slots_launch<uint16_t>(a, nullptr);
-      break;
-    case 1:
-      err = copy_cache_slots_launch<uint8_t>(a, nullptr);
-      break;
-    default:
-      return 2;
-  }
-  return err == cudaSuccess ? 0 : 1;
+  return copy_cache_slots_launch(a, word_bytes, nullptr) == cudaSuccess ? 0 : 1;
 }
