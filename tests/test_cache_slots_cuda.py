@@ -58,6 +58,13 @@ def torch_form(cache, source, target, length):
     cache[:, target, :, :length] = cache[:, source, :, :length]
 
 
+def same_bits(a, b):
+    """Whether two caches hold the same bits: positions no row wrote may hold any bits (a NaN among them makes
+    torch.equal false on equal tensors)."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.contiguous().view(torch.uint8),
+                                                                      b.contiguous().view(torch.uint8))
+
+
 def random_cache(dtype, outer=4, slots=9, heads=3, capacity=11, hd=8, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(outer, slots, heads, capacity, hd, generator=g, dtype=torch.float64).to(dtype)
@@ -75,17 +82,17 @@ def test_a_padded_copy_list_in_every_word_size(emulation, dtype, hd, word, lengt
     ours, ref = cache.clone(), cache.clone()
     emulated(emulation, ours, source, target, length, word)
     torch_form(ref, source, target, length)
-    assert torch.equal(ours, ref)  # positions past length and the other slots untouched too
+    assert same_bits(ours, ref)  # positions past length and the other slots untouched too
 
 
 def test_no_entries_and_a_single_head(emulation):
     cache = random_cache(torch.float32, outer=2, heads=1)
     ours = cache.clone()
     emulated(emulation, ours, torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), 5)
-    assert torch.equal(ours, cache)
+    assert same_bits(ours, cache)
     emulated(emulation, ours, torch.tensor([3]), torch.tensor([0]), 5)
     torch_form(cache, torch.tensor([3]), torch.tensor([0]), 5)
-    assert torch.equal(ours, cache)
+    assert same_bits(ours, cache)
 
 
 def test_more_pieces_than_blocks_along_y(emulation):
@@ -95,7 +102,7 @@ def test_more_pieces_than_blocks_along_y(emulation):
     source, target = torch.tensor([0, 3]), torch.tensor([4, 1])
     emulated(emulation, ours, source, target, 6)
     torch_form(ref, source, target, 6)
-    assert torch.equal(ours, ref)
+    assert same_bits(ours, ref)
 
 
 def recorded_copies(loaded, monkeypatch, runner_name, model, search):
@@ -143,7 +150,7 @@ def test_the_emulated_kernel_on_every_copy_of_a_decode(loaded, monkeypatch, emul
         ours, ref = cache.clone(), cache.clone()
         emulated(emulation, ours, source, target, length)
         torch_form(ref, source, target, length)
-        assert torch.equal(ours, ref)
+        assert same_bits(ours, ref)
 
 
 def test_the_static_runner_copies_the_written_positions_by_a_compiled_copy(loaded, monkeypatch):
@@ -184,4 +191,4 @@ def test_the_cuda_op_equals_the_torch_form(dtype, hd):
         ours, ref = cache.clone(), cache.clone()
         attention.copy_slots_(ours, source, target, length)
         torch_form(ref, source, target, length)
-        assert torch.equal(ours, ref)
+        assert same_bits(ours, ref)
