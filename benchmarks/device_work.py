@@ -162,7 +162,7 @@ def as_copy_kernel(trace: WorkTrace):
     cost each non-padded entry's positions read and written once, and the indices."""
     def kernel(cache, source, target, length):
         recording, trace.recording = trace.recording, False
-        cache[:, target, :, :length] = cache[:, source, :, :length]
+        attention.indexed_copy_slots_(cache, source, target, length)
         copied = int(source.ne(target).sum())  # the count's own ops unrecorded too
         trace.recording = recording
         if recording and source.numel():

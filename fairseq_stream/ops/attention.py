@@ -62,6 +62,16 @@ def compiled_applies(q: Tensor) -> bool:
     return q.is_cpu and q.dtype in (torch.float32, torch.float64) and _extension() is not None
 
 
+def write_rows_(k: Tensor, v: Tensor, keys: Tensor, values: Tensor, slot: Optional[Tensor], position):
+    """Row ``r``'s key and value (``k``, ``v``: (rows, heads * head_dim)) written into ``keys`` and ``values``
+    (slots, heads, capacity, head_dim) at slot ``slot[r]`` (None: slot ``r``) and ``position`` (an int, or a
+    (rows,) tensor of each row's): the torch forms' cache write."""
+    n, H, hd = k.size(0), keys.size(1), keys.size(3)
+    rows = slice(0, n) if slot is None else slot
+    keys[rows, :, position] = k.reshape(n, H, hd)
+    values[rows, :, position] = v.reshape(n, H, hd)
+
+
 def cached_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, slot: Optional[Tensor],
                       length: int, scale: float, compiled: bool = True) -> Tensor:
     """Write ``k``, ``v`` at ``length`` of each row's cache slot, then attend over positions ``0..length``.
@@ -80,15 +90,11 @@ def cached_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Ten
     if compiled and compiled_applies(q):
         return _extension().cached_attention_(q, k, v, keys, values, slot, length, scale)
     n = q.size(0)
-    H, hd = keys.size(1), keys.size(3)
+    write_rows_(k, v, keys, values, slot, length)
     if slot is None:
-        keys[:n, :, length] = k.view(n, H, hd)
-        values[:n, :, length] = v.view(n, H, hd)
         return attend_prefix(q, keys[:n], values[:n], length + 1, scale)
     # Attend in slot order (free slots included, their output dropped)
     # rather than gathering every row's keys.
-    keys[slot, :, length] = k.view(n, H, hd)
-    values[slot, :, length] = v.view(n, H, hd)
     query = q.new_zeros(keys.size(0), q.size(1)).index_copy_(0, slot, q)
     return attend_prefix(query, keys, values, length + 1, scale).index_select(0, slot)
 
@@ -121,8 +127,7 @@ def window_attention_(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Ten
     if compiled and compiled_applies(q):
         return _extension().window_attention_(q, k, v, keys, values, window_row, window_step, scale, visible)
     N, H, hd = window_row.numel(), keys.size(1), keys.size(3)
-    keys[window_row, :, window_step] = k.reshape(N, H, hd)
-    values[window_row, :, window_step] = v.reshape(N, H, hd)
+    write_rows_(k, v, keys, values, window_row, window_step)
     causal = torch.arange(needed, device=q.device).view(1, needed) <= window_step.view(N, 1)
     if visible is not None:
         causal = causal & visible[:, :needed].eq(0)
@@ -242,7 +247,13 @@ def copy_slots_(cache: Tensor, source: Tensor, target: Tensor, length: int):
     if copier is not None:
         copier.copy_cache_slots_(cache, source, target, int(length))
     else:
-        cache[:, target, :, :length] = cache[:, source, :, :length]
+        indexed_copy_slots_(cache, source, target, length)
+
+
+def indexed_copy_slots_(cache: Tensor, source: Tensor, target: Tensor, length: int):
+    """:func:`copy_slots_` by torch's indexed assignment (a gather of every entry, then a scatter), on any
+    device: the form without a compiled copy, and the one whose ATen shapes a trace of the step compares."""
+    cache[:, target, :, :length] = cache[:, source, :, :length]
 
 
 

@@ -36,9 +36,7 @@ def self_attention(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor
     torch form's key length; a bucket of it keeps shapes fixed).
     """
     if indexed_attention.available(q, keys):
-        n, H, hd = q.size(0), keys.size(1), keys.size(3)
-        keys[slot, :, length] = k.reshape(n, H, hd)
-        values[slot, :, length] = v.reshape(n, H, hd)
+        attention.write_rows_(k, v, keys, values, slot, length)
         return indexed_attention.indexed_attention(q, keys, values, slot, None, length, scale)
     return attention.window_attention_(q, k, v, keys, values, slot, length, positions, scale, compiled)
 

@@ -58,7 +58,7 @@ def copy_slots(caches: List[Tensor], source: Tensor, target: Tensor, positions: 
             if compiled:
                 attention.copy_slots_(cache, source, target, positions)
             else:
-                cache[:, target, :, :positions] = cache[:, source, :, :positions]
+                attention.indexed_copy_slots_(cache, source, target, positions)
 
 
 def ordered_distinct(values: List[int]) -> List[int]:
