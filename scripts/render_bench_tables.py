@@ -613,10 +613,11 @@ def table_interop(results, doc):
                          "{} ({})".format(s(r["ct2_decode_s"]), r["ct2_layout"]), x(r["decode_over_ct2"]),
                          "{} / {}".format(s(r["ours_process_s"]), s(r["ct2_process_s"])),
                          x(r["ours_speedup_over_1_core"]) if "ours_speedup_over_1_core" in r else "",
+                         x(r["ours_window_speedup_over_1_core"]) if "ours_window_speedup_over_1_core" in r else "",
                          "{:.1f}-{:.1f}".format(*r["load"]) if "load" in r else ""])
     out = table(["model", "CPU", "commit", "precision", "search", "cores", "busy core", "ours: decode s (best layout)",
                  "CTranslate2: decode s (best layout)", "ours / CT2", "whole process s (ours / CT2)",
-                 "ours over 1 core", "load (1 min)"], rows)
+                 "ours over 1 core", "ours over 1 core, windows", "load (1 min)"], rows)
     return out + [""] + provenance(results, doc, *keys)
 
 
