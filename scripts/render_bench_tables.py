@@ -623,23 +623,25 @@ def table_interop(results, doc):
 
 def table_ensemble(results, doc):
     """bench_ensemble.py: one member, N members before (member by member) and after (stacked), with the breakdown."""
-    keys = [k for k in ("ensemble_m30k", "ensemble_standin") if k in results.index["results"]]
+    keys = [k for k in ("ensemble_m30k", "ensemble_standin", "ensemble_zen4_m30k", "ensemble_zen4_standin")
+            if k in results.index["results"]]
     rows = []
     for key in keys:
         data = results.data(key)
         shape = data["args"]["shape"]
+        cpu = results.machine(key, short=True).split(",")[0]
         verdicts = {(v["search"], v["quantize"]): v for v in data["verdicts"]}
         for r in data["rows"]:
             v = verdicts[(r["search"], r["quantize"])]
             one = next(o for o in data["rows"] if o["search"] == r["search"] and o["quantize"] == r["quantize"]
                        and o["run"] == "1")
-            rows.append([shape, r["search"], "float32" if r["quantize"] == "none" else r["quantize"], r["run"],
+            rows.append([shape, cpu, r["search"], "float32" if r["quantize"] == "none" else r["quantize"], r["run"],
                          s(r["total_s"]), x(r["total_s"] / one["total_s"]), s(r["products_s"]), s(r["output_s"]),
                          s(r["encoder_s"]), s(r["other_s"]),
                          "{:.2f} ({})".format(v["bound_s"], "met" if v["met"] else "missed")
                          if r["run"].endswith("after") else "",
                          ("yes" if r["after_prints_before"] else "NO") if r["run"].endswith("after") else ""])
-    out = table(["shape", "search", "products", "members", "seconds", "over one member", "decoder products s",
+    out = table(["shape", "CPU", "search", "products", "members", "seconds", "over one member", "decoder products s",
                  "output layer s", "encoder s", "other s", "target s (N x products + one's rest)",
                  "same best hypotheses as before"], rows)
     return out + [""] + provenance(results, doc, *keys)
