@@ -579,18 +579,24 @@ def _compacted(segment: _Segment, present_count: Optional[int] = None) -> _Segme
     return segment
 
 
-def _reorder_segment(segment: _Segment, order: Tensor, compiled_attention: bool):
-    """Make the segment's row ``i`` continue its row ``order[i]``, in place (:meth:`LeanRunner.reorder`)."""
-    rows, length = order.numel(), segment.length
+def _parent_slots(segment: _Segment, order: Tensor):
+    """(arange, the slot of each new row's parent, the slots' capacity) for rows continuing rows ``order``; the
+    caches grown first where the rows outnumber the slots (children take free slots, so there must be one a row)."""
+    rows = order.numel()
     arange = torch.arange(rows, device=order.device)
     slot = segment.slots().index_select(0, order)
     capacity = segment.caches[0].size(1)
     if rows > capacity:
-        # More rows than slots: a parent's later children outnumber the free slots. Room for every row.
-        grown = max(rows, 2 * capacity)
-        segment.caches = [_resized(c, grown, c.size(3), length) for c in segment.caches]
+        capacity = max(rows, 2 * capacity)
+        segment.caches = [_resized(c, capacity, c.size(3), segment.length) for c in segment.caches]
+    return arange, slot, capacity
+
+
+def _reorder_segment(segment: _Segment, order: Tensor, compiled_attention: bool):
+    """Make the segment's row ``i`` continue its row ``order[i]``, in place (:meth:`LeanRunner.reorder`)."""
+    arange, slot, _ = _parent_slots(segment, order)
     # The slots rows take, the copies and the compaction: on the CPU the compiled search loop's own function.
-    segment.caches, slot = attention.follow_parents_(segment.caches, slot, length, COMPACT_ABOVE_SLOTS,
+    segment.caches, slot = attention.follow_parents_(segment.caches, slot, segment.length, COMPACT_ABOVE_SLOTS,
                                                      compiled_attention)
     segment.slot = None if torch.equal(slot, arange) else slot
     new_sentence = segment.row_sentence.index_select(0, order)
@@ -608,15 +614,8 @@ def _reorder_segment(segment: _Segment, order: Tensor, compiled_attention: bool)
 def _reorder_known(segment: _Segment, order: Tensor, sentence_rows: List[int], compiled_attention: bool):
     """:meth:`_reorder_segment` without a read of the device: the same slots, copies and compactions, sized
     from ``sentence_rows`` (the host's count of each sentence's new rows)."""
-    rows, length = order.numel(), segment.length
-    arange = torch.arange(rows, device=order.device)
-    slot = segment.slots().index_select(0, order)
-    capacity = segment.caches[0].size(1)
-    # Children (rows whose parent already has a row) fit the free slots unless rows outnumber the slots.
-    if rows > capacity:
-        grown = max(rows, 2 * capacity)
-        segment.caches = [_resized(c, grown, c.size(3), length) for c in segment.caches]
-        capacity = grown
+    rows = order.numel()
+    arange, slot, capacity = _parent_slots(segment, order)
     # Each sentence's first row keeps its parent's slot: at most this many rows are children.
     moved = rows - len(sentence_rows)
     if moved > 0:
