@@ -184,8 +184,8 @@ def build_decoder(spec: DecoderSpec, task, models, workers_by_default: bool = Fa
     """The decoder of ``spec`` for ``models``: runner, search and decoder (and what the search wraps around it).
 
     Its ``cpu_layout`` is the CPU layout set for it (None where the runner
-    keeps torch's threads); ``workers_by_default``: the caller decodes each
-    batch on its own, so the default layout may take worker processes.
+    keeps torch's threads); ``workers_by_default``: worker processes would change no bit
+    (:func:`workers_change_no_bit`), so the default layout may take them.
     """
     from fairseq_stream.decoder import BeamDecoder
     from fairseq_stream.decoder_parts import parts, policy
@@ -264,6 +264,19 @@ def _release_float_weights(runner, quantize: str):
                     "replace (kept in float: embeddings, positions, layer norms, biases)", quantize, freed / 2 ** 20)
 
 
+def workers_change_no_bit(scheduler, quantize: str) -> bool:
+    """Whether CPU workers give one worker's bits under ``scheduler`` at ``quantize``, so that the default layout
+    may take them (schedule/workers.py, tests/test_workers.py).
+
+    Where each batch is decoded on its own, always. A stream across batches, split among workers, puts other
+    sentences in its calls: float32 products then move in the last bits with the rows that share a call, but
+    int8's are exact integer sums, row by row, so there the workers give one worker's bits too (on the Multi30k
+    model, int8 var-stream k=5 on two cores: two workers 1.90 s, one worker with two threads 2.31-2.36 s,
+    docs/threads.md).
+    """
+    return not getattr(scheduler, "streams", False) or quantize == "int8"
+
+
 def build_generator(spec: DecoderSpec, task, models, gen_cfg=None):
     """:func:`build_decoder`'s decoder on ``spec``'s scheduler: what fairseq's ``task.build_generator`` returns."""
     from fairseq_stream.interrupt import exit_on_ctrl_c
@@ -272,9 +285,7 @@ def build_generator(spec: DecoderSpec, task, models, gen_cfg=None):
     from fairseq_stream.schedule.workers import on_workers
 
     scheduler = GENERATOR_REGISTRY[spec.scheduler]
-    # Workers by default only where each batch is decoded on its own: a stream across batches, split among
-    # workers, would put other sentences in its calls, and float32 scores move in the last bits.
-    decoder = build_decoder(spec, task, models, workers_by_default=not getattr(scheduler, "streams", False))
+    decoder = build_decoder(spec, task, models, workers_by_default=workers_change_no_bit(scheduler, spec.quantize))
     generator = scheduler.build(decoder, spec.scheduler_options, task, models, gen_cfg)
     exit_on_ctrl_c()  # in fairseq-generate and fairseq-interactive: one line and status 130
     return on_workers(generator, cpu_layout_of(decoder), task, models, gen_cfg)

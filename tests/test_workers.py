@@ -98,7 +98,7 @@ def test_a_float32_stream_split_among_workers_keeps_every_translation(toy):
     assert sorted(hypothesis_ids(two)) == list(range(200))
 
 
-def test_the_default_layout_takes_workers_only_where_batches_are_decoded_on_their_own(toy):
+def test_the_default_layout_takes_workers_only_where_they_change_no_bit(toy):
     run = ["fairseq-generate", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
            "--gen-subset", "test", "--cpu", "--beam", "5", "--search"]
     env = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}  # torch's thread count reads both
@@ -106,6 +106,11 @@ def test_the_default_layout_takes_workers_only_where_batches_are_decoded_on_thei
     assert "CPU threads: 2 workers decoding batches at once, each with 1 thread for our kernels" in batch
     stream = run_tool(run + ["var-stream"], env=env).stderr
     assert "CPU threads: 2 threads for our kernels, torch's ops on 1 (the 2 cores" in stream
+    # int8's products are exact integer sums row by row: a stream split among workers keeps one worker's bits
+    # (test_two_workers_print_one_workers_lines_bit_for_bit[int8-var-stream]), so workers are its default too.
+    int8_stream = run_tool(run + ["var-stream", "--quantize", "int8"], env=env).stderr
+    assert "CPU threads: 2 workers decoding batches at once, each with 1 thread for our kernels" in int8_stream
+    assert "2 CPU workers started" in int8_stream
     one_core = run_tool(run + ["var-batch"], env={"OMP_NUM_THREADS": "1"}).stderr
     assert "CPU threads: 1 thread for our kernels" in one_core and "CPU workers started" not in one_core
 

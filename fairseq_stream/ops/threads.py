@@ -88,9 +88,10 @@ def choose_layout(cpu_threads: Optional[int] = None, cpu_workers: Optional[int] 
     The cores: those this process may use, at most torch's thread count.
     ``--cpu-threads`` alone keeps one worker (its meaning before workers
     existed); ``--cpu-workers`` alone shares the cores among the workers;
-    neither: one worker a core where ``workers_by_default`` (each batch is
-    decoded on its own, so workers change no bit: schedule/workers.py), else
-    one worker with every core for its kernels.
+    neither: one worker a core where ``workers_by_default`` (the workers
+    change no bit: each batch decoded on its own, or int8's exact products;
+    build.workers_change_no_bit), else one worker with every core for its
+    kernels.
     """
     cpu_threads = check_cpu_threads(cpu_threads)
     cpu_workers = check_cpu_threads(cpu_workers, "--cpu-workers")

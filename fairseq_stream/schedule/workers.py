@@ -23,7 +23,8 @@ worker: the same searches and translations, but a decoder call then holds
 other sentences, and float32 products move in the last bits with the rows
 that share a call (as with another ``--batch-size``); int8's products are
 exact integer sums and give the one-worker bits. So workers are the default
-only where each batch is decoded on its own (ops/threads.py).
+only where each batch is decoded on its own, or in int8
+(build.workers_change_no_bit).
 
 Results come back in input order: the next free worker takes the next task
 (so a worker beside a busy process takes fewer), the parent keeps at most
