@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from fairseq_stream.errors import FairseqStreamError
+from fairseq_stream.ops.quantized_linear import INT8_KINDS
 from fairseq_stream.ops.threads import check_cpu_threads
 from fairseq_stream.runners.rnn import RnnOptions
 from fairseq_stream.runners.buckets import parse_buckets
@@ -270,11 +271,11 @@ def workers_change_no_bit(scheduler, quantize: str) -> bool:
 
     Where each batch is decoded on its own, always. A stream across batches, split among workers, puts other
     sentences in its calls: float32 products then move in the last bits with the rows that share a call, but
-    int8's are exact integer sums, row by row, so there the workers give one worker's bits too (on the Multi30k
-    model, int8 var-stream k=5 on two cores: two workers 1.90 s, one worker with two threads 2.31-2.36 s,
-    docs/threads.md).
+    int8's are exact integer sums, row by row, in every width (``int8`` and its fixed forms ``int8w8`` and
+    ``int8w7``), so there the workers give one worker's bits too (on the Multi30k model, int8 var-stream k=5 on
+    two cores: two workers 1.90 s, one worker with two threads 2.31-2.36 s, docs/threads.md).
     """
-    return not getattr(scheduler, "streams", False) or quantize == "int8"
+    return not getattr(scheduler, "streams", False) or quantize in INT8_KINDS
 
 
 def build_generator(spec: DecoderSpec, task, models, gen_cfg=None):

@@ -44,8 +44,11 @@ def hypothesis_ids(lines):
     ["--search", "jacobi"],
     ["--search", "var-batch", "--beam", "5", "--quantize", "int8"],
     ["--search", "var-stream", "--beam", "5", "--quantize", "int8"],
+    ["--search", "var-stream", "--beam", "5", "--quantize", "int8w8"],
+    ["--search", "var-stream", "--beam", "5", "--quantize", "int8w7"],
     ["--search", "fixed", "--beam", "5", "--runner", "static"],
-], ids=["fixed", "var-batch", "greedy", "jacobi", "int8-var-batch", "int8-var-stream", "static-fixed"])
+], ids=["fixed", "var-batch", "greedy", "jacobi", "int8-var-batch", "int8-var-stream", "int8w8-var-stream",
+        "int8w7-var-stream", "static-fixed"])
 def test_two_workers_print_one_workers_lines_bit_for_bit(toy, options, tmp_path):
     one, _ = generate(toy, options + ["--stats-file", str(tmp_path / "one.json")], 1)
     two, log = generate(toy, options + ["--stats-file", str(tmp_path / "two.json")], 2)
@@ -108,9 +111,12 @@ def test_the_default_layout_takes_workers_only_where_they_change_no_bit(toy):
     assert "CPU threads: 2 threads for our kernels, torch's ops on 1 (the 2 cores" in stream
     # int8's products are exact integer sums row by row: a stream split among workers keeps one worker's bits
     # (test_two_workers_print_one_workers_lines_bit_for_bit[int8-var-stream]), so workers are its default too.
-    int8_stream = run_tool(run + ["var-stream", "--quantize", "int8"], env=env).stderr
-    assert "CPU threads: 2 workers decoding batches at once, each with 1 thread for our kernels" in int8_stream
-    assert "2 CPU workers started" in int8_stream
+    # Every int8 width is exact integer sums: int8 resolves to one of int8w8 and int8w7 by CPU, and the other
+    # is a user's explicit choice; both take workers as int8 does.
+    for kind in ("int8", "int8w7"):
+        int8_stream = run_tool(run + ["var-stream", "--quantize", kind], env=env).stderr
+        assert "CPU threads: 2 workers decoding batches at once, each with 1 thread for our kernels" in int8_stream
+        assert "2 CPU workers started" in int8_stream
     one_core = run_tool(run + ["var-batch"], env={"OMP_NUM_THREADS": "1"}).stderr
     assert "CPU threads: 1 thread for our kernels" in one_core and "CPU workers started" not in one_core
 
