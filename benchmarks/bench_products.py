@@ -15,13 +15,21 @@ rounds of:
 * ``F.linear``: torch's product on the weight;
 * ``onednn`` (``--onednn``): oneDNN's product alone (``gemm_product`` of the
   weight in oneDNN's blocked layout, torch's ``mkldnn._linear_pointwise``),
-  the SGEMM CTranslate2 runs on CPUs that are not Intel's.
+  the SGEMM CTranslate2 runs on CPUs that are not Intel's;
+* ``whole`` (``--panels``): the lean product with its weight packed whole
+  (``FAIRSEQ_STREAM_FLOAT32_PANELS=off``), where ``lean`` packs a weight of
+  a few million values and up in panels of output columns
+  (``csrc/cpu/prepacked_linear_cpu.cpp``: ``float32_panels``). With
+  ``--kernel-threads N`` torch's ops run on one thread and our kernels on N,
+  as in a decode (and glibc keeps freed memory, as a decode asks it to:
+  ``fairseq_stream/malloc_policy.py``): there a call of up to 64 rows is one
+  row block, which only the panels share among the threads.
 
 Then the decoder's products summed per step (every layer's, the output
 layer's), the part of a batch-1 step that the skinny product changes.
 
     python benchmarks/bench_products.py /work/m30k/probe [--checkpoints transformer/checkpoint_best.pt] \\
-        [--rows 1 2 3 4 5 6 8] [--rounds 7] [--threads 1] [--onednn] [--json FILE]
+        [--rows 1 2 3 4 5 6 8] [--rounds 7] [--threads 1] [--onednn] [--panels] [--kernel-threads 2] [--json FILE]
 
 ``--shapes NAME=OUTxIN ...`` times weights of those shapes (Gaussian, with a
 bias) in place of a model's, e.g. WMT'19's transformer-big without its
@@ -59,16 +67,29 @@ def main():
     parser.add_argument("--calls", type=int, default=200, help="calls per product and round")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--onednn", action="store_true", help="also time oneDNN's float32 GEMM alone")
+    parser.add_argument("--panels", action="store_true", help="also time the lean product with its weight whole")
+    parser.add_argument("--kernel-threads", type=int, help="our kernels' threads, torch's ops on one (a decode's "
+                        "layout); default: --threads for torch, our kernels' default")
     parser.add_argument("--json")
     args = parser.parse_args()
     if (args.model_dir is None) == (args.shapes is None):
         parser.error("give a model directory or --shapes, one of them")
-    preamble.set_threads(args.threads)
+    preamble.set_threads(1 if args.kernel_threads else args.threads)
+
+    import os
 
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(1 if args.kernel_threads else args.threads)
+    if args.kernel_threads:
+        from fairseq_stream import malloc_policy
+        from fairseq_stream.ops.loader import compiled_module
+
+        compiled_module("cpu").set_kernel_threads(args.kernel_threads)
+        # As a decode's process: freed blocks kept for reuse, so that a call's outputs do not fault in fresh
+        # pages each time (panels copy each block's result once more).
+        malloc_policy.keep_freed_memory()
     from bench_search import load
     from fairseq_stream import cpu_info
     from fairseq_stream.ops import product
@@ -105,9 +126,17 @@ def main():
     }
     if args.onednn:
         methods["onednn"] = lambda p: alone[(id(p), "onednn")]
+    if args.panels:
+        os.environ["FAIRSEQ_STREAM_FLOAT32_PANELS"] = "off"  # read when a weight is packed
+        whole = {id(p): product.linear(p.weight, p.bias, "float32", kernel=p.kernel) for p, _ in shapes.values()}
+        del os.environ["FAIRSEQ_STREAM_FLOAT32_PANELS"]
+        methods["whole"] = lambda p: whole[id(p)]
+    threads = ("our kernels {}, torch 1".format(args.kernel_threads) if args.kernel_threads else args.threads)
     print("device: {}, threads: {}, {}; skinny product up to {} rows, median of {} rounds".format(
-        cpu_info.describe(), args.threads, source, product.skinny_rows(), args.rounds))
-    print("lean's GEMM: " + ", ".join("{} {}".format(name, p.kernel) for name, (p, _) in shapes.items()))
+        cpu_info.describe(), threads, source, product.skinny_rows(), args.rounds))
+    print("lean's GEMM: " + ", ".join("{} {} ({} panel{})".format(name, p.kernel, len(p.panels),
+                                                                  "s" if len(p.panels) > 1 else "")
+                                      for name, (p, _) in shapes.items()))
     g = torch.Generator().manual_seed(0)
     inputs = {(name, rows): torch.randn(rows, p.in_features, generator=g)
               for name, (p, _) in shapes.items() for rows in args.rows}
@@ -136,12 +165,15 @@ def main():
     for rows in args.rows:
         step = {m: sum(ms[(name, rows, m)] * count for name, (_, count) in shapes.items()) for m in methods}
         print("  {} rows: ".format(rows) + " / ".join("{} {:.3f}".format(m, step[m]) for m in methods) +
-              " (mkl / lean {:.2f}x)".format(step["mkl"] / step["lean"]))
+              " (mkl / lean {:.2f}x{})".format(step["mkl"] / step["lean"], ", whole / lean {:.2f}x".format(
+                  step["whole"] / step["lean"]) if "whole" in step else ""))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=cpu_info.describe(), threads=args.threads, skinny_rows=product.skinny_rows(),
-                           lean_gemm={name: p.kernel for name, (p, _) in shapes.items()}, results=results), f,
-                      indent=1)
+            json.dump(dict(device=cpu_info.describe(), threads=args.threads, kernel_threads=args.kernel_threads,
+                           skinny_rows=product.skinny_rows(),
+                           lean_gemm={name: p.kernel for name, (p, _) in shapes.items()},
+                           lean_panels={name: len(p.panels) for name, (p, _) in shapes.items()}, results=results),
+                      f, indent=1)
 
 
 if __name__ == "__main__":

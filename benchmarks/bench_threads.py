@@ -11,7 +11,12 @@ one-thread run's of the same tree (the threads change when work is done,
 never what is produced), or the script stops.
 
     python benchmarks/bench_threads.py DATA_BIN CHECKPOINT --trees before=/path after=. \\
-        [--subset valid] [--batch-size 64] [--rounds 3] [--json out.json]
+        [--subset valid] [--batch-size 64] [--rounds 3] [--searches 'fixed k=5' 'var-stream k=5'] \\
+        [--options '--cpu-workers 1 -s de -t en'] [--json out.json]
+
+``--options`` adds fairseq-generate options to every run: ``--cpu-workers 1``
+keeps one process, so that the second thread is our kernels' (intra-op)
+rather than a second worker's; a stand-in's data-bin needs ``-s de -t en``.
 
 Results: a table of seconds and of each run's time over the same tree's one
 thread, with the CPU's model and SIMD level.
@@ -29,7 +34,8 @@ import preamble  # noqa: F401  (first: paths)
 
 TRANSLATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s")
 SEARCHES = {"greedy": ["--search", "greedy"], "fixed k=5": ["--search", "fixed", "--beam", "5", "--runner", "lean"],
-            "var-batch k=5": ["--search", "var-batch", "--beam", "5"]}
+            "var-batch k=5": ["--search", "var-batch", "--beam", "5"],
+            "var-stream k=5": ["--search", "var-stream", "--beam", "5"]}
 PRECISIONS = {"float32": [], "int8": ["--quantize", "int8"]}
 LAYOUTS = [("1 thread", "1", False), ("2 threads", "2", False), ("1 thread, busy core", "1", True),
            ("2 threads, busy core", "2", True)]
@@ -51,7 +57,7 @@ def decode(tree, args, options, threads):
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONPATH=tree)
     argv = ["fairseq-generate", args.data_bin, "--path", args.checkpoint, "--user-dir",
             os.path.join(tree, "fairseq_stream"), "--gen-subset", args.subset, "--batch-size",
-            str(args.batch_size), "--cpu"] + options
+            str(args.batch_size), "--cpu"] + options + args.options.split()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     found = TRANSLATED.search(proc.stderr + proc.stdout)
     if proc.returncode != 0 or not found:
@@ -72,7 +78,7 @@ def run_all(args):
         for (tree, root), (precision, p_opts), (search, s_opts), (layout, threads, busy) in (
                 (t, p, s, l) for t in trees.items() for p in PRECISIONS.items() for s in SEARCHES.items()
                 for l in LAYOUTS):
-            if precision not in args.precisions:
+            if precision not in args.precisions or search not in args.searches:
                 continue
             spinner = busy_process() if busy else None
             try:
@@ -102,12 +108,16 @@ def main():
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS))
+    parser.add_argument("--searches", nargs="+", default=["greedy", "fixed k=5", "var-batch k=5"],
+                        choices=list(SEARCHES))
+    parser.add_argument("--options", default="", help="more fairseq-generate options for every run (one string)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     best = run_all(args)
     rows = []
-    print("bench_threads: {}; {} {}, batch {}; fastest of {} rounds".format(
-        cpu_model(), args.checkpoint, args.subset, args.batch_size, args.rounds))
+    print("bench_threads: {}; {} {}, batch {}{}; fastest of {} rounds".format(
+        cpu_model(), args.checkpoint, args.subset, args.batch_size,
+        ", options " + args.options if args.options else "", args.rounds))
     print("{:<8} {:<8} {:<14} {:<22} {:>8} {:>12}".format("tree", "model", "search", "layout", "seconds",
                                                         "x 1 thread"))
     for (tree, precision, search, layout), r in best.items():

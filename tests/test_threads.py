@@ -86,6 +86,37 @@ def test_gemm_rows_split_over_threads_give_the_same_bits(kernel_threads, rows, g
 
 
 @needs_kernels
+@pytest.mark.parametrize("gemm", ["mkl", "onednn"])
+@pytest.mark.parametrize("rows", [6, 20, 64, 65])
+def test_a_big_weights_panels_share_one_row_block_among_threads(kernel_threads, rows, gemm, monkeypatch):
+    """A call of up to 64 rows is one row block: a weight of WMT'19's size goes in panels of output columns,
+    fixed by its shape, so that a second thread has work there too, and the bits stay those of one thread."""
+    from fairseq_stream.ops import product as P
+
+    if not P.available():
+        pytest.skip("MKL's packed sgemm is not in this torch build: " + P.missing_reason())
+    if gemm == "onednn" and P.onednn_missing_reason():
+        pytest.skip(P.onednn_missing_reason())
+    torch.manual_seed(rows)
+    weight, bias, x = torch.randn(4096, 1024), torch.randn(4096), torch.randn(rows, 1024)
+    product = module.Product(weight, bias, "float32", kernel=gemm)
+    assert product.panels == [(0, 2048), (2048, 2048)]
+    kernel_threads(1)
+    alone = product.gemm_product(x)
+    kernel_threads(2)
+    _, shared_before, _ = module.parallel_counters()
+    assert torch.equal(product.gemm_product(x), alone)
+    _, shared_after, _ = module.parallel_counters()
+    assert shared_after == shared_before + 1, "one row block of a 4096 x 1024 weight ran on the caller alone"
+    reference = torch.nn.functional.linear(x.double(), weight.double(), bias.double())
+    assert (alone.double() - reference).abs().max() < 1e-3
+    # Smaller weights stay whole (a panel's call costs more than it gains there), and the variable keeps all whole.
+    assert module.Product(weight[:1024], bias[:1024], "float32", kernel=gemm).panels == [(0, 1024)]
+    monkeypatch.setenv("FAIRSEQ_STREAM_FLOAT32_PANELS", "off")
+    assert module.Product(weight, bias, "float32", kernel=gemm).panels == [(0, 4096)]
+
+
+@needs_kernels
 def test_the_loops_own_ops_check_their_arguments():
     for call in (lambda: module.parallel_sum_of_squares(-1, 1), lambda: module.parallel_sum_of_squares(5, 0),
                  lambda: module.set_kernel_threads(-1)):

@@ -61,6 +61,24 @@ weight. oneDNN's weight is its own blocked copy in place of MKL's packed
 one; its rows go in the same blocks of 64 as MKL's, so threads change no
 bits either.
 
+**Panels, so that a second thread has work at few rows.** The GEMM takes
+rows in fixed blocks of 64 (below), and our threads share the blocks: a
+call of up to 64 rows (a beam of up to 12 sentences, a greedy batch of 64,
+a var-stream pool of a few sentences) was one block, on one thread. A
+weight of 4M values and up (every WMT'19 feed-forward product and its
+output layer; none of the Multi30k model's) is therefore packed in up to 8
+panels of output columns, each packed on its own, and a call's (block,
+panel) pairs are shared among the threads. The panels are fixed by the
+weight's shape, never by the threads, so the threads change no bits; on
+the Zen 4 EPYC every panel product gave the whole product's bits. There a
+panelled product ran 2.0x as fast on two threads as on one at 8 to 100
+rows; on one thread a step's panelled products cost 2-13% more than whole
+ones (oneDNN's calls; MKL's 0-8% less), and a 1024 x 1024 weight in two
+panels 3-14% more:
+weights below 4M values stay whole (``csrc/cpu/prepacked_linear_cpu.cpp``,
+``float32_panels``; docs/threads.md). ``FAIRSEQ_STREAM_FLOAT32_PANELS=off``,
+read when a weight is packed, keeps every weight whole.
+
 Its arithmetic: the same float32 products summed in another order than
 ``F.linear``'s: results agree to float32 rounding (bitwise at some row
 counts, not at others), as products of two sgemm calls of different shapes

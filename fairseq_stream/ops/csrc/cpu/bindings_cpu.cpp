@@ -69,10 +69,17 @@ void bind_product(py::module& m) {
         return p.packed ? p.packed->bias : p.quantized ? p.quantized->bias : p.bias;
       })
       .def_property_readonly("packed", [](const Product& p) -> std::optional<Tensor> {
-        if (p.packed) return p.packed->packed;
+        if (p.packed) return p.packed->panels.front().packed;
         if (p.quantized) return p.quantized->packed;
         return std::nullopt;
-      }, "the arranged weight it holds (its memory): MKL's packed copy, or the packed integers; None for plain")
+      }, "the arranged weight it holds (its memory): MKL's packed copy (its first panel's, where float32_panels "
+         "splits it), or the packed integers; None for plain")
+      .def_property_readonly("panels", [](const Product& p) -> std::vector<std::pair<int64_t, int64_t>> {
+        if (!p.packed) return {};
+        std::vector<std::pair<int64_t, int64_t>> out;
+        for (const auto& q : p.packed->panels) out.emplace_back(q.first, q.count);
+        return out;
+      }, "float32: the (first column, columns) of each panel its weight is packed in; empty for other precisions")
       .def_property_readonly("weight_inv", [](const Product& p) {
         return p.quantized ? std::optional<Tensor>(p.quantized->weight_inv) : std::nullopt;
       }, "int8, int16: 1 / each output row's scale")

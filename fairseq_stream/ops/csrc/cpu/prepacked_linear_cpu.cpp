@@ -25,7 +25,9 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -46,6 +48,16 @@ constexpr int kBMatrix = 162;
 
 // Rows a GEMM call takes at the most (gemm_rows).
 constexpr int64_t kRowBlock = 64;
+// float32_panels: weights of at least kPanelFromValues values are split, into panels of at least kPanelValues
+// values, at most kMaxPanels, each a whole number of kPanelAlign columns (WMT'19's feed-forward products in 4,
+// its output layer in 8). On one thread of the Zen 4 EPYC a step's products so split took 2-13% more than whole
+// at 8 to 64 rows (oneDNN's; MKL's 0-8% less), where 1024 x 1024 in 2 panels took 3-14% more: those stay whole.
+// Fewer, wider panels cost more there, not less (4 of the output layer: 4-18%). docs/threads.md, "A big
+// weight's panels".
+constexpr int64_t kPanelFromValues = int64_t(1) << 22;
+constexpr int64_t kPanelValues = int64_t(1) << 21;
+constexpr int64_t kMaxPanels = 8;
+constexpr int64_t kPanelAlign = 64;
 
 // MKL_INT is 32-bit: torch links MKL's LP64 interface.
 using PackGetSize = size_t (*)(int identifier, int m, int n, int k);
@@ -127,6 +139,45 @@ const OneDnn& onednn() {
 
 std::string onednn_linear_missing() { return onednn().missing; }
 
+namespace {
+
+// Rows of W (count, in_features), contiguous, in the GEMM's own form.
+Tensor pack_panel(const Tensor& w, Float32Gemm gemm) {
+  const int64_t n = w.size(0), k = w.size(1);
+  if (gemm == Float32Gemm::kOneDnn) {
+    const OneDnn& d = onednn();
+    TORCH_CHECK(d.missing.empty(), d.missing);
+    // The layout for calls of kRowBlock rows, the most one call takes (gemm_rows' blocks).
+    at::NoGradGuard no_grad;
+    return d.reorder->call(w, kRowBlock);
+  }
+  const Mkl& m = mkl();
+  TORCH_CHECK(m.missing.empty(), m.missing);
+  // The packed B must not depend on how many rows a call has: ask MKL for two very different row
+  // counts and refuse a build whose packed size differs.
+  const size_t bytes = m.get_size(kBMatrix, 1, n, k);
+  TORCH_CHECK(bytes == m.get_size(kBMatrix, 4096, n, k), "prepack_linear: this MKL packs by row count");
+  Tensor packed = at::empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, w.options());
+  m.pack(kRowMajor, kBMatrix, kTrans, 1, n, k, 1.0f, w.data_ptr<float>(), k, packed.data_ptr<float>());
+  return packed;
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, int64_t>> float32_panels(int64_t out_features, int64_t in_features) {
+  const int64_t values = out_features * in_features;
+  const char* asked = std::getenv("FAIRSEQ_STREAM_FLOAT32_PANELS");  // "off": every weight whole (ops/product.py)
+  const bool off = asked != nullptr && std::string(asked) == "off";
+  if (off || values < kPanelFromValues) return {{0, out_features}};
+  const int64_t wanted = std::min(kMaxPanels, values / kPanelValues);
+  const int64_t width = ((out_features + wanted - 1) / wanted + kPanelAlign - 1) / kPanelAlign * kPanelAlign;
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t first = 0; first < out_features; first += width) {
+    out.emplace_back(first, std::min(width, out_features - first));
+  }
+  return out;
+}
+
 PrepackedLinear prepack_linear(const Tensor& weight, std::optional<Tensor> bias, Float32Gemm gemm) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
               "prepack_linear: a float32 CPU weight (out, in)");
@@ -138,22 +189,14 @@ PrepackedLinear prepack_linear(const Tensor& weight, std::optional<Tensor> bias,
     bias = bias->contiguous();
   }
   const Tensor w = weight.contiguous();
-  if (gemm == Float32Gemm::kOneDnn) {
-    const OneDnn& d = onednn();
-    TORCH_CHECK(d.missing.empty(), d.missing);
-    // The layout for calls of kRowBlock rows, the most one call takes (gemm_rows' blocks).
-    at::NoGradGuard no_grad;
-    return PrepackedLinear{d.reorder->call(w, kRowBlock), n, k, bias, w, gemm};
+  std::vector<Float32Panel> panels;
+  for (const auto& [first, count] : float32_panels(n, k)) {
+    std::optional<Tensor> panel_bias;
+    if (bias) panel_bias = bias->narrow(0, first, count).contiguous();
+    panels.push_back(Float32Panel{pack_panel(w.narrow(0, first, count).contiguous(), gemm), first, count,
+                                  panel_bias});
   }
-  const Mkl& m = mkl();
-  TORCH_CHECK(m.missing.empty(), m.missing);
-  // The packed B must not depend on how many rows a call has: ask MKL for two very different row
-  // counts and refuse a build whose packed size differs.
-  const size_t bytes = m.get_size(kBMatrix, 1, n, k);
-  TORCH_CHECK(bytes == m.get_size(kBMatrix, 4096, n, k), "prepack_linear: this MKL packs by row count");
-  Tensor packed = at::empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, weight.options());
-  m.pack(kRowMajor, kBMatrix, kTrans, 1, n, k, 1.0f, w.data_ptr<float>(), k, packed.data_ptr<float>());
-  return PrepackedLinear{packed, n, k, bias, w, gemm};
+  return PrepackedLinear{std::move(panels), n, k, bias, w, gemm};
 }
 
 namespace {
@@ -167,9 +210,9 @@ std::pair<Tensor, std::vector<int64_t>> rows_of(const Tensor& x, int64_t in_feat
   return {x.contiguous().view({-1, in_features}), shape};
 }
 
-// oneDNN's product of rows (at most kRowBlock), bias included.
-Tensor onednn_block(const PrepackedLinear& p, const Tensor& a) {
-  return onednn().linear->call(a, p.packed, p.bias, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
+// oneDNN's product of rows (at most kRowBlock) by one panel, its bias included.
+Tensor onednn_block(const Float32Panel& q, const Tensor& a) {
+  return onednn().linear->call(a, q.packed, q.bias, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
 }
 
 // The calling thread's GEMM on one thread while it lives; the thread's setting is restored when it goes
@@ -200,7 +243,7 @@ class OneThreadGemm {
 };
 
 // The GEMM's product of rows (rows, in_features), contiguous. MKL: unpacked at kUnpackedFromRows ..
-// kUnpackedToRows rows, packed otherwise.
+// kUnpackedToRows rows, packed otherwise. Rows go in blocks of kRowBlock, each block by each panel one call.
 Tensor gemm_rows(const PrepackedLinear& p, const Tensor& a) {
   const int64_t rows = a.size(0);
   const bool onednn_gemm = p.gemm == Float32Gemm::kOneDnn;
@@ -208,11 +251,12 @@ Tensor gemm_rows(const PrepackedLinear& p, const Tensor& a) {
     return at::linear(a, p.weight, p.bias ? *p.bias : Tensor());
   }
   if (onednn_gemm && rows == 0) return at::empty({0, p.out_features}, a.options());
-  if (onednn_gemm && rows <= kRowBlock) {
-    // One block: oneDNN's own result, no copy (on one thread where torch's ops run on one, as below).
-    if (at::get_num_threads() != 1) return onednn_block(p, a);
+  const int64_t n_panels = static_cast<int64_t>(p.panels.size());
+  if (onednn_gemm && rows <= kRowBlock && n_panels == 1) {
+    // One call: oneDNN's own result, no copy (on one thread where torch's ops run on one, as below).
+    if (at::get_num_threads() != 1) return onednn_block(p.panels[0], a);
     OneThreadGemm one(true);
-    return onednn_block(p, a);
+    return onednn_block(p.panels[0], a);
   }
   Tensor y = at::empty({rows, p.out_features}, a.options());
   float beta = 0.0f;
@@ -224,38 +268,43 @@ Tensor gemm_rows(const PrepackedLinear& p, const Tensor& a) {
   }
   const float* x = a.data_ptr<float>();
   float* out = y.data_ptr<float>();
+  const int64_t n = p.out_features, k = p.in_features;
   // MKL's bits for a row depend on how many rows share its call (on 1024 x 4096 every block size from
   // 1 to 128 rows gave other bits than 320 rows at once). So the rows always go in blocks of kRowBlock,
   // on one thread or several alike (tests/test_threads.py): at 64 rows a block costs what one call does.
-  // oneDNN's blocks likewise: the same blocks, so the same bits, whatever the threads.
-  auto blocks = [&](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; r += kRowBlock) {
-      const int64_t m = std::min(kRowBlock, last - r);
-      if (onednn_gemm) {
-        // Copied as bytes: y may be an inference tensor (made under the caller's InferenceMode), which our
-        // worker threads, outside it, may not update through ATen.
-        const Tensor block = onednn_block(p, a.narrow(0, r, m)).contiguous();
-        std::memcpy(out + r * p.out_features, block.data_ptr<float>(), sizeof(float) * m * p.out_features);
-        continue;
+  // oneDNN's blocks likewise. The panels are fixed by the weight's shape: the same calls, so the same bits,
+  // whatever the threads.
+  auto call = [&](int64_t task) {
+    const Float32Panel& q = p.panels[task % n_panels];
+    const int64_t r = (task / n_panels) * kRowBlock;
+    const int64_t m = std::min(kRowBlock, rows - r);
+    if (onednn_gemm) {
+      // Copied as bytes: y may be an inference tensor (made under the caller's InferenceMode), which our
+      // worker threads, outside it, may not update through ATen.
+      const Tensor block = onednn_block(q, a.narrow(0, r, m)).contiguous();
+      const float* from = block.data_ptr<float>();
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(out + (r + i) * n + q.first, from + i * q.count, sizeof(float) * q.count);
       }
-      mkl().compute(kRowMajor, kNoTrans, kPacked, static_cast<int>(m), static_cast<int>(p.out_features),
-                    static_cast<int>(p.in_features), x + r * p.in_features, static_cast<int>(p.in_features),
-                    p.packed.data_ptr<float>(), static_cast<int>(p.in_features), beta, out + r * p.out_features,
-                    static_cast<int>(p.out_features));
+      return;
     }
+    mkl().compute(kRowMajor, kNoTrans, kPacked, static_cast<int>(m), static_cast<int>(q.count), static_cast<int>(k),
+                  x + r * k, static_cast<int>(k), q.packed.data_ptr<float>(), static_cast<int>(k), beta,
+                  out + r * n + q.first, static_cast<int>(n));
   };
+  const int64_t tasks = (rows + kRowBlock - 1) / kRowBlock * n_panels;
   if (at::get_num_threads() == 1) {
-    // torch's ops on one thread (ops/threads.py): the GEMM runs sequentially, our loop spreads the blocks.
+    // torch's ops on one thread (ops/threads.py): the GEMM runs sequentially, our loop spreads the calls.
     // Sequentially on every thread: torch's one thread is set on the thread that set it, and MKL or oneDNN
     // on one of our workers would otherwise open an OpenMP team of all the cores, whose spinning is
     // what issue 50's collapse was, and whose split of a block changes its bits (AVX2 MKL does): each of
     // our threads sets its own GEMM to one thread (OneThreadGemm).
-    fs::parallel_for(0, rows, kRowBlock, [&](int64_t first, int64_t last) {
+    fs::parallel_for(0, tasks, 1, [&](int64_t first, int64_t last) {
       OneThreadGemm one(onednn_gemm);
-      blocks(first, last);
+      for (int64_t t = first; t < last; ++t) call(t);
     });
   } else {
-    blocks(0, rows);
+    for (int64_t t = 0; t < tasks; ++t) call(t);
   }
   return y;
 }

@@ -6,6 +6,8 @@
 
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 // Row counts at which at::linear on the unpacked weight beats the packed product (MKL's skinny path:
 // 18% faster on the Multi30k output layer at 2 and 3 rows on a Xeon, docs/BENCHMARKS.md Jacobi run 5;
@@ -19,9 +21,23 @@ constexpr int64_t kUnpackedToRows = 3;
 // the CPU's instruction set there, as CTranslate2 does on AMD CPUs (ops/product.py chooses).
 enum class Float32Gemm { kMkl, kOneDnn };
 
+// Output columns [first, first + count) of W, packed on their own: MKL's opaque packed form of their W^T, never
+// copied or moved (MKL's rule), or oneDNN's blocked layout of their rows of W (an opaque mkldnn tensor).
+struct __attribute__((visibility("hidden"))) Float32Panel {
+  at::Tensor packed;
+  int64_t first;
+  int64_t count;
+  std::optional<at::Tensor> bias;  // their bias (oneDNN adds it; MKL's calls start from the whole bias)
+};
+
+// The panels a weight of (out_features, in_features) is packed in: one below 4M values; above, up to 8 of at
+// least 2M values each, so that a call of one row block (up to 64 rows: a beam of a few sentences, a greedy
+// batch) has work for more than one of our threads. Fixed by the shape alone, never by the threads: a row's
+// bits do not depend on how many threads share its call.
+std::vector<std::pair<int64_t, int64_t>> float32_panels(int64_t out_features, int64_t in_features);
+
 struct __attribute__((visibility("hidden"))) PrepackedLinear {
-  at::Tensor packed;  // MKL: its opaque packed form of W^T, never copied or moved (MKL's rule); oneDNN:
-                         // W in oneDNN's blocked layout (an opaque mkldnn tensor)
+  std::vector<Float32Panel> panels;  // W's output columns in order (float32_panels)
   int64_t out_features;
   int64_t in_features;
   std::optional<at::Tensor> bias;
