@@ -64,11 +64,9 @@ def test_a_small_product_stays_on_the_calling_thread_and_a_large_one_is_shared(k
     assert shared_large == shared_small + 1, "320 rows' 42M multiply-adds ran on the caller alone"
 
 
-@needs_kernels
-@pytest.mark.parametrize("gemm", ["mkl", "onednn"])
-@pytest.mark.parametrize("rows", [1, 5, 64, 65, 333])
-def test_gemm_rows_split_over_threads_give_the_same_bits(kernel_threads, rows, gemm):
-    """The float32 product's rows spread over our threads: the same bits as on one thread, MKL's GEMM or oneDNN's."""
+def float32_product(gemm: str, out_features: int, in_features: int, rows: int):
+    """(weight, bias, rows x, the float32 Product on ``gemm``), Gaussian, seeded by ``rows``; skips where the
+    GEMM is not in this torch build."""
     from fairseq_stream.ops import product as P
 
     if not P.available():
@@ -76,8 +74,16 @@ def test_gemm_rows_split_over_threads_give_the_same_bits(kernel_threads, rows, g
     if gemm == "onednn" and P.onednn_missing_reason():
         pytest.skip(P.onednn_missing_reason())
     torch.manual_seed(rows)
-    weight, bias, x = torch.randn(1024, 512), torch.randn(1024), torch.randn(rows, 512)
-    product = module.Product(weight, bias, "float32", kernel=gemm)
+    weight, bias, x = torch.randn(out_features, in_features), torch.randn(out_features), torch.randn(rows, in_features)
+    return weight, bias, x, module.Product(weight, bias, "float32", kernel=gemm)
+
+
+@needs_kernels
+@pytest.mark.parametrize("gemm", ["mkl", "onednn"])
+@pytest.mark.parametrize("rows", [1, 5, 64, 65, 333])
+def test_gemm_rows_split_over_threads_give_the_same_bits(kernel_threads, rows, gemm):
+    """The float32 product's rows spread over our threads: the same bits as on one thread, MKL's GEMM or oneDNN's."""
+    weight, bias, x, product = float32_product(gemm, 1024, 512, rows)
     kernel_threads(1)
     alone = product.gemm_product(x)
     for threads_ in (2, 3):
@@ -91,15 +97,7 @@ def test_gemm_rows_split_over_threads_give_the_same_bits(kernel_threads, rows, g
 def test_a_big_weights_panels_share_one_row_block_among_threads(kernel_threads, rows, gemm, monkeypatch):
     """A call of up to 64 rows is one row block: a weight of WMT'19's size goes in panels of output columns,
     fixed by its shape, so that a second thread has work there too, and the bits stay those of one thread."""
-    from fairseq_stream.ops import product as P
-
-    if not P.available():
-        pytest.skip("MKL's packed sgemm is not in this torch build: " + P.missing_reason())
-    if gemm == "onednn" and P.onednn_missing_reason():
-        pytest.skip(P.onednn_missing_reason())
-    torch.manual_seed(rows)
-    weight, bias, x = torch.randn(4096, 1024), torch.randn(4096), torch.randn(rows, 1024)
-    product = module.Product(weight, bias, "float32", kernel=gemm)
+    weight, bias, x, product = float32_product(gemm, 4096, 1024, rows)
     assert product.panels == [(0, 2048), (2048, 2048)]
     kernel_threads(1)
     alone = product.gemm_product(x)
