@@ -109,10 +109,9 @@ def test_the_default_layout_takes_workers_only_where_they_change_no_bit(toy):
     assert "CPU threads: 2 workers decoding batches at once, each with 1 thread for our kernels" in batch
     stream = run_tool(run + ["var-stream"], env=env).stderr
     assert "CPU threads: 2 threads for our kernels, torch's ops on 1 (the 2 cores" in stream
-    # int8's products are exact integer sums row by row: a stream split among workers keeps one worker's bits
-    # (test_two_workers_print_one_workers_lines_bit_for_bit[int8-var-stream]), so workers are its default too.
-    # Every int8 width is exact integer sums: int8 resolves to one of int8w8 and int8w7 by CPU, and the other
-    # is a user's explicit choice; both take workers as int8 does.
+    # int8's products are exact integer sums row by row in every width (int8 resolves to int8w8 or int8w7 by
+    # CPU; the other is a user's explicit choice): a stream split among workers keeps one worker's bits
+    # (test_two_workers_print_one_workers_lines_bit_for_bit[int8*-var-stream]), so workers are their default too.
     for kind in ("int8", "int8w7"):
         int8_stream = run_tool(run + ["var-stream", "--quantize", kind], env=env).stderr
         assert "CPU threads: 2 workers decoding batches at once, each with 1 thread for our kernels" in int8_stream

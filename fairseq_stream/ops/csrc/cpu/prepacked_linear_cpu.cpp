@@ -191,8 +191,8 @@ PrepackedLinear prepack_linear(const Tensor& weight, std::optional<Tensor> bias,
   const Tensor w = weight.contiguous();
   std::vector<Float32Panel> panels;
   for (const auto& [first, count] : float32_panels(n, k)) {
-    std::optional<Tensor> panel_bias;
-    if (bias) panel_bias = bias->narrow(0, first, count).contiguous();
+    std::optional<Tensor> panel_bias;  // MKL's calls start from the whole bias (gemm_rows): only oneDNN's need it
+    if (bias && gemm == Float32Gemm::kOneDnn) panel_bias = bias->narrow(0, first, count).contiguous();
     panels.push_back(Float32Panel{pack_panel(w.narrow(0, first, count).contiguous(), gemm), first, count,
                                   panel_bias});
   }

@@ -27,7 +27,7 @@ struct __attribute__((visibility("hidden"))) Float32Panel {
   at::Tensor packed;
   int64_t first;
   int64_t count;
-  std::optional<at::Tensor> bias;  // their bias (oneDNN adds it; MKL's calls start from the whole bias)
+  std::optional<at::Tensor> bias;  // oneDNN's: their bias, which it adds (MKL's calls start from the whole bias)
 };
 
 // The panels a weight of (out_features, in_features) is packed in: one below 4M values; above, up to 8 of at
