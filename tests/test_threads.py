@@ -112,6 +112,60 @@ def test_a_big_weights_panels_share_one_row_block_among_threads(kernel_threads, 
     assert module.Product(weight[:1024], bias[:1024], "float32", kernel=gemm).panels == [(0, 1024)]
     monkeypatch.setenv("FAIRSEQ_STREAM_FLOAT32_PANELS", "off")
     assert module.Product(weight, bias, "float32", kernel=gemm).panels == [(0, 4096)]
+    # "all" splits any weight of two 64-column blocks or more, as many panels as the columns allow, up to 8.
+    monkeypatch.setenv("FAIRSEQ_STREAM_FLOAT32_PANELS", "all")
+    assert module.Product(weight[:1024], bias[:1024], "float32", kernel=gemm).panels == [
+        (first, 128) for first in range(0, 1024, 128)]
+    assert module.Product(weight[:192], bias[:192], "float32", kernel=gemm).panels == [(0, 64), (64, 64), (128, 64)]
+    assert module.Product(weight[:100], bias[:100], "float32", kernel=gemm).panels == [(0, 100)]
+
+
+# Decodes the toy's valid set with every float32 weight in panels (FAIRSEQ_STREAM_FLOAT32_PANELS=all) on two
+# kernel threads and on one, and with every weight whole on two; prints each run's translations, scores and
+# calls shared with a worker. A pool of 8 sentences at k=5 keeps a step's calls at 40 rows or fewer: one row block.
+DECODE_THROUGH_PANELS = textwrap.dedent("""
+    import json, os, sys
+    from fairseq_stream.api import Translator
+    from fairseq_stream.ops import threads
+    toy, lines = sys.argv[1], open(sys.argv[2]).read().splitlines()[:48]
+    runs = {}
+    for panels, cpu_threads in (("all", 2), ("all", 1), ("off", 2)):
+        os.environ["FAIRSEQ_STREAM_FLOAT32_PANELS"] = panels
+        translator = Translator([toy + "/transformer/checkpoint_best.pt"], data=toy + "/data-bin",
+                                search="var-batch", beam=5, pool=8, batch_size=8, cpu=True,
+                                cpu_threads=cpu_threads)
+        _, shared_before, _ = threads.parallel_counters()
+        out = [[t.text, t.score] for t in translator.translate(lines)]
+        _, shared_after, _ = threads.parallel_counters()
+        runs["{}-{}".format(panels, cpu_threads)] = {"out": out, "shared": shared_after - shared_before}
+    print(json.dumps(runs))
+""")
+
+
+@needs_kernels
+@pytest.mark.parametrize("gemm", ["mkl", "onednn"])
+def test_a_decode_through_panels_gives_one_threads_bits(toy, gemm):
+    """A real decode whose float32 weights are all in panels (what a WMT'19 model's big ones take): two threads
+    share its few-row calls and print one thread's translations and scores, bit for bit; whole weights give
+    the same best scores to float32 rounding."""
+    from fairseq_stream.ops import product as P
+
+    if not P.available():
+        pytest.skip("MKL's packed sgemm is not in this torch build: " + P.missing_reason())
+    if gemm == "onednn" and P.onednn_missing_reason():
+        pytest.skip(P.onednn_missing_reason())
+    proc = subprocess.run([sys.executable, "-c", DECODE_THROUGH_PANELS, str(toy.root), str(toy.raw / "valid.src")],
+                          cwd=REPO, capture_output=True, text=True,
+                          env=dict(tool_env(), OMP_NUM_THREADS="2", **{P.GEMM_VARIABLE: gemm}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    runs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert runs["all-2"]["out"] == runs["all-1"]["out"]
+    assert runs["all-2"]["shared"] > runs["off-2"]["shared"], "the panels' row blocks ran on the caller alone"
+    # Near-tied hypotheses may swap between the two sums' roundings; the best score cannot move.
+    for (_, panelled), (_, whole) in zip(runs["all-2"]["out"], runs["off-2"]["out"]):
+        assert panelled == pytest.approx(whole, abs=1e-4)
 
 
 @needs_kernels

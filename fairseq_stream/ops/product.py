@@ -76,8 +76,10 @@ rows; on one thread a step's panelled products cost 2-13% more than whole
 ones (oneDNN's calls; MKL's 0-8% less), and a 1024 x 1024 weight in two
 panels 3-14% more:
 weights below 4M values stay whole (``csrc/cpu/prepacked_linear_cpu.cpp``,
-``float32_panels``; docs/threads.md). ``FAIRSEQ_STREAM_FLOAT32_PANELS=off``,
-read when a weight is packed, keeps every weight whole.
+``float32_panels``; docs/threads.md). ``FAIRSEQ_STREAM_FLOAT32_PANELS``,
+read when a weight is packed: ``off`` keeps every weight whole; ``all``
+splits every weight of 128 output columns or more, so that a small model's
+decode takes the path a WMT'19 model's big weights take (the tests use it).
 
 Its arithmetic: the same float32 products summed in another order than
 ``F.linear``'s: results agree to float32 rounding (bitwise at some row
