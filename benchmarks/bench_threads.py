@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -57,7 +58,7 @@ def decode(tree, args, options, threads):
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONPATH=tree)
     argv = ["fairseq-generate", args.data_bin, "--path", args.checkpoint, "--user-dir",
             os.path.join(tree, "fairseq_stream"), "--gen-subset", args.subset, "--batch-size",
-            str(args.batch_size), "--cpu"] + options + args.options.split()
+            str(args.batch_size), "--cpu"] + options + shlex.split(args.options)
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     found = TRANSLATED.search(proc.stderr + proc.stdout)
     if proc.returncode != 0 or not found:
@@ -110,7 +111,7 @@ def main():
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS))
     parser.add_argument("--searches", nargs="+", default=["greedy", "fixed k=5", "var-batch k=5"],
                         choices=list(SEARCHES))
-    parser.add_argument("--options", default="", help="more fairseq-generate options for every run (one string)")
+    parser.add_argument("--options", default="", help="more fairseq-generate options for every run (one string, split as a shell would)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     best = run_all(args)

@@ -611,8 +611,11 @@ def table_interop(results, doc):
             model = indexed if indexed.startswith(r["model"] + "-") else r["model"]
             rows.append([model, cpu, commit, r["precision"], r["search"], str(r["cores"]), "yes" if r["busy_core"] else "no",
                          "{} ({})".format(s(r["ours_decode_s"]), r["ours_layout"]),
-                         "{} ({})".format(s(r["ct2_decode_s"]), r["ct2_layout"]), x(r["decode_over_ct2"]),
-                         "{} / {}".format(s(r["ours_process_s"]), s(r["ct2_process_s"])),
+                         # A run of ours alone (--systems ours) has no CTranslate2 side.
+                         "{} ({})".format(s(r["ct2_decode_s"]), r["ct2_layout"]) if "ct2_decode_s" in r else "",
+                         x(r["decode_over_ct2"]) if "decode_over_ct2" in r else "",
+                         "{} / {}".format(s(r["ours_process_s"]), s(r["ct2_process_s"])) if "ct2_process_s" in r
+                         else s(r["ours_process_s"]),
                          x(r["ours_speedup_over_1_core"]) if "ours_speedup_over_1_core" in r else "",
                          x(r["ours_window_speedup_over_1_core"]) if "ours_window_speedup_over_1_core" in r else "",
                          "{:.1f}-{:.1f}".format(*r["load"]) if "load" in r else ""])
