@@ -596,7 +596,7 @@ def table_interop(results, doc):
                         "interop_epyc_m30k_int8", "interop_epyc_m30k_float32", "interop_zen4_m30k",
                         "interop_zen4_m30k_int8_r3", "interop_zen4_m30k_float32_r3",
                         "interop_zen4_m30k_full_r3", "interop_zen4_m30k_full_busy", "interop_zen4_m30k_windows",
-                        "interop_zen4_standin")
+                        "interop_zen4_standin", "interop_zen4_standin64")
             if k in results.index["results"]]
     rows = []
     for key in keys:
