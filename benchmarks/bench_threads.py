@@ -111,7 +111,8 @@ def main():
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS))
     parser.add_argument("--searches", nargs="+", default=["greedy", "fixed k=5", "var-batch k=5"],
                         choices=list(SEARCHES))
-    parser.add_argument("--options", default="", help="more fairseq-generate options for every run (one string, split as a shell would)")
+    parser.add_argument("--options", default="",
+                        help="more fairseq-generate options for every run (one string, split as a shell would)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     best = run_all(args)

@@ -89,6 +89,14 @@ def test_an_unknown_float32_gemm_is_refused_in_one_line():
         P.float32_gemm(10, 10, environ={P.GEMM_VARIABLE: "blas"})
 
 
+def test_an_unknown_panels_value_is_refused_in_one_line():
+    """The packing reads only "off" and "all": "on", a typo, would silently pack as if unset."""
+    with pytest.raises(FairseqStreamError, match="FAIRSEQ_STREAM_FLOAT32_PANELS='on': choose off or all"):
+        P.check_panels_variable({P.PANELS_VARIABLE: "on"})
+    for fine in ({}, {P.PANELS_VARIABLE: "off"}, {P.PANELS_VARIABLE: "all"}):
+        P.check_panels_variable(fine)
+
+
 @needs_mkl
 def test_any_leading_shape_and_strided_input():
     g = torch.Generator().manual_seed(2)

@@ -108,6 +108,9 @@ Linear = Callable[[Tensor], Tensor]
 PRECISIONS = ("float32", "plain") + quantized_linear.CHOICES
 GEMM_VARIABLE = "FAIRSEQ_STREAM_FLOAT32_GEMM"
 GEMMS = ("auto", "mkl", "onednn")
+PANELS_VARIABLE = "FAIRSEQ_STREAM_FLOAT32_PANELS"
+# The C++ packing reads the variable itself ("off", "all"; unset: by the weight's size).
+PANEL_CHOICES = ("off", "all")
 # Weights (out x in values) from which oneDNN's GEMM takes the float32 product on a CPU that is not Intel's.
 ONEDNN_FROM_WEIGHTS = 1 << 20
 
@@ -166,6 +169,14 @@ def float32_gemm(out_features: int, in_features: int, environ=os.environ) -> str
     return "onednn" if out_features * in_features >= ONEDNN_FROM_WEIGHTS else "mkl"
 
 
+def check_panels_variable(environ=os.environ):
+    """Refuse a ``FAIRSEQ_STREAM_FLOAT32_PANELS`` the packing would not know (it would pack as if unset)."""
+    asked = environ.get(PANELS_VARIABLE)
+    if asked is not None and asked not in PANEL_CHOICES:
+        raise FairseqStreamError("{}={!r}: choose off or all (unset: weights of 4M values and up in panels)"
+                                 .format(PANELS_VARIABLE, asked))
+
+
 def skinny_rows() -> int:
     """Up to how many rows the float32 product reads the weight once in its own layout (0 where the CPU lacks
     AVX2 and FMA).
@@ -213,6 +224,7 @@ def linear(weight: Tensor, bias: Optional[Tensor] = None, precision: str = "floa
     if precision == "float32":
         if weight.dtype == torch.float32 and weight.device.type == "cpu" and available():
             gemm = float32_gemm(*weight.shape) if kernel == "auto" else kernel
+            check_panels_variable()
             # Packing reads the values only: no autograd graph follows the copy.
             return _extension().Product(weight.detach(), bias.detach() if bias is not None else None, "float32",
                                         kernel=gemm)
