@@ -22,9 +22,13 @@ gpu=${GPU_DIR:-$repo/.gpu}
 # CI's and a developer's dry run: DEVICE=cpu (the tiny stand-in, nothing timed means anything).
 device=(--device "${DEVICE:-cuda}")
 wheels=()
-[ -d "$gpu/wheels" ] && wheels=(--wheels "$gpu/wheels")
 text=()
-[ -d "$gpu/standin-text" ] && text=(--standin-text "$gpu/standin-text")
+# The wheels (the lent machine's Python) and the stand-in's text (the full-size stand-in's BPE) are the GPU
+# run's: a CPU dry run's pip refuses the wheels, and its tiny stand-in cannot take that text.
+if [ "${DEVICE:-cuda}" != cpu ]; then
+  [ -d "$gpu/wheels" ] && wheels=(--wheels "$gpu/wheels")
+  [ -d "$gpu/standin-text" ] && text=(--standin-text "$gpu/standin-text")
+fi
 work=${TMPDIR:-/tmp}/gpu-issue53
 start=$SECONDS
 mkdir -p "$out" "$work"
