@@ -135,7 +135,7 @@ DECODE_THROUGH_PANELS = textwrap.dedent("""
                                 search="var-batch", beam=5, pool=8, batch_size=8, cpu=True,
                                 cpu_threads=cpu_threads)
         _, shared_before, _ = threads.parallel_counters()
-        out = [[t.text, t.score] for t in translator.translate(lines)]
+        out = sorted([t.index, t.text, t.score] for t in translator.translate(lines))  # yielded as they finish
         _, shared_after, _ = threads.parallel_counters()
         runs["{}-{}".format(panels, cpu_threads)] = {"out": out, "shared": shared_after - shared_before}
     print(json.dumps(runs))
@@ -164,7 +164,8 @@ def test_a_decode_through_panels_gives_one_threads_bits(toy, gemm):
     assert runs["all-2"]["out"] == runs["all-1"]["out"]
     assert runs["all-2"]["shared"] > runs["off-2"]["shared"], "the panels' row blocks ran on the caller alone"
     # Near-tied hypotheses may swap between the two sums' roundings; the best score cannot move.
-    for (_, panelled), (_, whole) in zip(runs["all-2"]["out"], runs["off-2"]["out"]):
+    assert [i for i, _, _ in runs["all-2"]["out"]] == list(range(48))
+    for (_, _, panelled), (_, _, whole) in zip(runs["all-2"]["out"], runs["off-2"]["out"]):
         assert panelled == pytest.approx(whole, abs=1e-4)
 
 
