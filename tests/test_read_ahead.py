@@ -99,17 +99,25 @@ def test_queue_size_zero_is_no_thread():
 
 
 def test_the_default_queue_follows_the_free_cores(monkeypatch):
-    import os
-
+    """The encoder thread runs where the process leaves a core free: its affinity's cores against torch's
+    threads and our kernels' (the CPU layout sets torch's to one and gives ours the cores)."""
     import torch
 
+    from fairseq_stream.ops import threads
     from fairseq_stream.schedule.read_ahead import AUTO_QUEUE, encoder_queue_for
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    monkeypatch.setattr(threads, "kernel_threads", lambda: 1)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert encoder_queue_for(None, "cpu") == AUTO_QUEUE
     assert encoder_queue_for(0, "cpu") == 0 and encoder_queue_for(5, "cpu") == 5
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert encoder_queue_for(None, "cpu") == 0
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(threads, "kernel_threads", lambda: 2)  # --cpu-threads 2: our kernels take both cores
+    assert encoder_queue_for(None, "cpu") == 0
+    monkeypatch.setattr(threads, "kernel_threads", lambda: 1)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 1)  # taskset to one core of two
     assert encoder_queue_for(None, "cpu") == 0
     assert encoder_queue_for(None, "cuda") == 0  # not measured on a GPU yet
 
