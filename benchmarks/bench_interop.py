@@ -46,8 +46,12 @@ as the stand-in is, so that a stand-in run does not time the Multi30k rows too. 
 (1-minute average) is recorded before and after every run, with the CPU's
 model and SIMD level.
 
+``--systems ours`` times our layouts alone (the summary then has no
+CTranslate2 columns): the second core's gain where CTranslate2's float32
+runs of the stand-in would take minutes each.
+
     python benchmarks/bench_interop.py [--standin runs/standin] [--m30k runs/m30k] \\
-        [--rounds 2] [--json docs/bench/interop_cpu_xeon.json]
+        [--rounds 2] [--systems ours] [--json docs/bench/interop_cpu_xeon.json]
 """
 
 import argparse
