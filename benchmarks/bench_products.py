@@ -44,6 +44,7 @@ import json
 import statistics
 import sys
 import time
+from unittest import mock
 
 
 PRODUCTS = ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2")
@@ -127,13 +128,8 @@ def main():
     if args.onednn:
         methods["onednn"] = lambda p: alone[(id(p), "onednn")]
     if args.panels:
-        asked = os.environ.get("FAIRSEQ_STREAM_FLOAT32_PANELS")
-        os.environ["FAIRSEQ_STREAM_FLOAT32_PANELS"] = "off"  # read when a weight is packed
-        whole = {id(p): product.linear(p.weight, p.bias, "float32", kernel=p.kernel) for p, _ in shapes.values()}
-        if asked is None:
-            del os.environ["FAIRSEQ_STREAM_FLOAT32_PANELS"]
-        else:
-            os.environ["FAIRSEQ_STREAM_FLOAT32_PANELS"] = asked
+        with mock.patch.dict(os.environ, {product.PANELS_VARIABLE: "off"}):  # read when a weight is packed
+            whole = {id(p): product.linear(p.weight, p.bias, "float32", kernel=p.kernel) for p, _ in shapes.values()}
         methods["whole"] = lambda p: whole[id(p)]
     threads = ("our kernels {}, torch 1".format(args.kernel_threads) if args.kernel_threads else args.threads)
     print("device: {}, threads: {}, {}; skinny product up to {} rows, median of {} rounds".format(

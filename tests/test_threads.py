@@ -64,15 +64,20 @@ def test_a_small_product_stays_on_the_calling_thread_and_a_large_one_is_shared(k
     assert shared_large == shared_small + 1, "320 rows' 42M multiply-adds ran on the caller alone"
 
 
-def float32_product(gemm: str, out_features: int, in_features: int, rows: int):
-    """(weight, bias, rows x, the float32 Product on ``gemm``), Gaussian, seeded by ``rows``; skips where the
-    GEMM is not in this torch build."""
+def skip_without(gemm: str):
+    """Skip where the float32 product, or ``gemm`` ("mkl", "onednn") for it, is not in this torch build."""
     from fairseq_stream.ops import product as P
 
     if not P.available():
         pytest.skip("MKL's packed sgemm is not in this torch build: " + P.missing_reason())
     if gemm == "onednn" and P.onednn_missing_reason():
         pytest.skip(P.onednn_missing_reason())
+
+
+def float32_product(gemm: str, out_features: int, in_features: int, rows: int):
+    """(weight, bias, rows x, the float32 Product on ``gemm``), Gaussian, seeded by ``rows``; skips where the
+    GEMM is not in this torch build."""
+    skip_without(gemm)
     torch.manual_seed(rows)
     weight, bias, x = torch.randn(out_features, in_features), torch.randn(out_features), torch.randn(rows, in_features)
     return weight, bias, x, module.Product(weight, bias, "float32", kernel=gemm)
@@ -110,10 +115,12 @@ def test_a_big_weights_panels_share_one_row_block_among_threads(kernel_threads, 
     assert (alone.double() - reference).abs().max() < 1e-3
     # Smaller weights stay whole (a panel's call costs more than it gains there), and the variable keeps all whole.
     assert module.Product(weight[:1024], bias[:1024], "float32", kernel=gemm).panels == [(0, 1024)]
-    monkeypatch.setenv("FAIRSEQ_STREAM_FLOAT32_PANELS", "off")
+    from fairseq_stream.ops.product import PANELS_VARIABLE
+
+    monkeypatch.setenv(PANELS_VARIABLE, "off")
     assert module.Product(weight, bias, "float32", kernel=gemm).panels == [(0, 4096)]
     # "all" splits any weight of two 64-column blocks or more, as many panels as the columns allow, up to 8.
-    monkeypatch.setenv("FAIRSEQ_STREAM_FLOAT32_PANELS", "all")
+    monkeypatch.setenv(PANELS_VARIABLE, "all")
     assert module.Product(weight[:1024], bias[:1024], "float32", kernel=gemm).panels == [
         (first, 128) for first in range(0, 1024, 128)]
     assert module.Product(weight[:192], bias[:192], "float32", kernel=gemm).panels == [(0, 64), (64, 64), (128, 64)]
@@ -150,10 +157,7 @@ def test_a_decode_through_panels_gives_one_threads_bits(toy, gemm):
     the same best scores to float32 rounding."""
     from fairseq_stream.ops import product as P
 
-    if not P.available():
-        pytest.skip("MKL's packed sgemm is not in this torch build: " + P.missing_reason())
-    if gemm == "onednn" and P.onednn_missing_reason():
-        pytest.skip(P.onednn_missing_reason())
+    skip_without(gemm)
     proc = subprocess.run([sys.executable, "-c", DECODE_THROUGH_PANELS, str(toy.root), str(toy.raw / "valid.src")],
                           cwd=REPO, capture_output=True, text=True,
                           env=dict(tool_env(), OMP_NUM_THREADS="2", **{P.GEMM_VARIABLE: gemm}))
