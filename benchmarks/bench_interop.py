@@ -64,6 +64,7 @@ import time
 
 import preamble  # noqa: F401  (first: paths)
 from bench_threads import TRANSLATED, cpu_model
+from busy_core import busy_core
 
 # Our decoder's closing counters (fairseq_stream/stats.py): the wall window from the first generate call's
 # start to the last one's end.
@@ -86,12 +87,6 @@ def pinned(cores: int):
     cpus = sorted(os.sched_getaffinity(0))[:cores]
     env = {name: str(cores) for name in preamble.THREAD_VARIABLES}
     return ["taskset", "-c", ",".join(map(str, cpus))], env
-
-
-def busy_process():
-    """A process spinning on the first core, as another job on a shared machine."""
-    first = sorted(os.sched_getaffinity(0))[0]
-    return subprocess.Popen(["taskset", "-c", str(first), sys.executable, "-c", "while True: pass"])
 
 
 def ours(model, options, cores, workers, threads, batch_size):
@@ -174,11 +169,8 @@ def run_case(model, precision, search, cores, busy, args, best, reference):
     runs = [("ours",) + layout for layout in our_layouts] + [("ctranslate2",) + layout for layout in ct2_layouts]
     runs = [run for run in runs if run[0] in args.systems]
     for system, label, first, second in runs:
-        spinner = busy_process() if busy else None
         before = load()
-        try:
-            if spinner:
-                time.sleep(0.2)
+        with busy_core(busy, sorted(os.sched_getaffinity(0))[0]):  # the first core, which a 1-core run takes too
             window_s = None
             if system == "ours":
                 decode_s, window_s, whole, hyps = ours(model, options + PRECISIONS[precision], cores, first, second,
@@ -188,10 +180,6 @@ def run_case(model, precision, search, cores, busy, args, best, reference):
                     sys.exit("bench_interop: {} on {} gave other translations than the first run".format(key, label))
             else:
                 decode_s, whole = ctranslate2(model, precision, beam, cores, first, second, args.batch_size)
-        finally:
-            if spinner:
-                spinner.kill()
-                spinner.wait()
         key = (model["name"], precision, search, cores, busy, system, label)
         row = {"model": model["name"], "precision": precision, "search": search, "cores": cores,
                "busy_core": busy, "system": system, "layout": label, "decode_s": round(decode_s, 3),

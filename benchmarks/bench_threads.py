@@ -32,6 +32,7 @@ import sys
 import time
 
 import preamble  # noqa: F401  (first: paths)
+from busy_core import busy_core
 
 TRANSLATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s")
 SEARCHES = {"greedy": ["--search", "greedy"], "fixed k=5": ["--search", "fixed", "--beam", "5", "--runner", "lean"],
@@ -67,11 +68,6 @@ def decode(tree, args, options, threads):
     return int(found.group(1).replace(",", "")) / float(found.group(4)), hyps
 
 
-def busy_process():
-    """A process spinning on one core, as another job on a shared machine."""
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
-
-
 def run_all(args):
     trees = dict(t.split("=", 1) for t in args.trees)
     best = {}
@@ -81,15 +77,8 @@ def run_all(args):
                 for l in LAYOUTS):
             if precision not in args.precisions or search not in args.searches:
                 continue
-            spinner = busy_process() if busy else None
-            try:
-                if spinner:
-                    time.sleep(0.2)
+            with busy_core(busy):
                 seconds, hyps = decode(os.path.abspath(root), args, s_opts + p_opts, threads)
-            finally:
-                if spinner:
-                    spinner.kill()
-                    spinner.wait()
             key = (tree, precision, search, layout)
             reference = best.get((tree, precision, search, "1 thread"))
             if reference is not None and hyps != reference["hyps"]:
