@@ -80,21 +80,29 @@ def _layers(encoder) -> List:
 class LeanEncoder:
     """One fairseq transformer encoder's weights, arranged for :func:`lean_step.lean_encoder_layers`.
 
-    The products read fairseq's weights (``at::linear``), not copies packed
-    for MKL as the decoder's: packing gained 0.2 ms a sentence at batch 1 and
-    nothing at batch 64 (Multi30k transformer, one Xeon thread), and would
-    hold a second copy of every encoder weight (about 0.5 GB for each model
-    of a WMT'19 ensemble). Only the joined query/key/value weight is a copy.
+    With ``prepack`` the float32 products are the decoder's
+    (:mod:`fairseq_stream.ops.product`: packed once for MKL's GEMM, oneDNN's
+    for big weights on a CPU that is not Intel's, panels for weights of 4M
+    values and up), so they take our kernel threads. Without it they are
+    ``at::linear`` on fairseq's weights: torch's one thread under our thread
+    layout, and MKL's generic code on an AMD CPU. The WMT'19-sized stand-in's
+    encoder, one Zen 4 EPYC core (2026-12-05): 1.3x faster packed at 4
+    sentences and 1.07x at 64; on two kernel threads 2.4x and 2.0x. Its cost
+    is a second copy of the encoder's products (about 0.5 GB for each model
+    of a WMT'19 ensemble). The joined query/key/value weight is a copy either way.
 
     Args:
         encoder: a ``TransformerEncoder`` that :func:`unsupported_reason` accepts.
         position_table: every position's embedding, as ``LeanModel``'s
             ``_position_table`` makes it for this encoder (None: no positions).
         quantize: "int8" (int8w8, int8w7) or "int16": the products on the weights quantized
-            (:mod:`fairseq_stream.ops.quantized_linear`); None: fairseq's float weights.
+            (:mod:`fairseq_stream.ops.quantized_linear`); None: float products.
+        prepack: float products packed as above (``LeanModel`` passes its own
+            ``prepack``); False: ``at::linear`` on fairseq's weights, the reference arithmetic.
     """
 
-    def __init__(self, encoder, position_table: Optional[Tensor], quantize: Optional[str] = None):
+    def __init__(self, encoder, position_table: Optional[Tensor], quantize: Optional[str] = None,
+                 prepack: bool = False):
         self.padding_idx = encoder.padding_idx
         self.embed = encoder.embed_tokens.weight
         self.embed_scale = encoder.embed_scale
@@ -106,7 +114,7 @@ class LeanEncoder:
             attention = layer.self_attn
             layers.append(dict(
                 pre_norm=layer.normalize_before,
-                products=[joined_linear(modules, False, quantize) for modules in (
+                products=[joined_linear(modules, prepack, quantize) for modules in (
                     [attention.q_proj, attention.k_proj, attention.v_proj], [attention.out_proj], [layer.fc1],
                     [layer.fc2])],
                 norms=[norm_of(layer.self_attn_layer_norm), norm_of(layer.final_layer_norm)],

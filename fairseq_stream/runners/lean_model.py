@@ -91,7 +91,8 @@ class LeanModel:
         self.encoder = None  # None: fairseq's encoder
         # Compiled for the CPU only: elsewhere its joined weights would be a copy nothing reads.
         if lean_encoder.unsupported_reason(model.encoder) is None and model.encoder.embed_tokens.weight.is_cpu:
-            self.encoder = lean_encoder.LeanEncoder(model.encoder, self._position_table(model.encoder), quantize)
+            self.encoder = lean_encoder.LeanEncoder(
+                model.encoder, self._position_table(model.encoder), quantize, prepack)
         self.search_loop = search_loop.describe(self)  # None: the decoder's Python loop only
 
     @staticmethod
