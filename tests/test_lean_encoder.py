@@ -16,6 +16,7 @@ import torch
 from fairseq_stream.runners import lean_encoder
 from fairseq_stream.runners.lean_model import LeanModel
 from test_lean_runner import models64, random_transformer  # noqa: F401  (a fixture, and its helper)
+from test_threads import kernel_threads, module, needs_kernels, skip_without  # noqa: F401  (a fixture, helpers)
 
 SENTENCES = {"transformer": 24, "prenorm-learned": 16, "wmt19-big": 3}
 
@@ -95,16 +96,14 @@ def test_an_encoder_with_its_own_forward_keeps_fairseqs(exact):
             batch["net_input"], packed=False), tolerance=0)
 
 
-def test_a_float32_encoder_runs_the_packed_products_on_the_kernel_threads(loaded):
+@needs_kernels
+def test_a_float32_encoder_runs_the_packed_products_on_the_kernel_threads(loaded, kernel_threads):  # noqa: F811
     """With ``prepack`` (the lean runner's default) the float32 encoder's products are the decoder's packed
     ones, so our kernel threads share them: two threads give one thread's bits, and the states equal
     ``at::linear``'s on fairseq's weights to float32 rounding."""
     from fairseq_stream.ops import product as P
-    from fairseq_stream.ops.loader import compiled_module
 
-    module = compiled_module("cpu")
-    if module is None or not hasattr(module, "set_kernel_threads") or not P.available():
-        pytest.skip("the compiled CPU kernels or MKL's packed sgemm are not here")
+    skip_without("mkl")  # the toy's weights are small: MKL's packed GEMM on every CPU
     models, task = loaded("transformer")
     packed, plain = LeanModel(models[0]).encoder, LeanModel(models[0], prepack=False).encoder
     assert {p.precision for layer in packed.products for p in layer} == {"float32"}
@@ -112,21 +111,15 @@ def test_a_float32_encoder_runs_the_packed_products_on_the_kernel_threads(loaded
     dataset = task.dataset("valid")
     sources = dataset.collater([dataset[i] for i in range(24)])["net_input"]["src_tokens"]
     assert int(sources.ne(packed.padding_idx).sum()) > 64  # more than one of the GEMM's row blocks
-    before_torch = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        runs = {}
-        for threads_ in (1, 2):
-            module.set_kernel_threads(threads_)
-            _, shared_before, _ = module.parallel_counters()
-            with torch.no_grad():
-                runs[threads_] = packed.encode(sources)[0]
-            runs[threads_, "shared"] = module.parallel_counters()[1] - shared_before
+    runs = {}
+    for threads_ in (1, 2):
+        kernel_threads(threads_)
+        _, shared_before, _ = module.parallel_counters()
         with torch.no_grad():
-            reference = plain.encode(sources)[0]
-    finally:
-        module.set_kernel_threads(0)
-        torch.set_num_threads(before_torch)
+            runs[threads_] = packed.encode(sources)[0]
+        runs[threads_, "shared"] = module.parallel_counters()[1] - shared_before
+    with torch.no_grad():
+        reference = plain.encode(sources)[0]
     assert torch.equal(runs[1], runs[2])
     assert runs[2, "shared"] > 0 and runs[1, "shared"] == 0
     assert torch.allclose(runs[2], reference, rtol=0, atol=1e-4), (runs[2] - reference).abs().max().item()
