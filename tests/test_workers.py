@@ -25,10 +25,12 @@ from fairseq_stream.ops import threads
 GENERATE_LINES = ("S-", "T-", "H-", "D-", "P-", "Generate ")  # every sentence's lines, then the BLEU line
 
 
-def generate(toy, options, workers, subset="valid", extra_env=None):
-    """fairseq-generate's output lines (in its order) and stderr, on ``workers`` CPU workers."""
-    proc = run_tool(["fairseq-generate", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream",
-                     "--gen-subset", subset, "--batch-size", "16", "--cpu", "--cpu-workers", str(workers)] + options,
+def generate(toy, options, workers, subset="valid", extra_env=None, path=None):
+    """fairseq-generate's output lines (in its order) and stderr, on ``workers`` CPU workers (``path``: the
+    checkpoints, default the toy transformer)."""
+    proc = run_tool(["fairseq-generate", toy.data_bin, "--path", path or toy.transformer, "--user-dir",
+                     "fairseq_stream", "--gen-subset", subset, "--batch-size", "16", "--cpu", "--cpu-workers",
+                     str(workers)] + options,
                     env=dict({"OMP_NUM_THREADS": "2"}, **(extra_env or {})))
     return [line for line in proc.stdout.splitlines() if line.startswith(GENERATE_LINES)], proc.stderr
 
@@ -59,6 +61,18 @@ def test_two_workers_print_one_workers_lines_bit_for_bit(toy, options, tmp_path)
     # A stream split into chunks makes other calls (timesteps) of the same expansions.
     for key in ("sentences", "expansions") + (() if "var-stream" in options else ("timesteps",)):
         assert counts[1][key] == counts[0][key], key
+
+
+def test_two_workers_decode_a_four_member_ensemble_as_one_worker_does(toy, tmp_path):
+    # The WMT'19 systems are 4-member ensembles, and int8 takes workers by default: each worker runs every
+    # member's step (the lean runner's member-by-member loop) on its own chunks, with one worker's bits.
+    members = ":".join(str(p) for p in (toy.transformer, toy.transformer2, toy.transformer3, toy.transformer4))
+    options = ["--search", "var-stream", "--beam", "5", "--quantize", "int8"]
+    one, _ = generate(toy, options, 1, path=members)
+    two, log = generate(toy, options, 2, path=members)
+    assert "2 CPU workers started" in log and "4 models" in log
+    assert two == one
+    assert sorted(hypothesis_ids(two)) == list(range(200))
 
 
 def test_two_workers_print_what_fairseq_prints_in_one_process(toy, capsys, monkeypatch):
