@@ -74,9 +74,9 @@ class Translator:
             (generation options such as ``lenpen`` and ``max_len_b`` too);
             ``nbest=N`` keeps the best N of each sentence's hypotheses
             (default: all the search kept). ``cpu_workers=N`` decodes
-            chunks of batches on N forked worker processes at once, results
-            in input order (default 1: the pool streams across every
-            batch; with workers each chunk is streamed on its own, so
+            batches on N forked worker processes at once, results in
+            input order (default 1: the pool streams across every
+            batch; with workers each batch is streamed on its own, so
             float32 scores may move in the last bits, int8's do not;
             :mod:`fairseq_stream.schedule.workers`). ``host_lag=N`` reads
             each step's summary N decoder calls late (greedy and
@@ -218,17 +218,17 @@ class Translator:
                         "net_input": net_input, "id": ids}))), None
 
     def _on_workers(self, batches):
-        """``cpu_workers``: chunks of :data:`STREAM_CHUNK` batches, each streamed by one worker process, in
-        input order; (the pairs as :meth:`_finished` gives them, the workers to close)."""
-        from fairseq_stream.schedule.workers import STREAM_CHUNK, Workers, chunks
+        """``cpu_workers``: each batch streamed by one worker process (schedule/workers.py says why one batch a
+        task), in input order; (the pairs as :meth:`_finished` gives them, the workers to close)."""
+        from fairseq_stream.schedule.workers import Workers
 
-        workers = Workers(self.layout.workers, self._decode_chunk, self.decoder.stats)
-        return (pair for pairs in workers.map(chunks(batches, STREAM_CHUNK)) for pair in pairs), workers
+        workers = Workers(self.layout.workers, self._decode_batch, self.decoder.stats)
+        return (pair for pairs in workers.map(batches) for pair in pairs), workers
 
-    def _decode_chunk(self, chunk) -> list:
-        """In a worker: [(index, hypotheses)] of a chunk of batches, in input order (no encoder thread: the
-        other workers hold the other cores)."""
-        finished, _ = self._finished(iter(chunk), 0)
+    def _decode_batch(self, batch) -> list:
+        """In a worker: [(index, hypotheses)] of one batch, in input order (no encoder thread: the other
+        workers hold the other cores)."""
+        finished, _ = self._finished(iter([batch]), 0)
         pairs = []
         while True:
             with decoding():

@@ -58,7 +58,7 @@ def test_two_workers_print_one_workers_lines_bit_for_bit(toy, options, tmp_path)
     assert two == one
     assert sorted(hypothesis_ids(two)) == list(range(200))
     counts = [json.loads((tmp_path / name).read_text()) for name in ("one.json", "two.json")]
-    # A stream split into chunks makes other calls (timesteps) of the same expansions.
+    # A stream split into its batches makes other calls (timesteps) of the same expansions.
     for key in ("sentences", "expansions") + (() if "var-stream" in options else ("timesteps",)):
         assert counts[1][key] == counts[0][key], key
 
@@ -104,7 +104,7 @@ def test_two_workers_print_each_sentences_nbest_hypotheses(toy, search):
 
 
 def test_a_float32_stream_split_among_workers_keeps_every_translation(toy):
-    # Each worker streams its own chunks: other sentences share its calls, so float32 scores may move in
+    # Each worker streams its own batches: other sentences share its calls, so float32 scores may move in
     # the last bits (docs/threads.md); the translations and their order stay.
     options = ["--search", "var-stream", "--beam", "5"]
     one, _ = generate(toy, options, 1)
@@ -224,7 +224,7 @@ def test_a_vanished_worker_is_named_in_one_line(toy):
                             batch_size=8, pool=8, cpu_workers=2)
     lines = open(toy.raw / "valid.src").read().splitlines() * 5
     results = translator.translate(lines)
-    next(results)  # the first chunk is back; the second worker has chunks still to come
+    next(results)  # the first batch is back; the second worker has batches still to come
     for child in our_workers():
         if child.name.endswith("-1"):
             os.kill(child.pid, signal.SIGKILL)

@@ -18,20 +18,30 @@ batch is decoded on its own (``--generator batch``: fixed, var-batch, greedy,
 Jacobi; every sample of fairseq-interactive), the outputs are the one-worker
 outputs bit for bit. A stream across batches (var-stream, ``--generator
 stream``/``fifo``/``topup`` in fairseq-generate, the Python API's pool) is
-split into chunks of :data:`STREAM_CHUNK` batches, each streamed by one
-worker: the same searches and translations, but a decoder call then holds
-other sentences, and float32 products move in the last bits with the rows
-that share a call (as with another ``--batch-size``); int8's products are
-exact integer sums and give the one-worker bits. So workers are the default
-only where each batch is decoded on its own, or in int8
+split into its batches, each streamed by one worker with a pool of its own:
+the same searches and translations, but a decoder call then holds other
+sentences, and float32 products move in the last bits with the rows that
+share a call (as with another ``--batch-size``); int8's products are exact
+integer sums and give the one-worker bits. So workers are the default only
+where each batch is decoded on its own, or in int8
 (build.workers_change_no_bit).
+
+Why one batch a task, where a stream would refill across several: the
+workers' share of the work, not the refill, decides the time. Tasks of 4
+batches (until 2026-12-05) left 4 tasks for 16 batches, and in a decode
+sorted by length the last is the longest, so one worker decoded it while the
+other had finished: int8 var-stream k=5, the Multi30k model's 1,000 test
+sentences on two workers, the Python API took 1.94 s in tasks of 4 batches
+and 1.62-1.70 s in tasks of one; the tasks' own time was the same (2.96 s
+in all), the refill saving nothing measurable (docs/threads.md).
 
 Results come back in input order: the next free worker takes the next task
 (so a worker beside a busy process takes fewer), the parent keeps at most
 :data:`WINDOW_PER_WORKER` tasks a worker in flight and answers in the order
-it handed them out. A task is decoded from a fresh state (a batch, or a chunk
-of batches with a pool of its own), so which worker takes it changes no bit. An error in a worker stops every worker and is
-raised in the parent as one line; Ctrl-C reaches the parent only (the
+it handed them out. A task is decoded from a fresh state (a batch, with a
+pool of its own where the search streams), so which worker takes it changes
+no bit. An error in a worker stops every worker and is raised in the parent
+as one line; Ctrl-C reaches the parent only (the
 workers ignore SIGINT) and ends every worker; the command-line tools then
 exit with one line and status 130, as the bulk tool does.
 """
@@ -59,8 +69,6 @@ from fairseq_stream.schedule.wrapper import DecoderWrapper
 
 logger = logging.getLogger(__name__)
 
-# Batches a worker streams across in one task, where the scheduler streams across batches.
-STREAM_CHUNK = 4
 # Tasks handed out ahead per worker: one decoding, one waiting, so that no worker waits for the parent.
 WINDOW_PER_WORKER = 2
 # Seconds between checks that every worker is still alive while the parent waits.
@@ -101,8 +109,8 @@ class Workers:
     def map(self, payloads: Iterable) -> Iterator:
         """``decode(payload)`` of each payload, in order; payloads are read only a window ahead.
 
-        The next free worker takes the next task: a task is decoded from a fresh state (a batch, or a
-        chunk of batches streamed by a pool of its own), so which worker decodes it changes nothing.
+        The next free worker takes the next task: a task is decoded from a fresh state (a batch, streamed
+        by a pool of its own where the search streams), so which worker decodes it changes nothing.
         """
         items = iter(payloads)
         done, keys, exhausted = {}, deque(), False
@@ -275,18 +283,6 @@ def add_counters(stats, counters: Optional[dict]):
             setattr(stats, key, old + value)
 
 
-def chunks(items: Iterable, size: int) -> Iterator[list]:
-    """Lists of ``size`` consecutive items (the last may be shorter)."""
-    chunk = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 # --- fairseq-generate and fairseq-interactive ---------------------------------------------
 
 
@@ -398,12 +394,12 @@ class WorkersGenerator(DecoderWrapper):
             logger.info("fairseq-stream: the batches are not fairseq-generate's; decoding them in this process, "
                         "one at a time")
             return False
-        size = STREAM_CHUNK if streams_across_batches(self.decoder) else 1
-
         def tasks():
-            batches = (b for b in _chained(first, itr) if "net_input" in b)
-            for chunk in chunks(batches, size):
-                yield chunk, bos_token
+            # One batch a task (the module's docstring says why), streamed by a pool of its own where the
+            # generator streams.
+            for batch in _chained(first, itr):
+                if "net_input" in batch:
+                    yield [batch], bos_token
 
         self._ahead = (pair for results in self._pool().map(tasks()) for pair in results)
         return self._ahead
