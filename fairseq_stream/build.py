@@ -283,10 +283,11 @@ def build_generator(spec: DecoderSpec, task, models, gen_cfg=None):
     from fairseq_stream.interrupt import exit_on_ctrl_c
     from fairseq_stream.registry import GENERATOR_REGISTRY
 
-    from fairseq_stream.schedule.workers import on_workers
+    from fairseq_stream.schedule.workers import on_workers, one_batch_at_a_time
 
     scheduler = GENERATOR_REGISTRY[spec.scheduler]
-    decoder = build_decoder(spec, task, models, workers_by_default=workers_change_no_bit(scheduler, spec.quantize))
+    by_default = workers_change_no_bit(scheduler, spec.quantize) and not one_batch_at_a_time(gen_cfg)
+    decoder = build_decoder(spec, task, models, workers_by_default=by_default)
     generator = scheduler.build(decoder, spec.scheduler_options, task, models, gen_cfg)
     exit_on_ctrl_c()  # in fairseq-generate and fairseq-interactive: one line and status 130
     return on_workers(generator, cpu_layout_of(decoder), task, models, gen_cfg)

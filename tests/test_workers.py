@@ -134,6 +134,23 @@ def test_the_default_layout_takes_workers_only_where_they_change_no_bit(toy):
     assert "CPU threads: 1 thread for our kernels" in one_core and "CPU workers started" not in one_core
 
 
+def test_fairseq_interactive_takes_workers_by_default_only_where_a_buffer_holds_several_batches(toy):
+    # Its default --buffer-size 1 hands out one batch at a time: a worker a core left every core but one idle
+    # (the parent decoded each batch on one thread), so that default gives one decoder every core.
+    lines = "".join(open(toy.raw / "valid.src").readlines()[:20])
+    run = ["fairseq-interactive", toy.data_bin, "--path", toy.transformer, "--user-dir", "fairseq_stream", "--cpu",
+           "--search", "fixed", "--beam", "5", "--quantize", "int8"]
+    env = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    one_batch = run_tool(run, input=lines, env=env)
+    assert "CPU threads: 2 threads for our kernels, torch's ops on 1 (the 2 cores" in one_batch.stderr
+    assert "CPU workers started" not in one_batch.stderr
+    several = run_tool(run + ["--buffer-size", "16", "--batch-size", "8"], input=lines, env=env)
+    assert "CPU threads: 2 workers decoding batches at once, each with 1 thread for our kernels" in several.stderr
+    assert "2 CPU workers started" in several.stderr
+    hypotheses = [[line for line in proc.stdout.splitlines() if line.startswith("H-")] for proc in (one_batch, several)]
+    assert hypotheses[1] == hypotheses[0] and len(hypotheses[0]) == 20
+
+
 def test_the_layout_combines_workers_and_threads(monkeypatch):
     monkeypatch.setattr(threads, "usable_cores", lambda: 4)
     monkeypatch.setattr(threads, "_torch_threads", lambda: 8)

@@ -305,6 +305,26 @@ def on_workers(generator, layout, task, models, gen_cfg):
     return WorkersGenerator(generator, layout.workers, models, batches, nbest=getattr(gen_cfg, "nbest", None))
 
 
+def one_batch_at_a_time(gen_cfg) -> bool:
+    """Whether the tool hands out one batch at a time, so that workers could not decode two at once:
+    fairseq-interactive whose buffer (``--buffer-size`` lines; 1 by default) holds one ``--batch-size`` batch.
+
+    There the default layout gives one decoder every core as kernel threads: with a worker a core, the
+    buffer's one batch was decoded in the parent on one thread while the other cores idled (the stand-in,
+    int8 fixed k=5, 8 lines: 6.0 s against 3.7 s on two threads; docs/threads.md). fairseq-interactive has
+    set a buffer of at least 1 by the time it builds the generator; fairseq-generate's is 0.
+    """
+    from omegaconf import DictConfig
+
+    root = gen_cfg._get_root() if isinstance(gen_cfg, DictConfig) else None
+    interactive = getattr(root, "interactive", None) if root is not None else None
+    buffer = getattr(interactive, "buffer_size", None) if interactive is not None else None
+    if not buffer or buffer < 1:
+        return False
+    batch = getattr(getattr(root, "dataset", None), "batch_size", None)
+    return batch is not None and buffer <= batch
+
+
 # Generators that take fairseq-interactive's announced batches (weakly: one per built generator).
 _listening: "weakref.WeakSet" = weakref.WeakSet()
 
