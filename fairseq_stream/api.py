@@ -16,6 +16,7 @@ in input order), each with its input ``index``.
 
 import os
 import typing
+import weakref
 from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
@@ -78,7 +79,10 @@ class Translator:
             input order (default 1: the pool streams across every
             batch; with workers each batch is streamed on its own, so
             float32 scores may move in the last bits, int8's do not;
-            :mod:`fairseq_stream.schedule.workers`). ``host_lag=N`` reads
+            :mod:`fairseq_stream.schedule.workers`); the workers are
+            forked by the first :meth:`translate` call and kept for the
+            next ones until :meth:`close` (or the end of a ``with``
+            block, or of the process). ``host_lag=N`` reads
             each step's summary N decoder calls late (greedy and
             ``fixed`` on ``runner="static"`` or ``"lean"``;
             :mod:`fairseq_stream.late_reads`); ``cuda_graphs="off"`` keeps
@@ -126,6 +130,29 @@ class Translator:
         self._make_pool = lambda: StreamPool(self.decoder, pool, **self._pool_args)
         self.tokenizer, self.bpe = _text_codecs(self.cfg, tokenizer, bpe, sentencepiece_model, bpe_codes)
         self.max_positions = min(_first(self.task.max_positions()), *(_first(m.max_positions()) for m in self.models))
+        self._kept_workers = None  # cpu_workers: the processes kept between translate() calls
+        self._workers_busy = False  # a translate() call is reading from them
+
+    def close(self):
+        """End the worker processes ``cpu_workers`` keeps between :meth:`translate` calls (idempotent).
+
+        They also end when the Translator is collected, and at exit; a
+        Translator used after :meth:`close` forks new ones.
+        """
+        self._end_kept_workers(wait=not self._workers_busy)
+
+    def _end_kept_workers(self, wait: bool):
+        workers, self._kept_workers = self._kept_workers, None
+        if workers is not None:
+            self._workers_finalizer.detach()
+            workers.close(wait=wait)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     @property
     def stats(self):
@@ -178,6 +205,7 @@ class Translator:
         batches = self._batches(_numbered(items), sources)
         on_workers = self.layout is not None and self.layout.workers > 1
         finished, closer = self._on_workers(batches) if on_workers else self._finished(batches, self.encoder_queue)
+        kept = on_workers and closer is self._kept_workers
         completed = False
         try:
             while True:
@@ -197,8 +225,12 @@ class Translator:
                                   score=float(best["score"]), hypotheses=hyps)
         finally:
             # An error, KeyboardInterrupt or a caller that stops early: the encoder thread (or the
-            # workers) stop too.
-            if closer is not None:
+            # workers) stop too. Kept workers that finished the call wait for the next one.
+            if kept:
+                self._workers_busy = False
+                if not completed:
+                    self._end_kept_workers(wait=False)
+            elif closer is not None:
                 closer.close(**({"wait": completed} if on_workers else {}))
 
     def _finished(self, batches, encoder_queue: int):
@@ -219,10 +251,24 @@ class Translator:
 
     def _on_workers(self, batches):
         """``cpu_workers``: each batch streamed by one worker process (schedule/workers.py says why one batch a
-        task), in input order; (the pairs as :meth:`_finished` gives them, the workers to close)."""
+        task), in input order; (the pairs as :meth:`_finished` gives them, the workers).
+
+        The workers are forked by the first call and kept for the next ones: forking a loaded model, and
+        each worker's first touch of its buffers (40,000 page faults a worker on the Multi30k model), would
+        otherwise be paid again by every call. A call that ends early or fails ends them (tasks of its
+        may still be in flight), and the next forks new ones; a call made while another still reads from
+        them gets workers of its own, ended with it.
+        """
         from fairseq_stream.schedule.workers import Workers
 
-        workers = Workers(self.layout.workers, self._decode_batch, self.decoder.stats)
+        if self._workers_busy:
+            workers = Workers(self.layout.workers, self._decode_batch, self.decoder.stats)
+        else:
+            if self._kept_workers is None:
+                self._kept_workers = Workers(self.layout.workers, self._decode_batch, self.decoder.stats)
+                # Not a method of self: the finalizer must not keep the Translator alive.
+                self._workers_finalizer = weakref.finalize(self, self._kept_workers.close, False)
+            workers, self._workers_busy = self._kept_workers, True
         return (pair for pairs in workers.map(batches) for pair in pairs), workers
 
     def _decode_batch(self, batch) -> list:

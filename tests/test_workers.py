@@ -193,11 +193,11 @@ def test_fairseq_interactive_decodes_a_buffers_batches_on_workers(toy, search):
 def translations(toy, workers, quantize="none", search="var-stream"):
     from fairseq_stream.api import Translator
 
-    translator = Translator(str(toy.transformer), data=str(toy.data_bin), search=search, beam=5, cpu=True,
-                            batch_size=16, pool=16, quantize=quantize, cpu_workers=workers)
     lines = open(toy.raw / "valid.src").read().splitlines()
-    return [(t.index, t.text, t.score, [h["positional_scores"].tolist() for h in t.hypotheses])
-            for t in translator.translate(lines)]
+    with Translator(str(toy.transformer), data=str(toy.data_bin), search=search, beam=5, cpu=True,
+                    batch_size=16, pool=16, quantize=quantize, cpu_workers=workers) as translator:
+        return [(t.index, t.text, t.score, [h["positional_scores"].tolist() for h in t.hypotheses])
+                for t in translator.translate(lines)]
 
 
 def our_workers():
@@ -212,6 +212,49 @@ def test_the_api_yields_every_sentence_once_in_input_order(toy, quantize):
     assert [t[1] for t in two] == [t[1] for t in one]
     if quantize == "int8":  # exact integer sums: the one-worker bits whatever shares a call
         assert two == one
+    assert our_workers() == []
+
+
+def test_the_api_keeps_its_workers_between_calls_until_closed(toy):
+    # Forking a loaded model and each worker's first touch of its buffers would otherwise be paid by every call.
+    from fairseq_stream.api import Translator
+
+    lines = open(toy.raw / "valid.src").read().splitlines()
+    translator = Translator(str(toy.transformer), data=str(toy.data_bin), search="var-stream", beam=5, cpu=True,
+                            batch_size=16, pool=16, quantize="int8", cpu_workers=2)
+    first = [(t.index, t.text, t.score) for t in translator.translate(lines)]
+    workers = sorted(child.pid for child in our_workers())
+    assert len(workers) == 2
+    second = [(t.index, t.text, t.score) for t in translator.translate(lines)]
+    assert sorted(child.pid for child in our_workers()) == workers
+    assert second == first and sorted(t[0] for t in first) == list(range(200))
+    translator.close()
+    assert our_workers() == []
+    assert [(t.index, t.text, t.score) for t in translator.translate(lines[:40])] == first[:40]  # forks again
+    translator.close()
+    assert our_workers() == []
+
+
+def test_an_api_call_stopped_early_ends_the_workers_and_the_next_call_forks_new_ones(toy):
+    from fairseq_stream.api import Translator
+
+    lines = open(toy.raw / "valid.src").read().splitlines()
+    with Translator(str(toy.transformer), data=str(toy.data_bin), search="greedy", cpu=True, batch_size=8,
+                    pool=8, cpu_workers=2) as translator:
+        results = translator.translate(lines)
+        next(results)
+        results.close()  # tasks of this call are still in flight: they must not reach the next call
+        assert our_workers() == []
+        texts = {t.index: t.text for t in translator.translate(lines)}
+        assert sorted(texts) == list(range(200))
+        # Two calls read at once: the second gets workers of its own, ended with it.
+        one = translator.translate(lines)
+        head = next(one)
+        two = {t.index: t.text for t in translator.translate(lines)}
+        assert two == texts and len(our_workers()) == 2
+        rest = {t.index: t.text for t in one}
+        rest[head.index] = head.text
+        assert rest == texts
     assert our_workers() == []
 
 
