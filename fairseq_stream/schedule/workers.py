@@ -31,9 +31,10 @@ workers' share of the work, not the refill, decides the time. Tasks of 4
 batches (until 2026-12-05) left 4 tasks for 16 batches, and in a decode
 sorted by length the last is the longest, so one worker decoded it while the
 other had finished: int8 var-stream k=5, the Multi30k model's 1,000 test
-sentences on two workers, the Python API took 1.94 s in tasks of 4 batches
-and 1.62-1.70 s in tasks of one; the tasks' own time was the same (2.96 s
-in all), the refill saving nothing measurable (docs/threads.md).
+sentences sorted by length on two workers, the Python API took 1.94 s in
+tasks of 4 batches and 1.62-1.70 s in tasks of one; the tasks' own time was
+the same (2.96 s in all), the refill saving nothing measurable;
+fairseq-generate's window went from 1.92 to 1.77 s (docs/threads.md).
 
 Results come back in input order: the next free worker takes the next task
 (so a worker beside a busy process takes fewer), the parent keeps at most
@@ -414,6 +415,7 @@ class WorkersGenerator(DecoderWrapper):
             logger.info("fairseq-stream: the batches are not fairseq-generate's; decoding them in this process, "
                         "one at a time")
             return False
+
         def tasks():
             # One batch a task (the module's docstring says why), streamed by a pool of its own where the
             # generator streams.
