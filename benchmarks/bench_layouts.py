@@ -41,20 +41,15 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
 import time
 
 import preamble  # noqa: F401  (first: paths)
-from bench_threads import cpu_model
+from bench_interop import WINDOW, load, pinned
+from bench_threads import PRECISIONS, SEARCHES, cpu_model
 
-WINDOW = re.compile(r"([\d.]+)s from the first batch's start to the last one's end")
-SEARCHES = {"greedy": ["--search", "greedy"], "fixed k=5": ["--search", "fixed", "--beam", "5", "--runner", "lean"],
-            "var-batch k=5": ["--search", "var-batch", "--beam", "5"],
-            "var-stream k=5": ["--search", "var-stream", "--beam", "5"]}
-PRECISIONS = {"float32": [], "int8": ["--quantize", "int8"]}
 # (label, cores, --cpu-workers or None for the default)
 LAYOUTS = [("1 core", 1, None), ("2 cores, default", 2, None), ("2 workers", 2, 2), ("1 worker x 2 threads", 2, 1)]
 BIN = os.path.dirname(sys.executable)
@@ -77,18 +72,12 @@ print(json.dumps({"seconds": calls[0], "later_calls_s": calls[1:], "outputs": di
 """
 
 
-def pinned(cores: int):
-    """The ``taskset`` prefix for the first ``cores`` cores, and the thread variables torch reads."""
-    cpus = sorted(os.sched_getaffinity(0))[:cores]
-    return ["taskset", "-c", ",".join(map(str, cpus))], {name: str(cores) for name in preamble.THREAD_VARIABLES}
-
-
 def layout_options(workers):
     return [] if workers is None else ["--cpu-workers", str(workers)]
 
 
 def run_tool(tree, tool, args, options, cores, workers):
-    """(seconds, whole process seconds, outputs' digest) of one run."""
+    """(seconds, whole process seconds, outputs' digest, the API's later calls' seconds or None) of one run."""
     prefix, env = pinned(cores)
     env = dict(os.environ, PYTHONPATH=tree, **env)
     user_dir = os.path.join(tree, "fairseq_stream")
@@ -119,8 +108,7 @@ def run_tool(tree, tool, args, options, cores, workers):
         sys.exit("bench_layouts: {} failed ({}):\n{}".format(" ".join(argv), proc.returncode, proc.stderr[-3000:]))
     if tool == "api":
         result = json.loads(proc.stdout.strip().splitlines()[-1])
-        run_tool.later_calls = [round(s, 3) for s in result["later_calls_s"]]
-        return result["seconds"], whole, result["outputs"]
+        return result["seconds"], whole, result["outputs"], [round(s, 3) for s in result["later_calls_s"]]
     window = WINDOW.search(proc.stderr)
     if window is None:
         sys.exit("bench_layouts: {} printed no decode window".format(" ".join(argv)))
@@ -130,7 +118,7 @@ def run_tool(tree, tool, args, options, cores, workers):
             head, _score, text = (line.split("\t") + [""])[:3]
             best.setdefault(int(head[2:]), text)
     digest = hashlib.sha1("\n".join(best[i] for i in sorted(best)).encode()).hexdigest()
-    return float(window.group(1)), whole, digest
+    return float(window.group(1)), whole, digest, None
 
 
 def api_arguments(options, batch_size, maxi_batch):
@@ -146,10 +134,6 @@ def api_arguments(options, batch_size, maxi_batch):
         if flag in flags:
             arguments[name] = kind(flags[flag])
     return arguments
-
-
-def load():
-    return round(os.getloadavg()[0], 2)
 
 
 def main():
@@ -191,8 +175,8 @@ def main():
                             if label not in args.layouts:
                                 continue
                             before = load()
-                            seconds, whole, outputs = run_tool(tree, tool, args, SEARCHES[search] +
-                                                               PRECISIONS[precision], cores, workers)
+                            seconds, whole, outputs, later_calls = run_tool(
+                                tree, tool, args, SEARCHES[search] + PRECISIONS[precision], cores, workers)
                             case = (tree_name, tool, precision, search)
                             if reference.setdefault(case, outputs) != outputs:
                                 sys.exit("bench_layouts: {} in layout '{}' translated otherwise than its first run"
@@ -201,8 +185,8 @@ def main():
                             row = {"tree": tree_name, "tool": tool, "precision": precision, "search": search,
                                    "layout": label, "seconds": round(seconds, 3), "process_s": round(whole, 3),
                                    "load_before": before, "load_after": load()}
-                            if tool == "api" and args.api_calls > 1:
-                                row["later_calls_s"] = run_tool.later_calls
+                            if later_calls:
+                                row["later_calls_s"] = later_calls
                             if key not in best or seconds < best[key]["seconds"]:
                                 best[key] = row
                             print("  round {} {:<7} {:<11} {:<7} {:<14} {:<21} {:6.2f} s  process {:6.2f} s  load {}"
