@@ -297,11 +297,9 @@ def on_workers(generator, layout, task, models, gen_cfg):
     """
     if layout is None or layout.workers <= 1:
         return generator
-    from omegaconf import DictConfig
-
     from fairseq_stream.schedule.stream import fairseq_generate_batches
 
-    root = gen_cfg._get_root() if isinstance(gen_cfg, DictConfig) else None
+    root = _root_config(gen_cfg)
     batches = fairseq_generate_batches(task, models, root) if root is not None else None
     return WorkersGenerator(generator, layout.workers, models, batches, nbest=getattr(gen_cfg, "nbest", None))
 
@@ -315,15 +313,19 @@ def one_batch_at_a_time(gen_cfg) -> bool:
     int8 fixed k=5, 8 lines: 6.0 s against 3.7 s on two threads; docs/threads.md). fairseq-interactive has
     set a buffer of at least 1 by the time it builds the generator; fairseq-generate's is 0.
     """
-    from omegaconf import DictConfig
-
-    root = gen_cfg._get_root() if isinstance(gen_cfg, DictConfig) else None
-    interactive = getattr(root, "interactive", None) if root is not None else None
-    buffer = getattr(interactive, "buffer_size", None) if interactive is not None else None
+    root = _root_config(gen_cfg)
+    buffer = getattr(getattr(root, "interactive", None), "buffer_size", None)
     if not buffer or buffer < 1:
         return False
     batch = getattr(getattr(root, "dataset", None), "batch_size", None)
     return batch is not None and buffer <= batch
+
+
+def _root_config(gen_cfg):
+    """The whole configuration the tool's generation section belongs to (None: not fairseq's DictConfig)."""
+    from omegaconf import DictConfig
+
+    return gen_cfg._get_root() if isinstance(gen_cfg, DictConfig) else None
 
 
 # Generators that take fairseq-interactive's announced batches (weakly: one per built generator).
